@@ -1,0 +1,25 @@
+"""Exceptions the library raises; the CLI maps them to exit codes (see README, "Exit codes")."""
+
+from __future__ import annotations
+
+
+class NpufixError(Exception):
+    """Base class. The message is one line that says what to do."""
+
+    exit_code = 1
+
+
+class InputError(NpufixError):
+    """The input cannot be used as given: unreadable file, bad option, dynamic shape a pass needs fixed."""
+
+    exit_code = 2
+
+
+class PassFailed(NpufixError):
+    """A pass produced a model that fails the checker or numerical validation (exit 1)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, pass_name: str) -> None:
+        super().__init__(message)
+        self.pass_name = pass_name

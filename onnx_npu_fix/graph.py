@@ -1,0 +1,558 @@
+"""Shared graph helpers over the raw ONNX protobuf, used by every pass.
+
+npufix edits the ``onnx.ModelProto`` directly instead of importing it into onnx-graphsurgeon: a graphsurgeon
+round trip costs 120-200 us per node (12x the load+save floor at 100k nodes, ../docs/performance.md), and the
+passes here only need three maps built once per pass (producer, consumers, constants) plus an editor that
+rebuilds the node list once. Every helper is O(size of the graph) at most; nothing walks the graph per match.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+Shape = tuple  # a tuple of int (static) / str (symbolic) / None (unknown) per axis
+
+
+# --- attributes -------------------------------------------------------------------------------------
+
+
+def get_attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    """The Python value of attribute ``name`` of ``node`` (lists as lists, strings decoded)."""
+    for attr in node.attribute:
+        if attr.name == name:
+            value = helper.get_attribute_value(attr)
+            if isinstance(value, bytes):
+                return value.decode()
+            if isinstance(value, (list, tuple)):
+                return [v.decode() if isinstance(v, bytes) else v for v in value]
+            return value
+    return default
+
+
+def set_attr(node: onnx.NodeProto, name: str, value: Any) -> None:
+    """Set (or replace) attribute ``name``; ``None`` removes it."""
+    for i, attr in enumerate(node.attribute):
+        if attr.name == name:
+            del node.attribute[i]
+            break
+    if value is not None:
+        node.attribute.append(helper.make_attribute(name, value))
+
+
+# --- index ------------------------------------------------------------------------------------------
+
+
+class GraphIndex:
+    """Read-only maps over one graph, built once per pass: producer, consumers, initializers, shapes.
+
+    ``shapes`` comes from the graph's inputs, outputs and value_info, so run :func:`infer_shapes` first
+    when intermediate shapes are needed (the pass manager does that before every pass).
+    """
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        graph = model.graph
+        self.graph = graph
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            for out in node.output:
+                if out:
+                    self.producer[out] = node
+            for inp in node.input:
+                if inp:
+                    self.consumers.setdefault(inp, []).append(node)
+            # Subgraph (If/Loop/Scan) bodies may read outer tensors implicitly; count them as consumers so no
+            # pass believes such a tensor is unused or single-use.
+            for outer in subgraph_outer_inputs(node):
+                self.consumers.setdefault(outer, []).append(node)
+        self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
+        self.graph_inputs: list[str] = [i.name for i in graph.input if i.name not in self.initializers]
+        self.graph_outputs: list[str] = [o.name for o in graph.output]
+        self.output_set = set(self.graph_outputs)
+        self.elem_types: dict[str, int] = {}
+        self.shapes: dict[str, Shape | None] = {}
+        for vi in itertools.chain(graph.input, graph.value_info, graph.output):
+            self.elem_types[vi.name] = vi.type.tensor_type.elem_type
+            self.shapes[vi.name] = shape_of_value_info(vi)
+        for init in graph.initializer:
+            self.elem_types[init.name] = init.data_type
+            self.shapes[init.name] = tuple(init.dims)
+        self._names = set(self.producer) | set(self.consumers) | set(self.initializers)
+        self._names.update(n.name for n in graph.node)
+        self._names.update(self.graph_inputs)
+        self._names.update(self.graph_outputs)
+
+    # constants -----------------------------------------------------------------------------------
+    def const_value(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` if it is an initializer (not overridable by a graph input) or a Constant."""
+        if name in self.initializers and name not in self.graph_inputs:
+            return numpy_helper.to_array(self.initializers[name], base_dir=self.base_dir)
+        node = self.producer.get(name)
+        if node is not None and node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            return constant_node_value(node)
+        return None
+
+    base_dir: str = ""
+
+    def is_const(self, name: str) -> bool:
+        if name in self.initializers and name not in self.graph_inputs:
+            return True
+        node = self.producer.get(name)
+        return node is not None and node.op_type == "Constant"
+
+    def shape(self, name: str) -> Shape | None:
+        return self.shapes.get(name)
+
+    def static_shape(self, name: str) -> tuple[int, ...] | None:
+        """The shape of ``name`` if every dimension is a known integer, else None."""
+        shape = self.shapes.get(name)
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return None
+        return tuple(shape)
+
+    def elem_type(self, name: str) -> int:
+        return self.elem_types.get(name, onnx.TensorProto.UNDEFINED)
+
+    def consumers_of(self, name: str) -> list[onnx.NodeProto]:
+        return self.consumers.get(name, [])
+
+    def single_consumer(self, name: str) -> onnx.NodeProto | None:
+        """The only consumer of ``name`` when it has exactly one and is not a graph output."""
+        users = self.consumers.get(name, [])
+        if len(users) != 1 or name in self.output_set:
+            return None
+        return users[0]
+
+    def unique_name(self, base: str) -> str:
+        """A tensor/node name not used anywhere in the graph, derived from ``base``; reserved on return."""
+        name = base
+        counter = itertools.count(1)
+        while name in self._names:
+            name = f"{base}_{next(counter)}"
+        self._names.add(name)
+        return name
+
+
+def shape_of_value_info(vi: onnx.ValueInfoProto) -> Shape | None:
+    tensor_type = vi.type.tensor_type
+    if not tensor_type.HasField("shape"):
+        return None
+    dims: list[int | str | None] = []
+    for dim in tensor_type.shape.dim:
+        if dim.HasField("dim_value"):
+            dims.append(int(dim.dim_value))
+        elif dim.HasField("dim_param"):
+            dims.append(dim.dim_param)
+        else:
+            dims.append(None)
+    return tuple(dims)
+
+
+def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
+    for attr in node.attribute:
+        if attr.name == "value":
+            return numpy_helper.to_array(attr.t)
+        if attr.name == "value_float":
+            return np.array(attr.f, dtype=np.float32)
+        if attr.name == "value_floats":
+            return np.array(list(attr.floats), dtype=np.float32)
+        if attr.name == "value_int":
+            return np.array(attr.i, dtype=np.int64)
+        if attr.name == "value_ints":
+            return np.array(list(attr.ints), dtype=np.int64)
+    return None
+
+
+def subgraph_outer_inputs(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs (If/Loop/Scan bodies) read from the enclosing scope."""
+    outer: set[str] = set()
+    for attr in node.attribute:
+        graphs = list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
+        if attr.type == onnx.AttributeProto.GRAPH:
+            graphs.append(attr.g)
+        for g in graphs:
+            local = {i.name for i in g.input} | {t.name for t in g.initializer}
+            for sub in g.node:
+                local.update(sub.output)
+            for sub in g.node:
+                outer.update(i for i in sub.input if i and i not in local)
+                outer.update(subgraph_outer_inputs(sub) - local)
+            outer.update(o.name for o in g.output if o.name not in local)
+    return outer
+
+
+def has_subgraphs(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
+# --- editing ----------------------------------------------------------------------------------------
+
+
+class GraphEditor:
+    """Collects node replacements and new initializers, then rebuilds ``graph.node`` once.
+
+    New nodes take the position of the node they replace (or sit just before/after it), so a graph that was
+    topologically sorted stays sorted as long as the new nodes only read tensors available at that position.
+    """
+
+    def __init__(self, index: GraphIndex) -> None:
+        self.index = index
+        self._replace: dict[int, list[onnx.NodeProto]] = {}
+        self._before: dict[int, list[onnx.NodeProto]] = {}
+        self._after: dict[int, list[onnx.NodeProto]] = {}
+        self._prepend: list[onnx.NodeProto] = []
+        self._new_initializers: list[onnx.TensorProto] = []
+
+    def replace(self, node: onnx.NodeProto, new_nodes: Sequence[onnx.NodeProto]) -> None:
+        self._replace[id(node)] = list(new_nodes)
+
+    def remove(self, node: onnx.NodeProto) -> None:
+        self._replace[id(node)] = []
+
+    def insert_before(self, node: onnx.NodeProto, new_nodes: Sequence[onnx.NodeProto]) -> None:
+        self._before.setdefault(id(node), []).extend(new_nodes)
+
+    def insert_after(self, node: onnx.NodeProto, new_nodes: Sequence[onnx.NodeProto]) -> None:
+        self._after.setdefault(id(node), []).extend(new_nodes)
+
+    def prepend(self, new_nodes: Sequence[onnx.NodeProto]) -> None:
+        """Nodes that read only graph inputs or initializers (placed first)."""
+        self._prepend.extend(new_nodes)
+
+    def add_initializer(self, base_name: str, value: np.ndarray, *, exact_name: bool = False) -> str:
+        """Add a new initializer under a unique name derived from ``base_name`` (or exactly ``base_name``
+        when the caller replaces the tensor's producer); return the name."""
+        name = base_name if exact_name else self.index.unique_name(base_name)
+        self._new_initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def make_node(self, op_type: str, inputs: Sequence[str], outputs: Sequence[str], name: str,
+                  **attrs: Any) -> onnx.NodeProto:
+        return helper.make_node(op_type, list(inputs), list(outputs), name=self.index.unique_name(name), **attrs)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self._replace or self._before or self._after or self._prepend or self._new_initializers)
+
+    def commit(self) -> None:
+        graph = self.index.graph
+        if self._replace or self._before or self._after or self._prepend:
+            new_nodes: list[onnx.NodeProto] = list(self._prepend)
+            for node in graph.node:
+                key = id(node)
+                new_nodes.extend(self._before.get(key, ()))
+                new_nodes.extend(self._replace.get(key, (node,)))
+                new_nodes.extend(self._after.get(key, ()))
+            # Copy before clearing: the repeated field owns the old messages.
+            copies = [_detached(n) for n in new_nodes]
+            del graph.node[:]
+            graph.node.extend(copies)
+        if self._new_initializers:
+            graph.initializer.extend(self._new_initializers)
+        self._replace.clear()
+        self._before.clear()
+        self._after.clear()
+        self._prepend.clear()
+        self._new_initializers.clear()
+
+
+def _detached(node: onnx.NodeProto) -> onnx.NodeProto:
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    return copy
+
+
+def set_initializer(index: GraphIndex, name: str, value: np.ndarray) -> None:
+    """Overwrite initializer ``name`` in place (callers make sure nothing else reads the old value)."""
+    tensor = index.initializers[name]
+    tensor.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(value), name))
+
+
+def private_initializer(index: GraphIndex, editor: GraphEditor, node: onnx.NodeProto, slot: int,
+                        value: np.ndarray) -> None:
+    """Give ``node`` input ``slot`` the new constant ``value``.
+
+    Overwrites the initializer in place when ``node`` is its only reader; otherwise adds a fresh initializer,
+    so a weight shared with another node is never corrupted.
+    """
+    name = node.input[slot] if slot < len(node.input) else ""
+    readers = index.consumers_of(name) if name else []
+    if (name and name in index.initializers and name not in index.graph_inputs
+            and len(readers) == 1 and name not in index.output_set):
+        set_initializer(index, name, value)
+        return
+    base = name or f"{node.name}_in{slot}"
+    new_name = editor.add_initializer(base, value)
+    while len(node.input) <= slot:
+        node.input.append("")
+    node.input[slot] = new_name
+
+
+def remove_unused_initializers(graph: onnx.GraphProto) -> list[str]:
+    used: set[str] = set(o.name for o in graph.output)
+    for node in graph.node:
+        used.update(node.input)
+        used.update(subgraph_outer_inputs(node))
+    keep = [t for t in graph.initializer if t.name in used]
+    removed = [t.name for t in graph.initializer if t.name not in used]
+    if removed:
+        kept = [_copy_tensor(t) for t in keep]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+        input_names = {i.name for i in graph.input}
+        if input_names & set(removed):
+            inputs = [_copy_vi(i) for i in graph.input if i.name not in set(removed)]
+            del graph.input[:]
+            graph.input.extend(inputs)
+    return removed
+
+
+def remove_dead_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Remove nodes none of whose outputs reaches a graph output; return the removed nodes."""
+    graph = model.graph
+    needed = {o.name for o in graph.output}
+    alive = [False] * len(graph.node)
+    for i in range(len(graph.node) - 1, -1, -1):
+        node = graph.node[i]
+        if any(o in needed for o in node.output if o):
+            alive[i] = True
+            needed.update(n for n in node.input if n)
+            needed.update(subgraph_outer_inputs(node))
+    if all(alive):
+        return []
+    dead = [_detached(n) for n, a in zip(graph.node, alive) if not a]
+    keep = [_detached(n) for n, a in zip(graph.node, alive) if a]
+    del graph.node[:]
+    graph.node.extend(keep)
+    return dead
+
+
+def _copy_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
+    c = onnx.TensorProto()
+    c.CopyFrom(t)
+    return c
+
+
+def _copy_vi(v: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    c = onnx.ValueInfoProto()
+    c.CopyFrom(v)
+    return c
+
+
+def name_unnamed_nodes(graph: onnx.GraphProto) -> int:
+    """Give every unnamed node a unique name (``<op>_<n>``) so reports can point at it. Returns the count."""
+    used = {n.name for n in graph.node if n.name}
+    count = 0
+    for i, node in enumerate(graph.node):
+        if node.name:
+            continue
+        base = f"{node.op_type}_{i}"
+        name = base
+        suffix = itertools.count(1)
+        while name in used:
+            name = f"{base}_{next(suffix)}"
+        used.add(name)
+        node.name = name
+        count += 1
+    return count
+
+
+# --- shapes -----------------------------------------------------------------------------------------
+
+
+def infer_shapes(model: onnx.ModelProto) -> None:
+    """Refresh ``graph.value_info`` (and output shapes that were unknown) with onnx shape inference.
+
+    Inference runs on a light copy whose large initializers carry dims but no data (only small constants feed
+    shape computations), so this costs little on a 100 MB model and works on models above 2 GB.
+    Raises onnx's InferenceError on an inconsistent graph.
+    """
+    light = onnx.ModelProto()
+    light.CopyFrom(_without_large_data(model))
+    del light.graph.value_info[:]
+    inferred = onnx.shape_inference.infer_shapes(light, check_type=True, strict_mode=True, data_prop=True)
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
+    by_name = {o.name: o for o in inferred.graph.output}
+    for out in model.graph.output:
+        new = by_name.get(out.name)
+        if new is not None and new.type.tensor_type.HasField("shape"):
+            # Only fill in what was unknown or symbolic: a declared static shape is the user's interface.
+            old = shape_of_value_info(out)
+            if old is None or not all(isinstance(d, int) for d in old):
+                out.type.CopyFrom(new.type)
+
+
+_LIGHT_LIMIT = 4096  # bytes; initializers above this are replaced by data-less stand-ins for inference
+
+
+def _without_large_data(model: onnx.ModelProto) -> onnx.ModelProto:
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    graph = light.graph
+    graph.name = model.graph.name
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    graph.output.extend(model.graph.output)
+    graph.sparse_initializer.extend(model.graph.sparse_initializer)
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL or t.ByteSize() > _LIGHT_LIMIT:
+            stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
+            stub.data_location = onnx.TensorProto.EXTERNAL
+            stub.external_data.add(key="location", value="__npufix_shape_only__")
+            graph.initializer.append(stub)
+        else:
+            graph.initializer.append(t)
+    return light
+
+
+def set_input_shapes(model: onnx.ModelProto, shapes: dict[str, Sequence[int]]) -> None:
+    """Freeze graph input shapes (like onnxsim's --overwrite-input-shape). Unknown names raise KeyError."""
+    by_name = {i.name: i for i in model.graph.input}
+    for name, dims in shapes.items():
+        if name not in by_name:
+            raise KeyError(name)
+        shape = by_name[name].type.tensor_type.shape
+        del shape.dim[:]
+        for d in dims:
+            shape.dim.add().dim_value = int(d)
+
+
+def dynamic_inputs(model: onnx.ModelProto) -> dict[str, Shape | None]:
+    """Graph inputs (not initializers) whose shape is unknown or has a non-integer dimension."""
+    inits = {t.name for t in model.graph.initializer}
+    found: dict[str, Shape | None] = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        shape = shape_of_value_info(vi)
+        if shape is None or not all(isinstance(d, int) and d >= 0 for d in shape):
+            found[vi.name] = shape
+    return found
+
+
+def format_shape(shape: Shape | None) -> str:
+    if shape is None:
+        return "?"
+    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+# --- measures ---------------------------------------------------------------------------------------
+
+
+def conv_macs(model: onnx.ModelProto, index: GraphIndex | None = None) -> int:
+    """Multiply-accumulates of every Conv and ConvTranspose with known shapes (run infer_shapes first)."""
+    index = index or GraphIndex(model)
+    total = 0
+    for node in model.graph.node:
+        total += node_macs(index, node)
+    return total
+
+
+def node_macs(index: GraphIndex, node: onnx.NodeProto) -> int:
+    if node.op_type not in ("Conv", "ConvTranspose") or len(node.input) < 2:
+        return 0
+    w_shape = index.static_shape(node.input[1])
+    if node.op_type == "Conv":
+        out_shape = index.static_shape(node.output[0])
+        if w_shape is None or out_shape is None:
+            return 0
+        # every output element takes (C_in / group) * prod(kernel) MACs; W is [M, C/group, k...]
+        return int(np.prod(out_shape, dtype=np.int64)) * int(np.prod(w_shape[1:], dtype=np.int64))
+    in_shape = index.static_shape(node.input[0])
+    if w_shape is None or in_shape is None:
+        return 0
+    # ConvTranspose: every input element scatters into (M / group) * prod(kernel) outputs; W is [C, M/group, k...]
+    return int(np.prod(in_shape, dtype=np.int64)) * int(np.prod(w_shape[1:], dtype=np.int64))
+
+
+def op_histogram(nodes: Iterable[onnx.NodeProto]) -> dict[str, int]:
+    hist: dict[str, int] = {}
+    for node in nodes:
+        hist[node.op_type] = hist.get(node.op_type, 0) + 1
+    return hist
+
+
+def opset_version(model: onnx.ModelProto, domain: str = "") -> int:
+    for op in model.opset_import:
+        if op.domain in (domain, "ai.onnx" if domain == "" else domain):
+            return op.version
+    return 0
+
+
+# --- convolution attributes -------------------------------------------------------------------------
+
+
+class ConvGeometry:
+    """Conv / ConvTranspose / pooling attributes with defaults filled in and ``auto_pad`` resolved.
+
+    ``pads`` is always explicit ``[begin_0, ..., begin_n, end_0, ..., end_n]``. Resolving SAME_* needs the
+    static input spatial shape (Conv: total pad = max(0, (ceil(L/s) - 1)*s + (K-1)*d + 1 - L), SAME_UPPER puts
+    the odd unit at the end, SAME_LOWER at the beginning — the ONNX spec); ``resolved`` is False when it could
+    not be resolved.
+    """
+
+    def __init__(self, node: onnx.NodeProto, kernel_shape: Sequence[int] | None,
+                 input_spatial: Sequence[int] | None = None) -> None:
+        kernel = get_attr(node, "kernel_shape") or (list(kernel_shape) if kernel_shape is not None else None)
+        if kernel is None:
+            raise ValueError(f"{node.name}: kernel shape unknown")
+        n = len(kernel)
+        self.kernel: list[int] = list(kernel)
+        self.strides: list[int] = list(get_attr(node, "strides") or [1] * n)
+        self.dilations: list[int] = list(get_attr(node, "dilations") or [1] * n)
+        self.group: int = int(get_attr(node, "group", 1))
+        self.auto_pad: str = get_attr(node, "auto_pad", "NOTSET") or "NOTSET"
+        self.pads: list[int] = list(get_attr(node, "pads") or [0] * (2 * n))
+        self.resolved = True
+        if self.auto_pad == "VALID":
+            self.pads = [0] * (2 * n)
+        elif self.auto_pad in ("SAME_UPPER", "SAME_LOWER") and node.op_type != "ConvTranspose":
+            if input_spatial is None or not all(isinstance(v, int) for v in input_spatial):
+                self.resolved = False
+            else:
+                begins, ends = [], []
+                for length, k, s, d in zip(input_spatial, self.kernel, self.strides, self.dilations):
+                    out = -(-length // s)
+                    total = max(0, (out - 1) * s + (k - 1) * d + 1 - length)
+                    small, big = total // 2, total - total // 2
+                    if self.auto_pad == "SAME_UPPER":
+                        begins.append(small)
+                        ends.append(big)
+                    else:
+                        begins.append(big)
+                        ends.append(small)
+                self.pads = begins + ends
+        elif self.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            self.resolved = False
+
+    @property
+    def rank(self) -> int:
+        return len(self.kernel)
+
+    def pad_pair(self, axis: int) -> tuple[int, int]:
+        return self.pads[axis], self.pads[axis + self.rank]
+
+    def output_length(self, axis: int, length: int) -> int:
+        """Conv output length on spatial ``axis`` (floor mode)."""
+        begin, end = self.pad_pair(axis)
+        effective = (self.kernel[axis] - 1) * self.dilations[axis] + 1
+        return (length + begin + end - effective) // self.strides[axis] + 1
+
+
+def conv_geometry(index: GraphIndex, node: onnx.NodeProto) -> ConvGeometry:
+    """ConvGeometry of a Conv/ConvTranspose using its weight shape and the input shape from ``index``."""
+    w_shape = index.shape(node.input[1]) if len(node.input) > 1 else None
+    kernel = list(w_shape[2:]) if w_shape is not None else None
+    in_shape = index.shape(node.input[0])
+    spatial = list(in_shape[2:]) if in_shape is not None else None
+    return ConvGeometry(node, kernel, spatial)

@@ -1,0 +1,60 @@
+"""Every knob of a run in one frozen dataclass, shared by the CLI, the pass manager and the passes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class FixOptions:
+    # --- constraints / pass options -------------------------------------------------------------
+    max_dilation: int | None = None
+    """Largest dilation a Conv may keep on any axis (None: no limit, dilated-conv does nothing)."""
+    s2b_layout: str = "auto"
+    """Space-to-batch layout for dilated-conv: auto | spatial | channel | batch."""
+    align: int = 8
+    """Conv / ConvTranspose channel alignment (0 disables align-channels)."""
+    align_io: bool = False
+    """Also align channel counts of graph inputs/outputs inside the graph (Pad after inputs)."""
+    bn_standalone: str = "mul-add"
+    """How a BatchNormalization that cannot be folded is lowered: mul-add | conv."""
+    resize_mode: str = "nearest"
+    """resize-nearest: nearest (approximate) | exact (exact ConvTranspose/MatMul forms where they exist)."""
+    max_approx_error: float = 0.5
+    """Bound on the relative L2 error of each output for approximate passes."""
+    large_tensor_bytes: int = 1 << 20
+    """fold-constants does not materialise tensors larger than this."""
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Overrides for graph input shapes (freezes dynamic dims)."""
+    # --- validation -------------------------------------------------------------------------------
+    validate: str = "each"
+    """each: after every pass that changed the graph; final: once, output against input; none."""
+    n_inputs: int = 3
+    seed: int = 0
+    rtol: float = 1e-4
+    atol: float = 1e-5
+    keep_going: bool = False
+    """Roll back a pass that fails validation and continue, instead of failing the run."""
+    # --- constraints checked by --check and after a fixing run (target profiles set these) ----------
+    allowed_dilations: tuple[int, ...] | None = None
+    """If set, every Conv dilation must be in this set (e.g. MDLA {1,2,4,8}); else only max_dilation."""
+    concat_align: int = 0
+    """Channel count of every Concat input must be a multiple of this (0: not checked)."""
+    batch_one: bool = False
+    """Every activation tensor must have batch (axis 0) 1."""
+    max_rank: int | None = 4
+    """Largest tensor rank the target accepts (None: not checked)."""
+    forbidden_ops: tuple[str, ...] = ()
+    """Op types the target cannot run; rewrites must not emit them and --check reports them."""
+    allow_batchnorm: bool = False
+    """Whether a BatchNormalization may remain (False: a violation fixed by fold-batchnorm)."""
+    require_nearest_resize: bool = True
+    """Whether a non-nearest Resize/Upsample is a violation (fixed by resize-nearest)."""
+    max_kernel: int | None = None
+    """Largest Conv kernel extent on any axis worth reporting (None: not checked)."""
+    max_stride: int | None = None
+    """Largest Conv stride on any axis (None: not checked)."""
+    sram_bytes: int | None = None
+    """Activation-memory budget for the memory estimate (None: only reported, never a violation)."""
+    act_bytes: int = 1
+    """Bytes per activation element in the memory estimate (1 for int8, 4 for float32)."""

@@ -1,0 +1,256 @@
+"""Numerical validation: seeded inputs, onnxruntime runs (CPU, graph optimizations off), per-output comparison.
+
+Optimizations are off so onnxruntime runs the graph as written: with ORT_ENABLE_ALL its own Conv+BN fusion
+would make an original and a wrongly folded model look alike, and session creation is 1.4-3x slower.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.graph import dynamic_inputs, format_shape, shape_of_value_info
+
+Feeds = dict[str, np.ndarray]
+Outputs = dict[str, np.ndarray]
+
+_TWO_GB = 2**31 - 1
+
+_NUMPY_OF_ONNX = {
+    onnx.TensorProto.FLOAT: np.float32,
+    onnx.TensorProto.DOUBLE: np.float64,
+    onnx.TensorProto.FLOAT16: np.float16,
+    onnx.TensorProto.INT8: np.int8,
+    onnx.TensorProto.UINT8: np.uint8,
+    onnx.TensorProto.INT16: np.int16,
+    onnx.TensorProto.UINT16: np.uint16,
+    onnx.TensorProto.INT32: np.int32,
+    onnx.TensorProto.UINT32: np.uint32,
+    onnx.TensorProto.INT64: np.int64,
+    onnx.TensorProto.UINT64: np.uint64,
+    onnx.TensorProto.BOOL: np.bool_,
+}
+
+
+def make_inputs(model: onnx.ModelProto, n: int, seed: int) -> list[Feeds]:
+    """``n`` input sets from one seeded generator: floats ~ N(0, 1), integers in [0, 8), bools fair coins.
+
+    Integer inputs stay small and non-negative because they are usually indices or lengths.
+    Raises InputError when an input's shape is not static.
+    """
+    dynamic = dynamic_inputs(model)
+    if dynamic:
+        name, shape = next(iter(dynamic.items()))
+        raise InputError(
+            f"input '{name}' has dynamic shape {format_shape(shape)}; freeze it with "
+            f"--input-shape {name}:<dims> (e.g. --input-shape {name}:1,1,16000)"
+        )
+    rng = np.random.default_rng(seed)
+    inits = {t.name for t in model.graph.initializer}
+    specs = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        elem = vi.type.tensor_type.elem_type
+        dtype = _NUMPY_OF_ONNX.get(elem)
+        if dtype is None:
+            raise InputError(f"input '{vi.name}' has element type "
+                             f"{onnx.TensorProto.DataType.Name(elem)}, which validation cannot generate; "
+                             f"use --no-validate")
+        specs.append((vi.name, tuple(shape_of_value_info(vi) or ()), dtype))
+    feeds: list[Feeds] = []
+    for _ in range(n):
+        feed: Feeds = {}
+        for name, shape, dtype in specs:
+            if np.issubdtype(dtype, np.floating):
+                feed[name] = rng.standard_normal(shape).astype(dtype)
+            elif dtype == np.bool_:
+                feed[name] = rng.integers(0, 2, shape).astype(np.bool_)
+            else:
+                feed[name] = rng.integers(0, 8, shape).astype(dtype)
+        feeds.append(feed)
+    return feeds
+
+
+class Runner:
+    """One onnxruntime session for one model; reused for every input set."""
+
+    def __init__(self, model: onnx.ModelProto, *, model_path: str | None = None) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        opts.log_severity_level = 3
+        opts.intra_op_num_threads = min(2, os.cpu_count() or 1)
+        self.output_names = [o.name for o in model.graph.output]
+        self._tmpdir = None
+        if model_path is not None:
+            source: Any = model_path
+        elif model.ByteSize() < _TWO_GB:
+            source = model.SerializeToString()
+        else:
+            # Too large to pass as bytes: write it (with external data) to a scratch directory.
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="npufix-validate-")
+            source = os.path.join(self._tmpdir.name, "model.onnx")
+            onnx.save(model, source, save_as_external_data=True, location="model.onnx.data")
+        self.session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+
+    def run(self, feeds: Feeds) -> Outputs:
+        values = self.session.run(self.output_names, feeds)
+        return dict(zip(self.output_names, values))
+
+    def run_all(self, feeds: Sequence[Feeds]) -> list[Outputs]:
+        return [self.run(f) for f in feeds]
+
+    def close(self) -> None:
+        self.session = None
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+
+
+@dataclass
+class OutputDiff:
+    name: str
+    max_abs: float
+    max_rel: float
+    rel_l2: float
+    cosine: float
+    passed: bool
+    needed_atol: float
+    """The smallest absolute tolerance (with the run's rtol) under which this output would have passed."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (v if not isinstance(v, float) else float(f"{v:.6g}")) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class Comparison:
+    outputs: list[OutputDiff] = field(default_factory=list)
+    criterion: str = ""
+    error: str | None = None
+    """Set when the outputs could not be compared at all (missing output, shape or dtype mismatch)."""
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and all(o.passed for o in self.outputs)
+
+    @property
+    def worst(self) -> OutputDiff | None:
+        return max(self.outputs, key=lambda o: (not o.passed, o.max_abs), default=None)
+
+    @property
+    def max_abs(self) -> float:
+        return max((o.max_abs for o in self.outputs), default=0.0)
+
+    @property
+    def max_rel(self) -> float:
+        return max((o.max_rel for o in self.outputs), default=0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        worst = self.worst
+        return {
+            "passed": self.passed,
+            "criterion": self.criterion,
+            "error": self.error,
+            "max_abs": float(f"{self.max_abs:.6g}"),
+            "max_rel": float(f"{self.max_rel:.6g}"),
+            "worst_output": worst.name if worst else None,
+            "outputs": [o.to_json() for o in self.outputs],
+        }
+
+
+def compare(reference: Sequence[Outputs], candidate: Sequence[Outputs], *, exact: bool, rtol: float,
+            atol: float, max_approx_error: float) -> Comparison:
+    """Compare every output over every input set.
+
+    Exact: each element must satisfy ``|a - b| <= atol * max(1, max|ref|) + rtol * |ref|`` — atol scales with
+    the output's magnitude because float32 reassociation errors do. Integer/bool outputs must be equal.
+    Approximate: the relative L2 error ``||a - b|| / ||b||`` of each output must not exceed
+    ``max_approx_error``.
+    """
+    criterion = (f"|a-b| <= {atol:g}*max(1,max|ref|) + {rtol:g}*|ref|" if exact
+                 else f"relative L2 error <= {max_approx_error:g}")
+    result = Comparison(criterion=criterion)
+    names = list(reference[0].keys()) if reference else []
+    for name in names:
+        stats = _Accumulator()
+        for ref_set, cand_set in zip(reference, candidate):
+            if name not in cand_set:
+                result.error = f"output '{name}' is missing"
+                return result
+            ref, cand = ref_set[name], cand_set[name]
+            if ref.shape != cand.shape:
+                result.error = f"output '{name}' changed shape {list(ref.shape)} -> {list(cand.shape)}"
+                return result
+            if ref.dtype != cand.dtype:
+                result.error = f"output '{name}' changed dtype {ref.dtype} -> {cand.dtype}"
+                return result
+            stats.add(ref, cand, rtol)
+        result.outputs.append(stats.finish(name, exact=exact, rtol=rtol, atol=atol,
+                                           max_approx_error=max_approx_error))
+    return result
+
+
+class _Accumulator:
+    def __init__(self) -> None:
+        self.max_abs = 0.0
+        self.max_rel = 0.0
+        self.ref_mag = 0.0
+        self.err_sq = 0.0
+        self.ref_sq = 0.0
+        self.cand_sq = 0.0
+        self.dot = 0.0
+        self.needed = 0.0  # max over elements of (|a-b| - rtol*|ref|), for the atol that would have passed
+        self.non_finite_mismatch = False
+        self.integer = False
+
+    def add(self, ref: np.ndarray, cand: np.ndarray, rtol: float) -> None:
+        if not np.issubdtype(ref.dtype, np.floating):
+            self.integer = True
+            ref64, cand64 = ref.astype(np.float64), cand.astype(np.float64)
+        else:
+            ref64, cand64 = ref.astype(np.float64), cand.astype(np.float64)
+            finite_ref, finite_cand = np.isfinite(ref64), np.isfinite(cand64)
+            # Non-finite values must match exactly (same inf sign, NaN where NaN).
+            if not np.array_equal(finite_ref, finite_cand) or not np.array_equal(
+                    ref64[~finite_ref], cand64[~finite_cand], equal_nan=True):
+                self.non_finite_mismatch = True
+            ref64 = np.where(finite_ref, ref64, 0.0)
+            cand64 = np.where(finite_cand, cand64, 0.0)
+        if ref64.size == 0:
+            return
+        diff = np.abs(ref64 - cand64)
+        absref = np.abs(ref64)
+        self.max_abs = max(self.max_abs, float(diff.max()))
+        self.max_rel = max(self.max_rel, float((diff / np.maximum(absref, 1e-6)).max()))
+        self.ref_mag = max(self.ref_mag, float(absref.max()))
+        self.err_sq += float(np.sum(diff * diff))
+        self.ref_sq += float(np.sum(ref64 * ref64))
+        self.cand_sq += float(np.sum(cand64 * cand64))
+        self.dot += float(np.sum(ref64 * cand64))
+        self.needed = max(self.needed, float((diff - rtol * absref).max()))
+
+    def finish(self, name: str, *, exact: bool, rtol: float, atol: float,
+               max_approx_error: float) -> OutputDiff:
+        rel_l2 = float(np.sqrt(self.err_sq / self.ref_sq)) if self.ref_sq > 0 else float(np.sqrt(self.err_sq))
+        denom = np.sqrt(self.ref_sq * self.cand_sq)
+        cosine = float(self.dot / denom) if denom > 0 else (1.0 if self.err_sq == 0 else 0.0)
+        scale = max(1.0, self.ref_mag)
+        needed_atol = max(0.0, self.needed) / scale
+        if self.non_finite_mismatch:
+            passed = False
+        elif self.integer:
+            passed = self.max_abs == 0.0
+        elif exact:
+            passed = needed_atol <= atol
+        else:
+            passed = rel_l2 <= max_approx_error
+        return OutputDiff(name=name, max_abs=self.max_abs, max_rel=self.max_rel, rel_l2=rel_l2,
+                          cosine=cosine, passed=passed, needed_atol=needed_atol)

@@ -1,0 +1,52 @@
+"""Test helpers shared by the per-pass test modules."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import onnx
+
+from onnx_npu_fix.graph import infer_shapes, name_unnamed_nodes
+from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.passes.base import Pass, PassResult
+from onnx_npu_fix.validate import Runner, compare, make_inputs
+
+
+def apply_pass(model: onnx.ModelProto, pass_: Pass, **options) -> tuple[onnx.ModelProto, PassResult]:
+    """Run one pass on a copy of ``model`` the way the pass manager does (named nodes, fresh shapes),
+    then check the result with the onnx checker and strict shape inference."""
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    name_unnamed_nodes(work.graph)
+    infer_shapes(work)
+    result = pass_.run(work, FixOptions(**options))
+    onnx.checker.check_model(work)
+    infer_shapes(work)
+    return work, result
+
+
+def run_model(model: onnx.ModelProto, feeds):
+    runner = Runner(model)
+    return runner.run_all(feeds)
+
+
+def assert_equivalent(original: onnx.ModelProto, fixed: onnx.ModelProto, *, seeds: Iterable[int] = (0, 1, 2),
+                      exact: bool = True, rtol: float = 1e-4, atol: float = 1e-5,
+                      max_approx_error: float = 0.5, feeds=None):
+    """Outputs of ``fixed`` match ``original`` under onnxruntime on seeded random inputs; returns the comparison."""
+    if feeds is None:
+        feeds = [f for s in seeds for f in make_inputs(original, 1, s)]
+    ref = run_model(original, feeds)
+    got = run_model(fixed, feeds)
+    cmp = compare(ref, got, exact=exact, rtol=rtol, atol=atol, max_approx_error=max_approx_error)
+    assert cmp.passed, cmp.to_json()
+    return cmp
+
+
+def ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)

@@ -1,0 +1,86 @@
+"""Pass fold-constants: Shape chains become constants once shapes are static; limits respected."""
+
+from __future__ import annotations
+
+import numpy as np
+from helpers import apply_pass, assert_equivalent, ops
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_npu_fix.graph import set_input_shapes
+from onnx_npu_fix.passes.fold_constants import FoldConstantsPass
+
+
+def shape_chain_model(dims=(1, 4, 6)):
+    idx = numpy_helper.from_array(np.array(2, np.int64), "idx")
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    head = numpy_helper.from_array(np.array([1, -1], np.int64), "head")
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Gather", ["s", "idx"], ["t"], axis=0, name="gather"),
+        helper.make_node("Unsqueeze", ["t", "axes"], ["t1"], name="unsqueeze"),
+        helper.make_node("Concat", ["head", "t1"], ["target"], axis=0, name="concat"),
+        helper.make_node("Reshape", ["x", "target"], ["r"], name="reshape"),
+        helper.make_node("Relu", ["r"], ["out"], name="relu"),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(dims))],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+                              [idx, axes, head])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_shape_chain_folds_and_output_shape_refreshed():
+    model = shape_chain_model()
+    fixed, result = apply_pass(model, FoldConstantsPass())
+    assert ops(fixed) == ["Reshape", "Relu"]
+    folded = {c.node for c in result.changes if c.action == "folded to constant"}
+    assert folded == {"shape", "gather", "unsqueeze", "concat"}
+    target = [t for t in fixed.graph.initializer if t.name == fixed.graph.node[0].input[1]][0]
+    assert numpy_helper.to_array(target).tolist() == [1, -1, 6]  # [1, -1] ++ [x.shape[2]]
+    dims = [d.dim_value for d in fixed.graph.output[0].type.tensor_type.shape.dim]
+    assert dims == [1, 4, 6]  # the output had no declared shape; now it is static
+    assert_equivalent(model, fixed)
+    _, again = apply_pass(fixed, FoldConstantsPass())
+    assert not again.changed
+
+
+def test_dynamic_shape_is_not_folded_until_frozen():
+    model = shape_chain_model(dims=(1, 4, "time"))
+    fixed, result = apply_pass(model, FoldConstantsPass())
+    assert "Shape" in ops(fixed)
+    set_input_shapes(model, {"x": (1, 4, 9)})
+    fixed, result = apply_pass(model, FoldConstantsPass())
+    assert "Shape" not in ops(fixed)
+
+
+def test_large_results_are_not_materialised():
+    shape = numpy_helper.from_array(np.array([512, 1024], np.int64), "shape")
+    nodes = [
+        helper.make_node("ConstantOfShape", ["shape"], ["big"], name="cos",
+                         value=numpy_helper.from_array(np.array([1.0], np.float32))),
+        helper.make_node("ReduceSum", ["big"], ["s"], keepdims=0, name="sum"),
+        helper.make_node("Add", ["x", "s"], ["out"], name="add"),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2])], [shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    fixed, result = apply_pass(model, FoldConstantsPass(), large_tensor_bytes=1 << 20)
+    assert "ConstantOfShape" in ops(fixed)  # 2 MiB of ones is not written into the model
+    fixed, result = apply_pass(model, FoldConstantsPass(), large_tensor_bytes=4 << 20)
+    assert ops(fixed) == ["Add"]
+    assert_equivalent(model, fixed)
+
+
+def test_random_and_qdq_nodes_are_not_folded():
+    scale = numpy_helper.from_array(np.array(0.5, np.float32), "scale")
+    zp = numpy_helper.from_array(np.array(0, np.int8), "zp")
+    wq = numpy_helper.from_array(np.array([1, 2], np.int8), "wq")
+    nodes = [
+        helper.make_node("DequantizeLinear", ["wq", "scale", "zp"], ["w"], name="dq"),
+        helper.make_node("Add", ["x", "w"], ["out"], name="add"),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2])], [scale, zp, wq])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    fixed, result = apply_pass(model, FoldConstantsPass())
+    assert ops(fixed) == ["DequantizeLinear", "Add"]
+    assert not result.changed

@@ -1,0 +1,238 @@
+"""The pass manager: order, skip, validation, failure and rollback, report contents."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import assert_equivalent
+from onnx import helper, numpy_helper
+
+from onnx_npu_fix import api
+from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.graph import GraphIndex
+from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
+from onnx_npu_fix.passes.base import Change, Pass, PassResult
+from onnx_npu_fix.pipeline import prepare, run_passes
+
+
+def small_model() -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.arange(8, dtype=np.float32).reshape(2, 4) / 8, "w")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+        helper.make_node("Identity", ["y"], ["y_id"], name="id"),
+        helper.make_node("Relu", ["y_id"], ["out"], name="relu"),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 2])],
+                              [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [3, 4])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+class ScaleWeights(Pass):
+    """A deliberately wrong pass: doubles every initializer (changes the outputs)."""
+
+    name = "scale-weights"
+    summary = "test pass that breaks the model"
+
+    def run(self, model, options):
+        result = PassResult()
+        for t in model.graph.initializer:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * 2, t.name))
+            result.changes.append(Change(t.name, "initializer", "doubled"))
+        return result
+
+
+class RenameRelu(Pass):
+    """A correct pass: turns Relu into Max(x, 0) — exact."""
+
+    name = "relu-to-max"
+    summary = "test pass"
+
+    def run(self, model, options):
+        result = PassResult()
+        index = GraphIndex(model)
+        for node in model.graph.node:
+            if node.op_type == "Relu":
+                zero = index.unique_name("zero")
+                model.graph.initializer.append(numpy_helper.from_array(np.zeros((), np.float32), zero))
+                node.op_type = "Max"
+                node.input.append(zero)
+                result.changes.append(Change(node.name, "Relu", "replaced", "Relu", "Max"))
+        return result
+
+
+class Crash(Pass):
+    name = "crash"
+    summary = "test pass that raises"
+
+    def run(self, model, options):
+        raise RuntimeError("boom\nsecond line")
+
+
+class Approximate(Pass):
+    """Adds a small constant to the output: approximate, within a relative-L2 bound of 0.5."""
+
+    name = "nudge"
+    summary = "approximate test pass"
+    exact = False
+
+    def __init__(self, amount: float = 0.01) -> None:
+        self.amount = amount
+
+    def run(self, model, options):
+        index = GraphIndex(model)
+        out = model.graph.output[0].name
+        node = index.producer[out]
+        tmp = index.unique_name("pre_nudge")
+        node.output[0] = tmp
+        c = index.unique_name("nudge_c")
+        model.graph.initializer.append(numpy_helper.from_array(np.array(self.amount, np.float32), c))
+        model.graph.node.append(helper.make_node("Add", [tmp, c], [out], name="nudge"))
+        return PassResult(changes=[Change("nudge", "Add", "added")])
+
+
+def run(model, passes, **opts):
+    options = FixOptions(**opts)
+    prepare(model, options)
+    return run_passes(model, options, passes)
+
+
+def test_default_order_is_one_tuple_and_registry_matches():
+    assert isinstance(DEFAULT_ORDER, tuple)
+    names = [cls.name for cls in DEFAULT_ORDER]
+    assert len(names) == len(set(names))
+    assert names[:2] == ["cleanup", "fold-constants"]
+    for cls in DEFAULT_ORDER:
+        assert PASSES[cls.name] is cls
+        assert cls.__doc__ or __import__(cls.__module__).__doc__
+
+
+def test_correct_pass_is_validated_and_reported():
+    original = small_model()
+    model = small_model()
+    result = run(model, [RenameRelu()])
+    assert result.ok
+    record = result.report.passes[0]
+    assert record.status == "validated"
+    assert record.validation.passed and record.validation.max_abs == 0.0
+    assert [c.node for c in record.changes] == ["relu"]
+    assert result.report.final.passed
+    assert "Max" in [n.op_type for n in model.graph.node]
+    assert_equivalent(original, model)
+
+
+def test_wrong_pass_fails_names_pass_and_output():
+    result = run(small_model(), [ScaleWeights()])
+    assert not result.ok
+    failed = result.report.failed_pass
+    assert failed.name == "scale-weights"
+    assert failed.status == "failed"
+    assert "output 'out'" in failed.error
+    assert result.report.final is None
+
+
+def test_failure_stops_later_passes():
+    result = run(small_model(), [ScaleWeights(), RenameRelu()])
+    assert [p.name for p in result.report.passes] == ["scale-weights"]
+
+
+def test_keep_going_rolls_back_and_continues():
+    original = small_model()
+    model = small_model()
+    result = run(model, [ScaleWeights(), RenameRelu()], keep_going=True)
+    assert result.ok
+    assert [p.status for p in result.report.passes] == ["rolled back", "validated"]
+    assert result.report.final.passed
+    assert_equivalent(original, model)
+
+
+def test_crashing_pass_is_reported_not_raised():
+    result = run(small_model(), [Crash()])
+    assert not result.ok
+    assert result.report.failed_pass.error == "RuntimeError: boom"
+
+
+def test_unchanged_pass_is_not_validated():
+    model = small_model()
+    for node in model.graph.node:
+        if node.op_type == "Relu":
+            node.op_type = "Sigmoid"
+    result = run(model, [RenameRelu()])
+    assert result.report.passes[0].status == "unchanged"
+    assert result.report.passes[0].validation is None
+    assert result.report.final is None
+
+
+def test_approximate_pass_measured_against_its_bound():
+    ok = run(small_model(), [Approximate(0.01)])
+    record = ok.report.passes[0]
+    assert record.status == "validated" and not record.exact
+    assert 0 < record.validation.max_abs <= 0.0101
+    assert "relative L2" in record.validation.criterion
+    too_far = run(small_model(), [Approximate(100.0)])
+    assert too_far.report.failed_pass.name == "nudge"
+    # the same nudge, declared exact, fails the exact tolerance
+    exact_nudge = Approximate(0.01)
+    exact_nudge.exact = True
+    assert not run(small_model(), [exact_nudge]).ok
+
+
+def test_validate_final_and_none_policies():
+    final = run(small_model(), [RenameRelu()], validate="final")
+    assert final.report.passes[0].status == "not validated"
+    assert final.report.final.passed
+    broken = run(small_model(), [ScaleWeights()], validate="final")
+    assert not broken.ok and not broken.report.final.passed
+    none = run(small_model(), [RenameRelu()], validate="none")
+    assert none.report.final is None and none.ok
+
+
+def test_dynamic_input_needs_input_shape():
+    model = small_model()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    with pytest.raises(InputError, match="--input-shape x:"):
+        run(model, [RenameRelu()])
+    fixed = small_model()
+    fixed.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    assert run(fixed, [RenameRelu()], input_shapes={"x": (3, 2)}).ok
+
+
+def test_input_shape_for_unknown_input_is_an_input_error():
+    with pytest.raises(InputError, match="not a graph input"):
+        run(small_model(), [], input_shapes={"nope": (1,)})
+
+
+def test_select_passes_only_and_skip():
+    all_names = [p.name for p in api.select_passes()]
+    assert all_names == [cls.name for cls in DEFAULT_ORDER]
+    assert [p.name for p in api.select_passes(skip=["cleanup"])] == all_names[1:]
+    assert [p.name for p in api.select_passes(only=["fold-constants", "cleanup"])] == ["cleanup",
+                                                                                       "fold-constants"]
+    with pytest.raises(InputError, match="unknown pass 'nope'"):
+        api.select_passes(only=["nope"])
+
+
+def test_report_json_contents():
+    result = run(small_model(), [RenameRelu()])
+    data = result.report.to_json()
+    entry = data["passes"][0]
+    assert entry["name"] == "relu-to-max"
+    assert entry["changes"][0] == {"node": "relu", "op": "Relu", "action": "replaced", "old": "Relu",
+                                   "new": "Max"}
+    assert entry["validation"]["passed"] is True
+    assert entry["validation"]["worst_output"] == "out"
+    assert set(entry["validation"]["outputs"][0]) >= {"name", "max_abs", "max_rel", "rel_l2", "cosine"}
+    assert data["final_validation"]["passed"] is True
+
+
+def test_unrunnable_original_is_said_not_hidden():
+    model = small_model()
+    # A custom-domain op onnxruntime does not know: the original cannot run; the note says so.
+    model.graph.node[2].domain = "com.example"
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    result = run(model, [])
+    assert result.report.validation_note is None or "cannot run" in result.report.validation_note
+    result = run(model, [ScaleWeights()])
+    assert "cannot run the original" in result.report.validation_note
+    assert result.report.passes[0].status == "not validated"
