@@ -53,10 +53,17 @@ def _split_names(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 118},
                epilog=EXAMPLE)
 @click.argument("model", required=False, type=click.Path(dir_okay=True))
 @click.option("-o", "--output", type=click.Path(), help="Where to write the fixed model (written atomically).")
+@click.option("--target", help="An NPU profile (see --list-targets) or a path to a profile .toml; explicit options "
+                               "override it.")
+@click.option("--list-targets", is_flag=True, help="List the shipped target profiles with their sources and exit.")
+@click.option("--check", is_flag=True, help="Write nothing: list every constraint violation (exit 1 if any).")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="--check output, and the run summary on stdout with json.")
+@click.option("--dump-shapes", is_flag=True, help="Print every node's input and output shapes (stdout).")
 @click.option("--max-dilation", type=click.IntRange(min=1), default=None,
               help="Largest Conv dilation the NPU accepts; larger ones are rewritten by space-to-batch.")
 @click.option("--s2b-layout", type=click.Choice(["auto", "spatial", "channel", "batch"]), default="auto",
@@ -69,8 +76,13 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--resize-mode", type=click.Choice(["nearest", "exact"]), default="nearest", show_default=True,
               help="nearest: linear/cubic Resize becomes nearest (approximate, measured); exact: exact "
                    "ConvTranspose/MatMul forms where they exist.")
-@click.option("--max-approx-error", type=click.FloatRange(min=0), default=None,
-              help="Relative L2 error allowed per output for approximate passes [default: 0.5].")
+@click.option("--max-approx-error", type=click.FloatRange(min=0), default=0.5, show_default=True,
+              help="Relative L2 error allowed per output for approximate passes.")
+@click.option("--max-rank", type=click.IntRange(min=1), default=None, help="Largest tensor rank the NPU accepts.")
+@click.option("--sram", "sram", default=None, metavar="SIZE",
+              help="Activation-memory budget for the memory estimate, e.g. 384KiB, 2MiB.")
+@click.option("--act-bytes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Bytes per activation element in the memory estimate (1 int8, 4 float32).")
 @click.option("--passes", "only", help="Run only these passes (comma-separated, default order kept).")
 @click.option("--skip", help="Skip these passes (comma-separated).")
 @click.option("--list-passes", is_flag=True, help="List the passes in their default order and exit.")
@@ -81,8 +93,9 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the validation inputs.")
 @click.option("--validation-inputs", "n_inputs", type=click.IntRange(min=1), default=3, show_default=True,
               help="Number of random input sets per validation.")
-@click.option("--rtol", type=float, default=1e-4, show_default=True, help="Relative tolerance of exact passes.")
-@click.option("--atol", type=float, default=1e-5, show_default=True,
+@click.option("--rtol", type=click.FloatRange(min=0), default=1e-4, show_default=True,
+              help="Relative tolerance of exact passes.")
+@click.option("--atol", type=click.FloatRange(min=0), default=1e-5, show_default=True,
               help="Absolute tolerance of exact passes (scaled by max(1, max|output|)).")
 @click.option("--validate", "validate_policy", type=click.Choice(["each", "final", "none"]), default="each",
               show_default=True, help="Validate after every changed pass, once at the end, or never.")
@@ -95,37 +108,36 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("-v", "--verbose", count=True, help="More detail: every change and rejection (-vv: tracebacks).")
 @click.version_option(__version__, "--version")
 @click.pass_context
-def main(ctx: click.Context, model: str | None, output: str | None, only: str | None, skip: str | None,
-         list_passes: bool, input_shape: tuple[str, ...], no_validate: bool, validate_policy: str,
-         report_path: str | None, quiet: bool, verbose: int, **opts: Any) -> None:
+def main(ctx: click.Context, model: str | None, output: str | None, target: str | None, list_targets: bool,
+         check: bool, output_format: str, dump_shapes: bool, only: str | None, skip: str | None,
+         list_passes: bool, report_path: str | None, quiet: bool, verbose: int, **opts: Any) -> None:
     """Rewrite an ONNX MODEL so embedded NPU compilers accept it, and prove with onnxruntime that the
     rewrite changed nothing the model computes."""
     from onnx_npu_fix import api
-    from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 
     if list_passes:
-        for cls in DEFAULT_ORDER:
-            kind = "exact" if cls.exact else "approximate"
-            click.echo(f"{cls.name:<16} {kind:<12} {cls.summary}")
-        for name, cls in PASSES.items():
-            if cls not in DEFAULT_ORDER:
-                click.echo(f"{name:<16} {'exact' if cls.exact else 'approximate':<12} {cls.summary} (opt-in)")
+        click.echo(_render_pass_list(), nl=False)
+        return
+    if list_targets:
+        from onnx_npu_fix import targets
+
+        click.echo(targets.render_target_list(targets.list_targets()), nl=False)
         return
     if model is None:
         raise click.UsageError("missing MODEL (an .onnx file)")
-    if output is None:
-        raise click.UsageError("missing -o/--output (where to write the fixed model)")
+    if output is None and not check:
+        raise click.UsageError("missing -o/--output (where to write the fixed model), or use --check")
     started = time.perf_counter()
-    options = FixOptions(
-        max_dilation=opts["max_dilation"], s2b_layout=opts["s2b_layout"], align=opts["align"],
-        align_io=opts["align_io"], bn_standalone=opts["bn_standalone"], resize_mode=opts["resize_mode"],
-        max_approx_error=opts["max_approx_error"] if opts["max_approx_error"] is not None else 0.5,
-        large_tensor_bytes=opts["large_tensor"], input_shapes=_parse_input_shape(input_shape),
-        validate="none" if no_validate else validate_policy, n_inputs=opts["n_inputs"], seed=opts["seed"],
-        rtol=opts["rtol"], atol=opts["atol"], keep_going=opts["keep_going"],
-    )
     _setup_logging(quiet, verbose)
     try:
+        options = _build_options(ctx, target, opts)
+        if check:
+            loaded = api.load_model(model)
+            exit_code, checked = _run_check(loaded, options, output_format, dump_shapes, quiet)
+            if report_path:
+                _write_json(report_path, _record(model, None, options, None, time.perf_counter() - started,
+                                                 exit_code, checked))
+            ctx.exit(exit_code)
         passes = api.select_passes(_split_names(only), _split_names(skip) or ())
         api.check_output_path(output, model)
         loaded = api.load_model(model)
@@ -134,8 +146,120 @@ def main(ctx: click.Context, model: str | None, output: str | None, only: str | 
         raise _InputProblem(str(exc)) from None
 
     report = result.report
+    _print_passes(report, quiet, verbose)
+    exit_code = 0
+    written = None
+    checked = None
+    if not result.ok:
+        failed = report.failed_pass
+        if failed is not None:
+            click.echo(f"error: pass {failed.name} failed: {failed.error}; nothing written "
+                       f"(--skip {failed.name} to run without it, or --keep-going to roll it back)", err=True)
+        else:
+            click.echo(f"error: the output does not match the original ({_final_problem(report.final)}); "
+                       f"nothing written", err=True)
+        exit_code = 1
+    else:
+        from onnx_npu_fix.constraints import check_model
+
+        checked = check_model(result.model, options, shapes=dump_shapes)
+        api.save_model(result.model, output)
+        written = output
+        if report.final is not None:
+            kind = "exact" if report.final.criterion.startswith("|a-b|") else "approximate"
+            _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
+                        f"max rel {report.final.max_rel:.2e}")
+        if checked.violations:
+            exit_code = 1
+            for violation in checked.violations:
+                click.echo(f"unfixed: {violation.text()}", err=True)
+            for pass_name, rejection in report.blocking:
+                click.echo(f"  why: {rejection.node} ({rejection.op}): {rejection.reason} [{pass_name}]", err=True)
+        if verbose:
+            for note in checked.exempt:
+                _say(quiet, f"exempt: {note.text()} ({note.message})")
+        if dump_shapes and checked.shapes is not None:
+            from onnx_npu_fix.constraints import render_shapes
+
+            click.echo(render_shapes(checked.shapes))
+        _say(quiet, f"wrote {output}")
+    record = _record(model, written, options, result, time.perf_counter() - started, exit_code, checked)
+    if report_path:
+        _write_json(report_path, record)
+    if output_format == "json":
+        click.echo(json.dumps(record, indent=2, default=str))
+    ctx.exit(exit_code)
+
+
+# Option name on the command line -> FixOptions field, for everything that becomes an option.
+_OPTION_FIELDS = {
+    "max_dilation": "max_dilation", "s2b_layout": "s2b_layout", "align": "align", "align_io": "align_io",
+    "bn_standalone": "bn_standalone", "resize_mode": "resize_mode", "max_approx_error": "max_approx_error",
+    "max_rank": "max_rank", "sram": "sram_bytes", "act_bytes": "act_bytes", "large_tensor": "large_tensor_bytes",
+    "input_shape": "input_shapes", "seed": "seed", "n_inputs": "n_inputs", "rtol": "rtol", "atol": "atol",
+    "validate_policy": "validate", "keep_going": "keep_going",
+}
+
+
+def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any]) -> FixOptions:
+    """FixOptions from the command line; with --target, the profile's values unless given explicitly."""
+    from click.core import ParameterSource
+
+    values: dict[str, Any] = {}
+    explicit: dict[str, Any] = {}
+    for param, field_name in _OPTION_FIELDS.items():
+        value = opts[param]
+        if param == "input_shape":
+            value = _parse_input_shape(value)
+        elif param == "sram" and value is not None:
+            from onnx_npu_fix.targets import parse_size
+
+            try:
+                value = parse_size(value)
+            except (InputError, ValueError):
+                raise click.BadParameter(f"'{value}' is not a size like 384KiB or 2MiB", param_hint="--sram") \
+                    from None
+        values[field_name] = value
+        if ctx.get_parameter_source(param) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
+            explicit[field_name] = value
+    if opts["no_validate"]:
+        values["validate"] = explicit["validate"] = "none"
+    base = FixOptions(**values)
+    if target is None:
+        return base
+    from onnx_npu_fix.targets import apply_target, load_target
+
+    return apply_target(load_target(target), base, explicit)
+
+
+def _run_check(model, options: FixOptions, output_format: str, dump_shapes: bool, quiet: bool):
+    """--check: print the violations (and memory estimate) of the input model; exit code 0 when clean."""
+    from onnx_npu_fix.constraints import check_model, render_check
+
+    report = check_model(model, options, shapes=dump_shapes)
+    if output_format == "json":
+        click.echo(json.dumps(report.to_json(), indent=2, default=str))
+    elif not quiet or report.violations:
+        click.echo(render_check(report))
+    return (0 if report.clean else 1), report
+
+
+def _render_pass_list() -> str:
+    from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
+
+    lines = []
+    for name, cls in PASSES.items():
+        kind = "exact" if cls.exact else "approximate"
+        extra = "" if cls in DEFAULT_ORDER else " (opt-in: run with --passes)"
+        lines.append(f"{name:<16} {kind:<12} {cls.summary}{extra}")
+    return "\n".join(lines) + "\n"
+
+
+def _print_passes(report, quiet: bool, verbose: int) -> None:
+    from onnx_npu_fix.report import render_pass_line
+
     for record in report.passes:
-        _say(quiet, _pass_line(record))
+        _say(quiet, render_pass_line(record))
         if verbose:
             for change in record.changes:
                 _say(quiet, f"    {change.node} ({change.op}): {change.action}"
@@ -150,38 +274,14 @@ def main(ctx: click.Context, model: str | None, output: str | None, only: str | 
         for warning in report.warnings:
             _say(quiet, warning)
 
-    blocking = report.blocking
-    exit_code = 0
-    if not result.ok:
-        failed = report.failed_pass
-        if failed is not None:
-            click.echo(f"error: pass {failed.name} failed: {failed.error}; nothing written "
-                       f"(--skip {failed.name} to run without it, or --keep-going to roll it back)", err=True)
-        else:
-            click.echo(f"error: the output does not match the original: {report.final.error or report.final.worst}"
-                       f"; nothing written", err=True)
-        exit_code = 1
-    else:
-        api.save_model(result.model, output)
-        if report.final is not None:
-            kind = "exact" if report.final.criterion.startswith("|a-b|") else "approximate"
-            _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
-                        f"max rel {report.final.max_rel:.2e}")
-        for pass_name, rejection in blocking:
-            click.echo(f"unfixed: {rejection.node} ({rejection.op}): {rejection.reason} [{pass_name}]", err=True)
-        if blocking:
-            exit_code = 1
-        _say(quiet, f"wrote {output}")
-    if report_path:
-        _write_record(report_path, model, output if exit_code == 0 or (result.ok and blocking) else None,
-                      options, result, time.perf_counter() - started, exit_code)
-    ctx.exit(exit_code)
 
-
-def _pass_line(record) -> str:
-    from onnx_npu_fix.report import render_pass_line
-
-    return render_pass_line(record)
+def _final_problem(final) -> str:
+    if final is None:
+        return "not compared"
+    if final.error:
+        return final.error
+    worst = final.worst
+    return f"output '{worst.name}': max abs {worst.max_abs:.3g}, rel L2 {worst.rel_l2:.3g}; {final.criterion}"
 
 
 def _say(quiet: bool, text: str) -> None:
@@ -204,25 +304,34 @@ def _sha256(path: str | None) -> str | None:
     return digest.hexdigest()
 
 
-def _write_record(path: str, model_path: str, output_path: str | None, options: FixOptions, result,
-                  seconds: float, exit_code: int) -> None:
+def _record(model_path: str, output_path: str | None, options: FixOptions, result, seconds: float,
+            exit_code: int, checked=None) -> dict[str, Any]:
+    """The build record (README, "Build record"): what ran, on what, with which result."""
     from dataclasses import asdict
 
     from onnx_npu_fix.report import REPORT_VERSION
 
-    record = {
+    record: dict[str, Any] = {
         "report_version": REPORT_VERSION,
         "npufix_version": __version__,
+        "mode": "fix" if result is not None else "check",
         "command": sys.argv,
         "options": asdict(options),
         "input": {"path": model_path, "sha256": _sha256(model_path)},
         "output": {"path": output_path, "sha256": _sha256(output_path)} if output_path else None,
         "exit_code": exit_code,
         "seconds": round(seconds, 4),
-        **result.report.to_json(),
     }
+    if result is not None:
+        record.update(result.report.to_json())
+    record["violations"] = [v.to_json() for v in checked.violations] if checked is not None else None
+    record["memory"] = checked.memory.to_json() if checked is not None and checked.memory else None
+    return record
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2, default=str)
+        json.dump(data, f, indent=2, default=str)
         f.write("\n")
     os.replace(tmp, path)

@@ -42,8 +42,8 @@ class FixOptions:
     """Channel count of every Concat input must be a multiple of this (0: not checked)."""
     batch_one: bool = False
     """Every activation tensor must have batch (axis 0) 1."""
-    max_rank: int | None = 4
-    """Largest tensor rank the target accepts (None: not checked)."""
+    max_rank: int | None = None
+    """Largest tensor rank the target accepts (None: not checked; most NPU profiles set 4)."""
     forbidden_ops: tuple[str, ...] = ()
     """Op types the target cannot run; rewrites must not emit them and --check reports them."""
     allow_batchnorm: bool = False

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import onnx
 
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.graph import infer_shapes, name_unnamed_nodes, set_input_shapes
+from onnx_npu_fix.graph import infer_shapes, name_unnamed_nodes, remove_unused_initializers, set_input_shapes
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.passes.base import Pass
+from onnx_npu_fix.passes.base import Change, Pass
 from onnx_npu_fix.report import FixReport, PassRecord
 from onnx_npu_fix.validate import Comparison, Feeds, Outputs, Runner, compare, make_inputs
 
@@ -97,6 +97,9 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
             record.exact = bool(result.metrics["exact"])
         if not result.changed:
             continue
+        # Weights a rewrite replaced are dropped here, once, instead of in every pass.
+        for name in remove_unused_initializers(model.graph):
+            record.changes.append(Change(name, "initializer", "removed unused initializer"))
         t1 = time.perf_counter()
         problem = validator.after_pass(model, record)
         record.validate_seconds = time.perf_counter() - t1

@@ -31,11 +31,18 @@ class PassRecord:
     validate_seconds: float = 0.0
 
     def change_summary(self) -> str:
-        """'3 removed, 1 folded to constant' — counts per kind of change."""
+        """'3 removed, 1 folded to constant' — counts per kind of change (dropped initializers counted apart)."""
         counts: dict[str, int] = {}
+        dropped = 0
         for change in self.changes:
+            if change.action == "removed unused initializer":
+                dropped += 1
+                continue
             counts[change.action] = counts.get(change.action, 0) + 1
-        return ", ".join(f"{n} {action}" for action, n in counts.items()) or "no change"
+        parts = [f"{n} {action}" for action, n in counts.items()]
+        if dropped:
+            parts.append(f"{dropped} initializer{'s' if dropped > 1 else ''} dropped")
+        return ", ".join(parts) or "no change"
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.passes.cleanup import CleanupPass
+from onnx_npu_fix.passes.fold_batchnorm import FoldBatchNormPass
 from onnx_npu_fix.passes.fold_constants import FoldConstantsPass
+from onnx_npu_fix.passes.reorder_memory import ReorderMemoryPass
+from onnx_npu_fix.passes.resize_nearest import ResizeNearestPass
 
 DEFAULT_ORDER: tuple[type[Pass], ...] = (
     CleanupPass,
     FoldConstantsPass,
+    FoldBatchNormPass,
+    ResizeNearestPass,
 )
 
 # Every pass by name: the default ones, plus opt-in passes that run only when named with --passes.
-PASSES: dict[str, type[Pass]] = {cls.name: cls for cls in DEFAULT_ORDER}
+# reorder-memory is opt-in: it only changes the node order (exact), which users may want to keep stable.
+OPT_IN: tuple[type[Pass], ...] = (ReorderMemoryPass,)
+
+PASSES: dict[str, type[Pass]] = {cls.name: cls for cls in (*DEFAULT_ORDER, *OPT_IN)}

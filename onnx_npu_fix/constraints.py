@@ -1,0 +1,588 @@
+"""Constraint checking for ``--check`` and for the re-check after a fixing run: every violation, as data.
+
+Each check is driven by a :class:`~onnx_npu_fix.options.FixOptions` field and names the pass that would fix it
+(or ``None``: no pass fixes it). The checks, by ``constraint`` name (stable: they appear in the JSON report):
+
+  shape-inference     onnx shape inference fails on the model                  -> no pass
+  dynamic-shape       a graph input/output dim is not a static integer         -> --input-shape / fold-constants
+  unknown-shape       an intermediate shape is unknown although inputs are static  -> fold-constants
+  dilation            Conv dilation above ``max_dilation``                     -> dilated-conv
+  dilation-allowed    Conv dilation not 1 and not in ``allowed_dilations``     -> dilated-conv
+  in-channels-align   Conv/ConvTranspose input channels not a multiple of ``align``  -> align-channels
+                      (channels a graph input fixes, even through Relu/pooling/...: only with ``align_io``)
+  out-channels-align  ... output channels (padded, sliced back where the real tensor is read) -> align-channels
+  concat-align        Concat input channels not a multiple of ``concat_align`` -> align-channels when they
+                      come from Convs, the result reaches a Conv and ``align`` is a multiple; else no pass
+  batchnorm           a BatchNormalization, unless ``allow_batchnorm``         -> fold-batchnorm
+  resize-mode         Resize/Upsample not nearest (``require_nearest_resize``) -> resize-nearest
+  max-rank            an activation of rank above ``max_rank``                 -> no pass
+  batch-one           batch (axis 0) above 1, where it starts (``batch_one``)  -> no pass
+  forbidden-op        an op type in ``forbidden_ops``                          -> no pass
+  leftover-op         a Dropout / Identity still in the graph                  -> cleanup
+  max-kernel          Conv kernel extent above ``max_kernel``                  -> no pass
+  max-stride          Conv stride above ``max_stride``                         -> no pass
+  sram                estimated activation peak above ``sram_bytes``           -> reorder-memory if it then fits
+
+Channel counts come from the weight shape: a Conv weight is [M, C/group, k...], a ConvTranspose weight
+[C, M/group, k...]. A plain or depthwise conv must have C and M aligned; a grouped conv (1 < group < C) must
+have its per-group counts aligned, since NPUs run it as ``group`` convs. Which channel and Concat findings
+align-channels fixes mirrors that pass's rules (passes/align_channels.py); tests/test_constraints.py runs the
+named passes and checks that every violation they are said to fix is gone. Shape findings (unknown-shape,
+batch-one) are reported where they start, not again on every tensor downstream.
+
+Everything runs on a light copy with inferred shapes (:func:`onnx_npu_fix.memory.analysis_copy`); the caller's
+model is never modified. One pass over the nodes with a GraphIndex, O(nodes + edges), plus the memory estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+
+from onnx_npu_fix.graph import GraphIndex, Shape, format_shape, get_attr
+from onnx_npu_fix.memory import (
+    MemoryEstimate,
+    analysis_copy,
+    constant_names,
+    estimate_index,
+    format_bytes,
+    render_memory,
+)
+from onnx_npu_fix.options import FixOptions
+
+# How each constraint's limit reads in the one-line form ("<value> vs <limit>").
+LIMIT_TEXT: dict[str, str] = {
+    "shape-inference": "{}",
+    "dynamic-shape": "{}",
+    "unknown-shape": "{}",
+    "dilation": "max {}",
+    "dilation-allowed": "allowed {}",
+    "in-channels-align": "multiple of {}",
+    "out-channels-align": "multiple of {}",
+    "concat-align": "multiples of {}",
+    "batchnorm": "{}",
+    "resize-mode": "{}",
+    "max-rank": "max {}",
+    "batch-one": "max {}",
+    "forbidden-op": "forbidden {}",
+    "leftover-op": "{}",
+    "max-kernel": "max {}",
+    "max-stride": "max {}",
+    "sram": "SRAM {}",
+}
+CONSTRAINTS: tuple[str, ...] = tuple(LIMIT_TEXT)
+
+_STANDARD = ("", "ai.onnx")
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_fmt(v) for v in value) + "]"
+    return str(value)
+
+
+@dataclass
+class Violation:
+    """One violated constraint at one node (or graph input/output).
+
+    ``fixed_by`` is the pass that would fix it, an option such as ``--input-shape``, or None (no pass fixes
+    this). ``value`` and ``limit`` are JSON values (numbers, strings, lists).
+    """
+
+    node: str
+    op: str
+    constraint: str
+    value: Any
+    limit: Any
+    fixed_by: str | None
+    message: str = ""
+
+    @property
+    def fixable(self) -> bool:
+        return self.fixed_by is not None
+
+    def text(self) -> str:
+        """``node (op): constraint: value vs limit -> fixed by <pass> | no pass fixes this``"""
+        if self.constraint == "sram":
+            value, limit = format_bytes(self.value), LIMIT_TEXT["sram"].format(format_bytes(self.limit))
+        else:
+            value = _fmt(self.value)
+            limit = LIMIT_TEXT.get(self.constraint, "{}").format(_fmt(self.limit))
+        fix = f"fixed by {self.fixed_by}" if self.fixed_by else "no pass fixes this"
+        return f"{self.node} ({self.op}): {self.constraint}: {value} vs {limit} -> {fix}"
+
+    __str__ = text
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "op": self.op, "constraint": self.constraint, "value": self.value,
+                "limit": self.limit, "fixed_by": self.fixed_by, "message": self.message}
+
+
+@dataclass
+class TensorShape:
+    name: str
+    shape: Shape | None
+    dtype: str
+    const: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape) if self.shape is not None else None,
+                "dtype": self.dtype, "const": self.const}
+
+
+@dataclass
+class NodeShapes:
+    """A node with the shapes of what it reads and writes (``--dump-shapes``)."""
+
+    name: str
+    op: str
+    inputs: list[TensorShape] = field(default_factory=list)
+    outputs: list[TensorShape] = field(default_factory=list)
+
+    def text(self) -> str:
+        def one(t: TensorShape) -> str:
+            return f"{t.name} {format_shape(t.shape)}" + (" (const)" if t.const else "")
+
+        return (f"{self.name} ({self.op}): {', '.join(one(t) for t in self.inputs) or '-'} -> "
+                f"{', '.join(one(t) for t in self.outputs) or '-'}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "op": self.op, "inputs": [t.to_json() for t in self.inputs],
+                "outputs": [t.to_json() for t in self.outputs]}
+
+
+@dataclass
+class CheckReport:
+    """The result of checking one model: violations, the memory estimate, optionally the shape listing."""
+
+    violations: list[Violation]
+    memory: MemoryEstimate | None = None
+    shapes: list[NodeShapes] | None = None
+    exempt: list[Violation] = field(default_factory=list)
+    """Findings reported but not counted: channel counts a graph input fixes (without align_io)."""
+
+    @property
+    def clean(self) -> bool:
+        return not self.violations
+
+    @property
+    def unfixable(self) -> list[Violation]:
+        return [v for v in self.violations if not v.fixable]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "clean": self.clean,
+            "violations": [v.to_json() for v in self.violations],
+            "exempt": [v.to_json() for v in self.exempt],
+            "memory": self.memory.to_json() if self.memory else None,
+        }
+        if self.shapes is not None:
+            out["shapes"] = [s.to_json() for s in self.shapes]
+        return out
+
+
+# --- checking --------------------------------------------------------------------------------------
+
+
+def find_violations(model: onnx.ModelProto, options: FixOptions) -> list[Violation]:
+    """Every violation of the constraints in ``options`` (see the module docstring). ``model`` is not modified."""
+    return check_model(model, options).violations
+
+
+def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = False) -> CheckReport:
+    """Violations plus the activation-memory estimate (and the shape listing when ``shapes``), all from one
+    analysis copy with inferred shapes. ``options.input_shapes`` is applied to the copy, as a fixing run would."""
+    light, inference_error = analysis_copy(model, options.input_shapes)
+    index = GraphIndex(light)
+    ctx = _Context(index, options, constant_names(index))
+    if inference_error:
+        ctx.found.append(Violation("(graph)", "(model)", "shape-inference", inference_error, "consistent shapes",
+                                   None, "onnx shape inference fails; the vendor compiler will likely fail too"))
+    ctx.dynamic_in = _check_graph_inputs(ctx)
+    if options.align > 0:
+        ctx.input_fixed = _input_fixed(index, ctx.const)
+    for node in light.graph.node:
+        _check_node(ctx, node)
+    _check_graph_outputs(ctx)
+    memory = estimate_index(index, options.act_bytes, options.sram_bytes, constants=ctx.const)
+    if memory.sram_bytes is not None and not memory.fits:
+        ctx.found.append(_memory_violation(memory))
+    return CheckReport(ctx.found, memory, _listing(index, ctx.const) if shapes else None, ctx.exempt)
+
+
+@dataclass
+class _Context:
+    index: GraphIndex
+    options: FixOptions
+    const: set[str]
+    dynamic_in: bool = False
+    input_fixed: set[str] = field(default_factory=set)
+    found: list[Violation] = field(default_factory=list)
+    exempt: list[Violation] = field(default_factory=list)
+
+    def add(self, node: onnx.NodeProto, constraint: str, value: Any, limit: Any, fixed_by: str | None,
+            message: str = "") -> None:
+        self.found.append(Violation(node.name, node.op_type, constraint, value, limit, fixed_by, message))
+
+
+def _static(shape: Shape | None) -> bool:
+    return shape is not None and all(isinstance(d, int) and d >= 0 for d in shape)
+
+
+def _check_graph_inputs(ctx: _Context) -> bool:
+    dynamic = False
+    options = ctx.options
+    for name in ctx.index.graph_inputs:
+        shape = ctx.index.shape(name)
+        if not _static(shape):
+            dynamic = True
+            ctx.found.append(Violation(
+                name, "graph input", "dynamic-shape", format_shape(shape), "static", "--input-shape",
+                f"freeze it with --input-shape {name}:<dims>; NPU compilers need static shapes"))
+            continue
+        assert shape is not None
+        if options.max_rank is not None and len(shape) > options.max_rank:
+            ctx.found.append(Violation(name, "graph input", "max-rank", len(shape), options.max_rank, None,
+                                       f"graph input {name} {format_shape(shape)}"))
+        if options.batch_one and len(shape) >= 2 and shape[0] > 1:
+            ctx.found.append(Violation(name, "graph input", "batch-one", shape[0], 1, None,
+                                       f"graph input {name} {format_shape(shape)}; if the model allows it, "
+                                       f"--input-shape {name}:1,... runs it with batch 1"))
+    return dynamic
+
+
+def _check_graph_outputs(ctx: _Context) -> None:
+    # Judged on the inferred shape: an output declared without a shape (or with a symbolic dim) that inference
+    # resolves is written static by any fixing run, and compilers infer it the same way.
+    for name in ctx.index.graph_outputs:
+        shape = ctx.index.shape(name)
+        if _static(shape):
+            continue
+        if ctx.dynamic_in:
+            ctx.found.append(Violation(name, "graph output", "dynamic-shape", format_shape(shape), "static",
+                                       "--input-shape", "follows from the dynamic graph inputs"))
+            continue
+        producer = ctx.index.producer.get(name)
+        if producer is None or any(i and i not in ctx.const and not _static(ctx.index.shape(i))
+                                   for i in producer.input):
+            continue  # the unknown shape starts upstream, where it is reported
+        origin = _unknown_shape(ctx.index, producer, name, shape, ctx.const)
+        ctx.found.append(Violation(name, "graph output", "dynamic-shape", format_shape(shape), "static",
+                                   origin.fixed_by, f"{producer.name} ({producer.op_type}): {origin.message}"))
+
+
+def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
+    op, options = node.op_type, ctx.options
+    standard = node.domain in _STANDARD
+    if standard and op in ("Conv", "ConvTranspose"):
+        _check_conv(ctx, node)
+    elif standard and op == "BatchNormalization" and not options.allow_batchnorm:
+        ctx.add(node, "batchnorm", "present", "not allowed", "fold-batchnorm",
+                "folded into the adjacent Conv/Gemm, else lowered to Mul+Add")
+    elif standard and op in ("Resize", "Upsample") and options.require_nearest_resize:
+        mode = get_attr(node, "mode", "nearest") or "nearest"
+        if mode != "nearest":
+            ctx.add(node, "resize-mode", mode, "nearest", "resize-nearest",
+                    "--resize-mode nearest approximates it (bounded by --max-approx-error); exact keeps it exact "
+                    "where an exact form exists")
+    elif standard and op == "Concat" and options.concat_align > 0:
+        _check_concat(ctx, node)
+    elif standard and op in ("Dropout", "Identity"):
+        blocked = _leftover_blocked(ctx.index, node)
+        ctx.add(node, "leftover-op", "present", "removed", None if blocked else "cleanup",
+                blocked or "an inference no-op; vendor compilers may reject or mis-handle it")
+    if op in options.forbidden_ops and not _reported_as_op(op, options):
+        fixer = {"BatchNormalization": "fold-batchnorm"}.get(op) if standard else None
+        ctx.add(node, "forbidden-op", op, sorted(options.forbidden_ops), fixer, "the target cannot run this op type")
+    _check_outputs(ctx, node)
+
+
+def _reported_as_op(op: str, options: FixOptions) -> bool:
+    """Already reported by a more specific check (avoid two lines for one node)."""
+    return op in ("Dropout", "Identity") or (op == "BatchNormalization" and not options.allow_batchnorm)
+
+
+# Ops whose output channel count their weights choose (so it is not fixed by a graph input), and ops that keep
+# channels apart (a padded channel layout passes through them). Both as in passes/align_channels.py.
+_WEIGHTED = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "Gemm", "MatMul", "MatMulInteger",
+                       "QLinearMatMul", "Einsum", "LSTM", "GRU", "RNN", "Attention"})
+_CHANNEL_LOCAL = frozenset({
+    "Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Elu", "Selu", "Celu",
+    "Softplus", "Softsign", "Gelu", "Erf", "Mish", "ThresholdedRelu", "Neg", "Abs", "Identity", "Dropout",
+    "MaxPool", "AveragePool", "LpPool", "Resize", "Upsample", "BatchNormalization", "InstanceNormalization"})
+_WALK = 32  # hops: channel-local chains are short; the bound keeps the check linear
+
+
+def _input_fixed(index: GraphIndex, const: set[str]) -> set[str]:
+    """Tensors whose channel count a graph input fixes: reached from one without passing a weighted op."""
+    fixed = set(index.graph_inputs)
+    for node in index.graph.node:
+        if node.op_type in _WEIGHTED:
+            continue
+        data = [i for i in node.input if i and i not in const]
+        if data and all(i in fixed for i in data):
+            fixed.update(o for o in node.output if o)
+    return fixed
+
+
+def _check_conv(ctx: _Context, node: onnx.NodeProto) -> None:
+    index, options, op = ctx.index, ctx.options, node.op_type
+    w_shape = index.shape(node.input[1]) if len(node.input) > 1 else None
+    if not _static(w_shape) or len(w_shape) < 3:  # type: ignore[arg-type]
+        return  # unknown weight shape: reported as unknown-shape where it matters
+    assert w_shape is not None
+    kernel = list(w_shape[2:])
+    dilations = list(get_attr(node, "dilations") or [1] * len(kernel))
+    strides = list(get_attr(node, "strides") or [1] * len(kernel))
+    group = int(get_attr(node, "group", 1) or 1)
+    fixer = "dilated-conv" if op == "Conv" else None
+    if options.max_dilation is not None and max(dilations, default=1) > options.max_dilation:
+        ctx.add(node, "dilation", dilations, options.max_dilation, fixer,
+                "space-to-batch turns it into a conv with dilation <= the limit" if fixer
+                else "dilated ConvTranspose is not rewritten")
+    elif options.allowed_dilations is not None:
+        allowed = set(options.allowed_dilations) | {1}
+        if any(d not in allowed for d in dilations):
+            ctx.add(node, "dilation-allowed", dilations, sorted(allowed), fixer,
+                    "space-to-batch turns it into a conv with an allowed dilation" if fixer
+                    else "dilated ConvTranspose is not rewritten")
+    if options.max_kernel is not None and max(kernel, default=1) > options.max_kernel:
+        ctx.add(node, "max-kernel", kernel, options.max_kernel, None,
+                f"dilated extent {[(k - 1) * d + 1 for k, d in zip(kernel, dilations)]}")
+    if options.max_stride is not None and max(strides, default=1) > options.max_stride:
+        ctx.add(node, "max-stride", strides, options.max_stride, None)
+    if options.align > 0:
+        _check_conv_channels(ctx, node, w_shape, group)
+
+
+def _check_conv_channels(ctx: _Context, node: onnx.NodeProto, w_shape: Shape, group: int) -> None:
+    align = ctx.options.align
+    if node.op_type == "Conv":
+        c_in, c_out = w_shape[1] * group, w_shape[0]
+    else:
+        c_in, c_out = w_shape[0], w_shape[1] * group
+    per_group = group > 1 and group != c_in  # depthwise (group == C) is aligned on C and M
+    what = f" per group (group {group})" if per_group else ""
+    n_in, n_out = (c_in // group, c_out // group) if per_group else (c_in, c_out)
+    if n_in % align:
+        x = node.input[0]
+        if x in ctx.input_fixed and not ctx.options.align_io:
+            # The graph input's channel count is the user's interface (issue: "except the channel count of a
+            # graph input"): reported, but not a violation unless --align-io asks npufix to pad it.
+            ctx.exempt.append(Violation(
+                node.name, node.op_type, "in-channels-align", n_in, align, None,
+                f"input channels{what} are fixed by graph input {x}; --align-io pads them inside the graph"))
+        else:
+            ctx.add(node, "in-channels-align", n_in, align, "align-channels", f"input channels{what}")
+    if n_out % align:
+        # align-channels pads the filters and, where a consumer needs the real tensor (graph outputs too),
+        # slices the real channels back out, so output channels are always fixable.
+        ctx.add(node, "out-channels-align", n_out, align, "align-channels", f"output channels{what}")
+
+
+def _check_concat(ctx: _Context, node: onnx.NodeProto) -> None:
+    index, align = ctx.index, ctx.options.concat_align
+    channels: list[Any] = []
+    bad: list[str] = []
+    offending: list[str] = []
+    for inp in node.input:
+        if not inp or inp in ctx.const:
+            continue
+        shape = index.shape(inp)
+        if shape is None or len(shape) < 3:
+            return  # shape vectors and [N, F] concats are not feature maps
+        c = shape[1]
+        channels.append(c if isinstance(c, int) else "?")
+        if isinstance(c, int) and c % align:
+            bad.append(f"{inp} ({c})")
+            offending.append(inp)
+    if not bad:
+        return
+    fixable = _concat_fixable(ctx, node, offending)
+    message = f"inputs {', '.join(bad)} are not multiples of {align}"
+    if fixable:
+        message += "; align-channels pads the Convs that produce them"
+    ctx.add(node, "concat-align", channels, align, "align-channels" if fixable else None, message)
+
+
+def _concat_fixable(ctx: _Context, node: onnx.NodeProto, offending: list[str]) -> bool:
+    """align-channels pads a channel Concat's inputs when each comes from a Conv through channel-local ops and
+    the Concat's result reaches a Conv, and its padding (a multiple of ``align``) is one of ``concat_align``."""
+    index, options = ctx.index, ctx.options
+    if options.align <= 0 or options.align % options.concat_align:
+        return False
+    rank = len(index.shape(node.output[0]) or ())
+    axis = int(get_attr(node, "axis", 1))
+    if axis != 1 and not (rank and axis == 1 - rank):
+        return False
+    for name in offending:
+        producer = index.producer.get(name)
+        for _ in range(_WALK):
+            if producer is None or producer.op_type not in _CHANNEL_LOCAL:
+                break
+            producer = index.producer.get(producer.input[0]) if producer.input else None
+        if producer is None or producer.op_type not in ("Conv", "ConvTranspose"):
+            return False
+    frontier, seen = [node.output[0]], 0
+    while frontier and seen < _WALK:
+        tensor = frontier.pop()
+        for user in index.consumers_of(tensor):
+            seen += 1
+            if user.op_type in ("Conv", "ConvTranspose") and user.input[0] == tensor:
+                return True
+            if user.op_type in _CHANNEL_LOCAL or user.op_type == "Concat":
+                frontier.extend(o for o in user.output[:1] if o)
+    return False
+
+
+def _leftover_blocked(index: GraphIndex, node: onnx.NodeProto) -> str:
+    """Why cleanup cannot remove this Dropout/Identity ('' when it can); mirrors passes/cleanup.py."""
+    if not node.input or not node.input[0]:
+        return "it has no input"
+    if node.op_type == "Dropout":
+        if len(node.output) > 1 and node.output[1] and (index.consumers_of(node.output[1])
+                                                        or node.output[1] in index.output_set):
+            return "its mask output is used"
+        if len(node.input) > 2 and node.input[2] and not index.is_const(node.input[2]):
+            return "training_mode is not a constant"
+    src, dst = node.input[0], node.output[0]
+    if dst in index.output_set:
+        producer = index.producer.get(src)
+        if (producer is None or src in index.output_set or src in index.initializers
+                or len(index.consumers_of(src)) != 1):
+            return "its output is a graph output and its input cannot take that name"
+    return ""
+
+
+def _check_outputs(ctx: _Context, node: onnx.NodeProto) -> None:
+    index, options, const = ctx.index, ctx.options, ctx.const
+    for out in node.output:
+        if not out or out in const:
+            continue
+        shape = index.shape(out)
+        if not _static(shape):
+            used = bool(index.consumers_of(out)) or out in index.output_set
+            # Report where an unknown shape starts (with static graph inputs), not everything downstream.
+            if used and not ctx.dynamic_in and out not in index.output_set and not any(
+                    i and i not in const and not _static(index.shape(i)) for i in node.input):
+                ctx.found.append(_unknown_shape(index, node, out, shape, const))
+            if shape is None:
+                continue
+        assert shape is not None
+        if options.max_rank is not None and len(shape) > options.max_rank:
+            ctx.add(node, "max-rank", len(shape), options.max_rank, None, f"{out} {format_shape(shape)}")
+        if options.batch_one and len(shape) >= 3 and isinstance(shape[0], int) and shape[0] > 1:
+            # Report where batch > 1 starts, not every tensor downstream of it.
+            if not any(_batch(index.shape(i)) > 1 for i in node.input if i and i not in const):
+                hint = "; --s2b-layout spatial or channel keeps batch 1" if options.s2b_layout == "batch" else ""
+                ctx.add(node, "batch-one", shape[0], 1, None,
+                        f"{out} {format_shape(shape)}: batch > 1 starts here{hint}")
+
+
+def _unknown_shape(index: GraphIndex, node: onnx.NodeProto, out: str, shape: Shape | None,
+                   const: set[str]) -> Violation:
+    # A node that reads a computed constant (a Shape -> ... chain that inference could not see through) gets a
+    # static shape once fold-constants turns that chain into an initializer; anything else is data-dependent.
+    computed = any(i in const and i not in index.initializers and i in index.producer
+                   and index.producer[i].op_type != "Constant" for i in node.input if i)
+    if computed and node.domain in _STANDARD:
+        return Violation(node.name, node.op_type, "unknown-shape", format_shape(shape), "static",
+                         "fold-constants", f"shape of {out} depends on a Shape computation that fold-constants "
+                         "evaluates")
+    return Violation(node.name, node.op_type, "unknown-shape", format_shape(shape), "static", None,
+                     f"shape of {out} depends on data (or on an op without shape inference)")
+
+
+def _batch(shape: Shape | None) -> int:
+    if shape is None or len(shape) < 3 or not isinstance(shape[0], int):
+        return 0
+    return shape[0]
+
+
+def _memory_violation(memory: MemoryEstimate) -> Violation:
+    live = ", ".join(f"{t.name} {format_bytes(t.bytes)} ({t.producer} -> {t.last_consumer})"
+                     for t in memory.live_at_peak[:4])
+    more = f" and {len(memory.live_at_peak) - 4} more" if len(memory.live_at_peak) > 4 else ""
+    message = f"estimated activation peak (no tiling), misses by {format_bytes(memory.miss_bytes)}; " \
+              f"live: {live}{more}"
+    if memory.unknown:
+        message += f"; {len(memory.unknown)} tensors of unknown size not counted"
+    fixed_by = "reorder-memory" if memory.reorder_fits else None
+    if memory.reordered_peak is not None:
+        message += f"; the memory-aware order peaks at {format_bytes(memory.reordered_peak)}"
+    return Violation(memory.peak_node or "(graph)", memory.peak_op or "(graph)", "sram", memory.peak_bytes,
+                     memory.sram_bytes, fixed_by, message)
+
+
+# --- shapes ----------------------------------------------------------------------------------------
+
+
+def _dtype(index: GraphIndex, name: str) -> str:
+    elem = index.elem_type(name)
+    return onnx.TensorProto.DataType.Name(elem).lower() if elem else "?"
+
+
+def _listing(index: GraphIndex, const: set[str]) -> list[NodeShapes]:
+    listing: list[NodeShapes] = []
+    for node in index.graph.node:
+        entry = NodeShapes(node.name, node.op_type)
+        for name in node.input:
+            if name:
+                entry.inputs.append(TensorShape(name, index.shape(name), _dtype(index, name), name in const))
+        for name in node.output:
+            if name:
+                entry.outputs.append(TensorShape(name, index.shape(name), _dtype(index, name), name in const))
+        listing.append(entry)
+    return listing
+
+
+def shape_listing(model: onnx.ModelProto,
+                  input_shapes: dict[str, Sequence[int]] | None = None) -> list[NodeShapes]:
+    """Every node with its input and output shapes, after shape inference on a copy (``--dump-shapes``)."""
+    light, _ = analysis_copy(model, input_shapes)
+    index = GraphIndex(light)
+    return _listing(index, constant_names(index))
+
+
+def render_shapes(listing: Sequence[NodeShapes]) -> str:
+    """One line per node: ``name (op): in [shape], w [shape] (const) -> out [shape]``."""
+    return "\n".join(entry.text() for entry in listing)
+
+
+# --- text ------------------------------------------------------------------------------------------
+
+
+def render_violations(violations: Sequence[Violation]) -> str:
+    """One line per violation, then a summary line; 'no violations' when clean."""
+    if not violations:
+        return "no violations"
+    lines = [v.text() for v in violations]
+    by_fix: dict[str, int] = {}
+    for v in violations:
+        if v.fixed_by:
+            by_fix[v.fixed_by] = by_fix.get(v.fixed_by, 0) + 1
+    unfixable = sum(1 for v in violations if not v.fixed_by)
+    fixable = len(violations) - unfixable
+    parts = []
+    if fixable:
+        parts.append(f"{fixable} fixable (" + ", ".join(f"{k} {n}" for k, n in by_fix.items()) + ")")
+    if unfixable:
+        parts.append(f"{unfixable} that no pass fixes")
+    noun = "violation" if len(violations) == 1 else "violations"
+    lines.append(f"{len(violations)} {noun}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def render_check(report: CheckReport) -> str:
+    """Violations, then the memory estimate: the text output of ``--check``."""
+    parts = [render_violations(report.violations)]
+    if report.exempt:
+        parts.append("\n".join(f"exempt: {v.text()} ({v.message})" for v in report.exempt))
+    if report.memory is not None:
+        parts.append(render_memory(report.memory))
+    if report.shapes is not None:
+        parts.append(render_shapes(report.shapes))
+    return "\n\n".join(parts)

@@ -1,0 +1,579 @@
+"""Pass ``fold-batchnorm``: no BatchNormalization left — folded into a neighbouring layer, else lowered.
+
+At inference a BatchNormalization is a per-channel affine map on axis 1::
+
+    BN(x)[:, c] = gamma[c] * (x[:, c] - mean[c]) / sqrt(var[c] + eps) + beta[c] = a[c] * x[:, c] + b[c]
+    a = gamma / sqrt(var + eps)        b = beta - mean * a
+
+``a`` and ``b`` are computed in float64; every rewritten weight is computed in float64 from the original and
+rounded once to its own dtype. Rules, in order of preference:
+
+1. Fold into the producer (its output feeds only this BN and is not a graph output; its weight is a float
+   constant — never a DequantizeLinear output, a quantized weight is not rescaled)::
+
+       Conv(W, bias) -> BN            =>  Conv(W[m] * a[m], bias * a + b)          W is [M, C/g, k...]
+       ConvTranspose(W, bias) -> BN   =>  ConvTranspose(W', bias * a + b)          W is [C, M/g, k...]: output
+                                          channel m = grp*M/g + j is W[grp*C/g:(grp+1)*C/g, j], scaled by a[m]
+       Gemm(A, B, C) -> BN            =>  Gemm(A, B', C' = a * beta * C + b, beta = 1), B' = column m of op(B)
+                                          scaled by a[m] (row m of B when transB=1); alpha is untouched
+       MatMul(X, W) -> BN, out [N, C] =>  MatMul(X, W[:, m] * a[m]) -> Add(b)  (BN normalises axis 1, so this
+                                          needs a 2-D output where axis 1 is the last axis)
+
+2. Fold into the following Conv (the BN output feeds only that Conv's data input, and the Conv pads nothing:
+   with padding the border taps would read BN(0) = b instead of 0)::
+
+       BN -> Conv(W, bias)  =>  Conv(W[m, j] * a[c], bias[m] + sum_{j,k} W[m, j, k] * b[c])
+
+   where c = grp(m)*C/g + j is the input channel tap j of output channel m reads.
+
+   A Conv can take rule 1 and rule 2 at once (BN -> Conv -> BN); both edits are combined into one write.
+
+3. Otherwise lower it: ``x -> Mul(a) -> Add(b)`` with constants shaped [C, 1, ...] for the input rank ([C] for
+   rank 2), or with ``bn_standalone="conv"`` and a rank-3/4 input a 1x1 depthwise ``Conv(W = a, bias = b,
+   group = C)``.
+
+Left in place with a blocking Rejection (blocking unless ``allow_batchnorm``): training mode
+(``training_mode=1``, or any training output: before opset 14 extra outputs select training mode),
+non-constant or non-float parameters, var + eps <= 0, opset < 7 (the is_test / consumed_inputs forms;
+convert the model first), an unknown input rank when lowering, and BNs inside If/Loop/Scan bodies.
+Opset 7-8 ``spatial=0`` with per-activation parameters [C, D1, ...] is lowered by rule 3 with constants of
+that shape.
+
+Weights are rewritten in place when this layer is their only reader (one read, one float64-computed
+multiply into a buffer of the weight's dtype, one write: no full float64 copy of a weight); a weight shared
+with another node gets a private copy. The BN's own parameter initializers are left for ``cleanup`` to drop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from onnx_npu_fix.graph import (
+    GraphEditor,
+    GraphIndex,
+    conv_geometry,
+    get_attr,
+    private_initializer,
+    set_attr,
+)
+from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+_FLOAT_TYPES: dict[int, type] = {
+    onnx.TensorProto.FLOAT: np.float32,
+    onnx.TensorProto.FLOAT16: np.float16,
+    onnx.TensorProto.DOUBLE: np.float64,
+}
+_PARAM_ROLES = ("scale", "B", "input_mean", "input_var")
+_PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+@dataclass
+class _Affine:
+    """One BN as ``y = a * x + b`` on axis 1 (float64)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    per_activation: bool = False
+    """opset 7-8 ``spatial=0``: a and b are [C, D1, ...] instead of [C]."""
+
+    @property
+    def channels(self) -> int:
+        return int(self.a.shape[0])
+
+
+@dataclass
+class _LayerEdit:
+    """Every fold into one layer node, applied with a single weight write."""
+
+    node: onnx.NodeProto
+    out: _Affine | None = None
+    """Fold of the BN reading this layer's output (rule 1)."""
+    out_bn: onnx.NodeProto | None = None
+    inp: _Affine | None = None
+    """Fold of the BN feeding this Conv's data input (rule 2)."""
+    inp_bn: onnx.NodeProto | None = None
+
+
+@dataclass
+class _Lowering:
+    bn: onnx.NodeProto
+    affine: _Affine
+    rank: int | None
+    dtype: type
+    why_not_folded: str
+
+
+class FoldBatchNormPass(Pass):
+    name = "fold-batchnorm"
+    summary = ("fold BatchNormalization into the adjacent Conv/ConvTranspose/Gemm/MatMul, "
+               "else lower it to Mul+Add")
+    exact = True
+
+    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+        result = PassResult()
+        index = GraphIndex(model)
+        opset = _onnx_opset(model)
+        blocking = not options.allow_batchnorm
+        conv_mode = options.bn_standalone == "conv"
+        if options.bn_standalone not in ("mul-add", "conv"):
+            result.warnings.append(
+                f"bn_standalone={options.bn_standalone!r} is not mul-add|conv; using mul-add")
+
+        # --- find (read-only) -------------------------------------------------------------------------
+        edits: dict[int, _LayerEdit] = {}
+        lowerings: list[_Lowering] = []
+        bn_names: list[str] = []
+        total = left = 0
+        for node in model.graph.node:
+            nested = _nested_batchnorms(node)
+            if nested:
+                total += nested
+                left += nested
+                result.rejections.append(Rejection(
+                    node.name, node.op_type,
+                    f"{nested} BatchNormalization node(s) inside its subgraph(s) are not handled", blocking))
+            if node.op_type != "BatchNormalization" or node.domain not in _DEFAULT_DOMAINS:
+                continue
+            total += 1
+            bn_names.append(node.name)
+            affine, problem = _bn_affine(index, node, opset)
+            if affine is None:
+                left += 1
+                result.rejections.append(Rejection(node.name, node.op_type, problem, blocking))
+                continue
+            layer, back_reason = _backward_target(index, node, affine)
+            if layer is not None:
+                edit = edits.setdefault(id(layer), _LayerEdit(layer))
+                edit.out, edit.out_bn = affine, node
+                continue
+            conv, fwd_reason = _forward_target(index, node, affine)
+            if conv is not None:
+                edit = edits.setdefault(id(conv), _LayerEdit(conv))
+                edit.inp, edit.inp_bn = affine, node
+                continue
+            why = f"not folded into its producer: {back_reason}; not folded into its consumer: {fwd_reason}"
+            rank, dtype, problem = _lowering_form(index, node, affine)
+            if problem:
+                left += 1
+                result.rejections.append(Rejection(node.name, node.op_type, f"{problem} ({why})", blocking))
+                continue
+            lowerings.append(_Lowering(node, affine, rank, dtype, why))
+
+        # --- rewrite ----------------------------------------------------------------------------------
+        editor = GraphEditor(index)
+        for edit in edits.values():
+            result.changes.extend(_apply_fold(index, editor, edit))
+        for low in lowerings:
+            result.changes.append(_lower(index, editor, low, conv_mode))
+        editor.commit()
+        order = {name: i for i, name in enumerate(bn_names)}
+        result.changes.sort(key=lambda change: order.get(change.node, 0))  # graph order in the report
+
+        folded = sum(1 for c in result.changes if c.action.startswith("folded"))
+        result.metrics.update({
+            "batchnorm_before": total,
+            "folded": folded,
+            "lowered": len(lowerings),
+            "batchnorm_after": left,
+        })
+        return result
+
+
+# --- the BN itself ----------------------------------------------------------------------------------
+
+
+def _bn_affine(index: GraphIndex, bn: onnx.NodeProto, opset: int) -> tuple[_Affine | None, str]:
+    """``(a, b)`` of an inference-mode BN, or None and the reason it must stay."""
+    if opset < 7:
+        return None, (f"BatchNormalization at opset {opset} (is_test / consumed_inputs form) is not handled; "
+                      "convert the model to opset >= 9 first (onnx.version_converter)")
+    if len(bn.input) < 5 or not all(bn.input[:5]):
+        return None, "it does not have its five inputs"
+    if get_attr(bn, "training_mode", 0):
+        return None, "training_mode=1: it normalises with batch statistics, which no constant map reproduces"
+    if opset < 14 and len(bn.output) > 1:
+        # Before opset 14 the output count selects the mode: extra outputs mean training (batch statistics),
+        # which is also how onnxruntime reads it, even when nothing reads them.
+        return None, (f"it has training outputs {list(bn.output[1:])}: before opset 14 that form normalises "
+                      "with batch statistics")
+    extra = [o for o in bn.output[1:] if o]
+    if extra:
+        return None, f"it has running-statistics outputs {extra}, which only training mode defines"
+    params = []
+    for role, name in zip(_PARAM_ROLES, bn.input[1:5]):
+        value = _const(index, name)
+        if value is None:
+            return None, f"its {role} {name} is not constant"
+        if value.dtype not in (np.float16, np.float32, np.float64):
+            return None, f"its {role} {name} has dtype {value.dtype}, not a float type this pass handles"
+        params.append(value.astype(np.float64))
+    scale, beta, mean, var = params
+    if not (scale.shape == beta.shape == mean.shape == var.shape) or scale.ndim == 0:
+        return None, f"its parameters have inconsistent shapes {[list(p.shape) for p in params]}"
+    per_activation = False
+    if opset < 9 and get_attr(bn, "spatial", 1) == 0:
+        if scale.ndim >= 2:
+            per_activation = True
+        else:
+            shape = index.shape(bn.input[0]) or index.shape(bn.output[0])
+            if shape is None or len(shape) != 2:
+                return None, ("spatial=0 with per-channel parameters on an input that is not [N, C] "
+                              "(per-activation parameters [C, D1, ...] expected)")
+    elif scale.ndim != 1:
+        return None, f"its parameters have shape {list(scale.shape)}, not [C]"
+    eps = float(get_attr(bn, "epsilon", 1e-5))
+    denom = var + eps
+    if not np.all(denom > 0):
+        return None, "var + epsilon <= 0 for some channel (the original output is NaN/inf there)"
+    a = scale / np.sqrt(denom)
+    b = beta - mean * a
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        return None, "its parameters are not finite"
+    return _Affine(a, b, per_activation), ""
+
+
+# --- finding targets ----------------------------------------------------------------------------------
+
+
+def _backward_target(index: GraphIndex, bn: onnx.NodeProto,
+                     affine: _Affine) -> tuple[onnx.NodeProto | None, str]:
+    """The Conv / ConvTranspose / Gemm / MatMul the BN folds into (rule 1), or None and why not."""
+    if affine.per_activation:
+        return None, "spatial=0 (per-activation parameters)"
+    x = bn.input[0]
+    layer = index.producer.get(x)
+    if layer is None:
+        kind = "a graph input" if x in index.graph_inputs else "constant"
+        return None, f"its input {x} is {kind}"
+    if layer.op_type not in _PRODUCERS or layer.domain not in _DEFAULT_DOMAINS:
+        return None, (f"its input comes from {layer.op_type} {layer.name}, "
+                      "not a Conv/ConvTranspose/Gemm/MatMul")
+    where = f"{layer.op_type} {layer.name}"
+    if x in index.output_set:
+        return None, f"{where} output {x} is also a graph output"
+    readers = len(index.consumers_of(x))
+    if readers != 1:
+        return None, f"{where} output {x} also feeds {readers - 1} other node(s)"
+    if len(layer.input) < 2:
+        return None, f"{where} has no weight input"
+    problem = _const_problem(index, layer.input[1], f"{where} weight")
+    if problem:
+        return None, problem
+    if len(layer.input) > 2 and layer.input[2]:
+        problem = _const_problem(index, layer.input[2], f"{where} bias")
+        if problem:
+            return None, problem
+    w_shape = _const_shape(index, layer.input[1])
+    c = affine.channels
+    if layer.op_type == "Conv":
+        m = w_shape[0] if w_shape else None
+    elif layer.op_type == "ConvTranspose":
+        m = w_shape[1] * int(get_attr(layer, "group", 1)) if w_shape and len(w_shape) > 1 else None
+    else:
+        if not w_shape or len(w_shape) != 2:
+            return None, f"{where} weight is not 2-D"
+        if layer.op_type == "MatMul":
+            shape = index.shape(x) or index.shape(layer.input[0])
+            rank = len(shape) if shape is not None else "unknown"
+            if rank != 2:
+                return None, (f"{where} output rank is {rank}: BN normalises axis 1, which is the weight's "
+                              "output axis only for a 2-D [N, C] output")
+            m = w_shape[1]
+        else:
+            m = w_shape[0] if get_attr(layer, "transB", 0) else w_shape[1]
+    if m != c:
+        return None, f"{where} has {m} output channels, the BN {c}"
+    return layer, ""
+
+
+def _forward_target(index: GraphIndex, bn: onnx.NodeProto,
+                    affine: _Affine) -> tuple[onnx.NodeProto | None, str]:
+    """The Conv the BN folds into from the front (rule 2), or None and why not."""
+    if affine.per_activation:
+        return None, "spatial=0 (per-activation parameters)"
+    y = bn.output[0]
+    if y in index.output_set:
+        return None, f"its output {y} is a graph output"
+    users = index.consumers_of(y)
+    if len(users) != 1:
+        return None, f"its output feeds {len(users)} nodes"
+    conv = users[0]
+    where = f"{conv.op_type} {conv.name}"
+    if conv.op_type != "Conv" or conv.domain not in _DEFAULT_DOMAINS:
+        return None, f"its output feeds {where}, not a Conv"
+    if conv.input[0] != y or y in list(conv.input[1:]):
+        return None, f"its output is not only the data input of {where}"
+    if len(conv.input) < 2:
+        return None, f"{where} has no weight input"
+    problem = _const_problem(index, conv.input[1], f"{where} weight")
+    if problem:
+        return None, problem
+    if len(conv.input) > 2 and conv.input[2]:
+        problem = _const_problem(index, conv.input[2], f"{where} bias")
+        if problem:
+            return None, problem
+    w_shape = _const_shape(index, conv.input[1])
+    group = int(get_attr(conv, "group", 1))
+    if not w_shape or len(w_shape) < 3 or w_shape[1] * group != affine.channels:
+        return None, (f"{where} weight {list(w_shape or [])} (group {group}) does not read "
+                      f"{affine.channels} channels")
+    try:
+        geometry = conv_geometry(index, conv)
+    except ValueError as exc:
+        return None, str(exc)
+    if not geometry.resolved:
+        return None, f"{where} auto_pad={geometry.auto_pad} with an unknown input shape"
+    if any(geometry.pads):
+        return None, (f"{where} pads {geometry.pads}: the padded border would read BN(0) = b instead of 0")
+    return conv, ""
+
+
+def _lowering_form(index: GraphIndex, bn: onnx.NodeProto, affine: _Affine) -> tuple[int | None, type, str]:
+    """Rank and dtype for rule 3, or the reason it cannot be lowered."""
+    x, y = bn.input[0], bn.output[0]
+    elem = index.elem_type(x) or index.elem_type(y)
+    dtype = _FLOAT_TYPES.get(elem)
+    if dtype is None:
+        if elem:
+            return None, np.float32, f"input type {onnx.TensorProto.DataType.Name(elem)} is not handled"
+        dtype = np.dtype(_const(index, bn.input[1]).dtype).type  # unknown: the parameters' dtype
+    shape = index.shape(x) or index.shape(y)
+    rank = len(shape) if shape is not None else None
+    if affine.per_activation:
+        return rank, dtype, ""
+    if rank is None:
+        return None, dtype, ("its input rank is unknown, so per-channel constants cannot be shaped "
+                             "(freeze the input shapes)")
+    if rank < 2:
+        return None, dtype, f"its input has rank {rank}, below [N, C]"
+    return rank, dtype, ""
+
+
+def _const_problem(index: GraphIndex, name: str, what: str) -> str | None:
+    """None when ``name`` is a float constant this pass may rewrite, else the reason it is not."""
+    if name in index.graph_inputs:
+        return f"{what} {name} is a graph input"
+    producer = index.producer.get(name)
+    if name not in index.initializers and (producer is None or producer.op_type != "Constant"):
+        if producer is not None and producer.op_type == "DequantizeLinear":
+            return (f"{what} {name} comes from DequantizeLinear {producer.name} (quantized): folding would "
+                    "change the quantized weight")
+        source = f"computed by {producer.op_type} {producer.name}" if producer is not None else "not constant"
+        return f"{what} {name} is {source}"
+    elem = index.elem_type(name)
+    if elem == onnx.TensorProto.UNDEFINED and producer is not None:
+        value = _const(index, name)
+        elem = onnx.helper.np_dtype_to_tensor_dtype(value.dtype) if value is not None else elem
+    if elem not in _FLOAT_TYPES:
+        return f"{what} {name} has element type {onnx.TensorProto.DataType.Name(elem)}, not float"
+    return None
+
+
+def _const_shape(index: GraphIndex, name: str) -> tuple[int, ...] | None:
+    """Shape of a constant without reading its data when it is an initializer."""
+    if name in index.initializers:
+        return tuple(index.initializers[name].dims)
+    value = _const(index, name)  # a Constant node: small in practice
+    return tuple(value.shape) if value is not None else None
+
+
+# --- rewriting ----------------------------------------------------------------------------------------
+
+
+def _apply_fold(index: GraphIndex, editor: GraphEditor, edit: _LayerEdit) -> list[Change]:
+    node = edit.node
+    op = node.op_type
+    weight = _const(index, node.input[1])
+    assert weight is not None  # checked while finding
+    old_weight_name = node.input[1]
+    bias_slot = 2
+    if op == "Conv":
+        new_weight, bias = _fold_conv(index, node, weight, edit)
+    elif op == "ConvTranspose":
+        new_weight, bias = _fold_conv_transpose(index, node, weight, edit.out)
+    elif op == "Gemm":
+        new_weight, bias = _fold_gemm(index, node, weight, edit.out)
+    else:  # MatMul
+        new_weight = _scaled(weight, edit.out.a[None, :])
+        bias = None
+    _store(index, editor, node, 1, new_weight)
+    if bias is not None:
+        _store(index, editor, node, bias_slot, bias.astype(weight.dtype), base=f"{node.name}_bias")
+
+    changes = []
+    if edit.inp is not None:
+        bn = edit.inp_bn
+        node.input[0] = bn.input[0]
+        editor.remove(bn)
+        changes.append(Change(bn.name, bn.op_type, f"folded into {op}", new=node.name,
+                              detail={"rule": "bn->conv", "target": node.name, "weight": node.input[1],
+                                      "old_weight": old_weight_name}))
+    if edit.out is not None:
+        bn = edit.out_bn
+        if op == "MatMul":
+            # MatMul has no bias: the shift stays as an Add on the BN's place, writing the BN's output.
+            shift = editor.add_initializer(f"{bn.name}_shift", edit.out.b.astype(weight.dtype))
+            add = editor.make_node("Add", [bn.input[0], shift], [bn.output[0]], f"{bn.name}_add")
+            editor.replace(bn, [add])
+            action, new = f"folded into {op} (shift as Add)", [node.name, add.name]
+        else:
+            node.output[0] = bn.output[0]
+            editor.remove(bn)
+            action, new = f"folded into {op}", node.name
+        changes.append(Change(bn.name, bn.op_type, action, new=new,
+                              detail={"rule": f"{op.lower()}->bn", "target": node.name,
+                                      "weight": node.input[1], "old_weight": old_weight_name}))
+    return changes
+
+
+def _fold_conv(index: GraphIndex, node: onnx.NodeProto, weight: np.ndarray,
+               edit: _LayerEdit) -> tuple[np.ndarray, np.ndarray]:
+    m, cg = weight.shape[0], weight.shape[1]
+    group = int(get_attr(node, "group", 1))
+    bias = _bias64(index, node, m)
+    factor = np.ones((m, 1))
+    if edit.inp is not None:
+        # Input channel of (m, j) is grp(m) * C/g + j; groups hold M/g consecutive output channels.
+        a_in = np.repeat(edit.inp.a.reshape(group, cg), m // group, axis=0)
+        b_in = np.repeat(edit.inp.b.reshape(group, cg), m // group, axis=0)
+        taps = weight.reshape(m, cg, -1).sum(axis=2, dtype=np.float64)  # sum_k W[m, j, k], original W
+        bias = bias + (taps * b_in).sum(axis=1)
+        factor = a_in
+    if edit.out is not None:
+        factor = factor * edit.out.a[:, None]
+        bias = bias * edit.out.a + edit.out.b
+    factor = factor.reshape(factor.shape + (1,) * (weight.ndim - 2))
+    return _scaled(weight, factor), bias
+
+
+def _fold_conv_transpose(index: GraphIndex, node: onnx.NodeProto, weight: np.ndarray,
+                         out: _Affine) -> tuple[np.ndarray, np.ndarray]:
+    c_in, mg = weight.shape[0], weight.shape[1]
+    group = int(get_attr(node, "group", 1))
+    bias = _bias64(index, node, mg * group) * out.a + out.b
+    # W is [C_in, M/g, k...]; group grp maps input rows grp*C_in/g.. onto output channels grp*M/g + j.
+    grouped = weight.reshape(group, c_in // group, mg, -1)
+    factor = out.a.reshape(group, 1, mg, 1)
+    return _scaled(grouped, factor).reshape(weight.shape), bias
+
+
+def _fold_gemm(index: GraphIndex, node: onnx.NodeProto, weight: np.ndarray,
+               out: _Affine) -> tuple[np.ndarray, np.ndarray]:
+    factor = out.a[:, None] if get_attr(node, "transB", 0) else out.a[None, :]
+    beta = float(get_attr(node, "beta", 1.0))
+    c_name = node.input[2] if len(node.input) > 2 else ""
+    c = _const(index, c_name).astype(np.float64) * beta if c_name else np.zeros(())
+    # a * (alpha*A*B' + beta*C) + b = alpha*A*(B' * a) + (a*beta*C + b): C broadcasts over [N, M] either way.
+    new_c = c * out.a + out.b
+    set_attr(node, "beta", None)  # default 1.0: beta is now inside C
+    return _scaled(weight, factor), new_c
+
+
+def _bias64(index: GraphIndex, node: onnx.NodeProto, channels: int) -> np.ndarray:
+    if len(node.input) > 2 and node.input[2]:
+        return _const(index, node.input[2]).astype(np.float64).reshape(channels)
+    return np.zeros(channels)
+
+
+def _scaled(weight: np.ndarray, factor: np.ndarray) -> np.ndarray:
+    """``weight * factor`` computed in float64 and rounded once to the weight's dtype, without a float64
+    copy of the weight (the ufunc casts in small buffers)."""
+    out = np.empty(np.broadcast_shapes(weight.shape, factor.shape), dtype=weight.dtype)
+    np.multiply(weight, factor, out=out, casting="unsafe")
+    return out
+
+
+def _store(index: GraphIndex, editor: GraphEditor, node: onnx.NodeProto, slot: int, value: np.ndarray,
+           base: str | None = None) -> None:
+    """Give ``node`` input ``slot`` the value: in place when it is the initializer's only reader."""
+    name = node.input[slot] if slot < len(node.input) else ""
+    if not name:
+        new_name = editor.add_initializer(base or f"{node.name}_in{slot}", value)
+        while len(node.input) <= slot:
+            node.input.append("")
+        node.input[slot] = new_name
+    elif (name in index.initializers and name not in index.graph_inputs and name not in index.output_set
+          and len(index.consumers_of(name)) == 1):
+        _overwrite(index.initializers[name], value)
+    else:
+        private_initializer(index, editor, node, slot, value)  # shared (or a Constant): a private copy
+
+
+def _overwrite(tensor: onnx.TensorProto, value: np.ndarray) -> None:
+    """Replace a tensor's data with ``value`` (same dtype) with one copy into the protobuf."""
+    for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
+        tensor.ClearField(field)
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    del tensor.dims[:]
+    tensor.dims.extend(value.shape)
+    tensor.raw_data = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()
+
+
+def _lower(index: GraphIndex, editor: GraphEditor, low: _Lowering, conv_mode: bool) -> Change:
+    bn, affine = low.bn, low.affine
+    x, y = bn.input[0], bn.output[0]
+    c = affine.channels
+    detail = {"rule": "standalone", "why_not_folded": low.why_not_folded}
+    if conv_mode and not affine.per_activation and low.rank in (3, 4):
+        spatial = low.rank - 2
+        weight = editor.add_initializer(f"{bn.name}_weight",
+                                        affine.a.reshape((c, 1) + (1,) * spatial).astype(low.dtype))
+        bias = editor.add_initializer(f"{bn.name}_bias", affine.b.astype(low.dtype))
+        conv = editor.make_node("Conv", [x, weight, bias], [y], f"{bn.name}_dwconv", group=c,
+                                kernel_shape=[1] * spatial)
+        editor.replace(bn, [conv])
+        return Change(bn.name, bn.op_type, "lowered to 1x1 depthwise Conv", new=[conv.name], detail=detail)
+    if affine.per_activation:
+        shape = affine.a.shape
+    else:
+        shape = (c,) + (1,) * (low.rank - 2)
+    if conv_mode:
+        detail["note"] = "bn_standalone=conv needs a rank-3/4 per-channel input; used Mul+Add"
+    scale = editor.add_initializer(f"{bn.name}_scale", affine.a.reshape(shape).astype(low.dtype))
+    shift = editor.add_initializer(f"{bn.name}_shift", affine.b.reshape(shape).astype(low.dtype))
+    scaled = index.unique_name(f"{bn.name}_scaled")
+    mul = editor.make_node("Mul", [x, scale], [scaled], f"{bn.name}_mul")
+    add = editor.make_node("Add", [scaled, shift], [y], f"{bn.name}_add")
+    editor.replace(bn, [mul, add])
+    return Change(bn.name, bn.op_type, "lowered to Mul+Add", new=[mul.name, add.name], detail=detail)
+
+
+# --- small helpers ------------------------------------------------------------------------------------
+
+
+def _const(index: GraphIndex, name: str) -> np.ndarray | None:
+    """``index.const_value`` with a fast path for the common raw float initializer (a read-only view of its
+    bytes): at 100k nodes the generic converter costs more than the fold itself."""
+    tensor = index.initializers.get(name)
+    if (tensor is not None and tensor.data_type in _FLOAT_TYPES and tensor.HasField("raw_data")
+            and tensor.data_location != onnx.TensorProto.EXTERNAL and name not in index.graph_inputs):
+        dtype = np.dtype(_FLOAT_TYPES[tensor.data_type]).newbyteorder("<")
+        return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tuple(tensor.dims))
+    return index.const_value(name)
+
+
+def _onnx_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in _DEFAULT_DOMAINS:
+            return int(imp.version)
+    return 0
+
+
+def _nested_batchnorms(node: onnx.NodeProto) -> int:
+    """BatchNormalization nodes inside ``node``'s subgraphs (If/Loop/Scan bodies), which this pass leaves."""
+    count = 0
+    for attr in node.attribute:
+        graphs = list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
+        if attr.type == onnx.AttributeProto.GRAPH:
+            graphs.append(attr.g)
+        for g in graphs:
+            for sub in g.node:
+                count += sub.op_type == "BatchNormalization"
+                count += _nested_batchnorms(sub)
+    return count

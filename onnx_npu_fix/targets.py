@@ -1,0 +1,419 @@
+"""Target profiles: the published constraints of an NPU as a TOML file, turned into FixOptions.
+
+A profile is a TOML file with three tables::
+
+    [target]
+    name = "k210"
+    description = "Kendryte K210 KPU, compiled by nncase 1.x"
+    sources = ["https://github.com/kendryte/nncase/blob/release/1.0/docs/FAQ_EN.md"]
+
+    [constraints]          # keys are FixOptions field names; each line cites its source in a comment
+    max_kernel = 3         # nncase FAQ: Conv / DepthwiseConv 1x1 or 3x3
+    sram_bytes = "2MiB"    # ints or "<n>KiB|MiB|GiB"
+
+    [notes]                # facts npufix cannot check (yet): shown by --list-targets
+    feature_map = "input maps <= 320x240 (nncase FAQ)"
+
+Shipped profiles live in ``onnx_npu_fix/targets/*.toml`` (one file per target, file stem = name). A constraint the
+source leaves unknown is simply absent, so FixOptions' default applies; the profile says so in a comment.
+Precedence when building the options of a run: FixOptions defaults < profile < options given on the command line
+(``apply_target``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import onnx.defs
+
+from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.options import FixOptions
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python < 3.11 only
+    import tomli as tomllib
+
+__all__ = [
+    "TargetProfile",
+    "apply_target",
+    "list_targets",
+    "load_target",
+    "parse_size",
+    "render_target_list",
+    "shipped_target_names",
+]
+
+_TARGET_KEYS = ("name", "description", "sources")
+_TABLES = ("target", "constraints", "notes")
+
+# String options with a fixed set of values (mirrors the FixOptions docstrings).
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "s2b_layout": ("auto", "spatial", "channel", "batch"),
+    "bn_standalone": ("mul-add", "conv"),
+    "resize_mode": ("nearest", "exact"),
+    "validate": ("each", "final", "none"),
+}
+# Byte budgets that may be written with a unit ("384KiB"); act_bytes is bytes per element, not a budget.
+_SIZE_FIELDS = frozenset({"sram_bytes", "large_tensor_bytes"})
+# Integer options for which 0 is meaningless (0 disables align/concat_align, so those may be 0).
+_POSITIVE_INTS = frozenset({"max_dilation", "max_rank", "max_kernel", "max_stride", "act_bytes", "n_inputs"})
+
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class TargetProfile:
+    name: str
+    description: str
+    sources: tuple[str, ...]
+    constraints: dict[str, Any] = field(default_factory=dict)
+    """FixOptions field -> value, already converted (lists -> tuples, sizes -> int bytes)."""
+    notes: dict[str, str] = field(default_factory=dict)
+    """Facts of the target that no FixOptions field expresses yet; shown by --list-targets."""
+    path: str = ""
+    """Where the profile was read from (a shipped package file or the user's .toml)."""
+
+
+# --- kinds of FixOptions fields ------------------------------------------------------------------------
+
+
+def _field_kind(annotation: Any) -> tuple[str | None, bool]:
+    """(kind, nullable) of a FixOptions annotation. Annotations are strings (``from __future__ import
+    annotations``) and use PEP 604 unions, which typing.get_type_hints cannot evaluate on Python 3.9."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    text = text.replace(" ", "")
+    nullable = False
+    for suffix in ("|None", "None|"):
+        if suffix in text:
+            text = text.replace(suffix, "")
+            nullable = True
+    kinds = {
+        "int": "int",
+        "float": "float",
+        "str": "str",
+        "bool": "bool",
+        "tuple[int,...]": "int_tuple",
+        "tuple[str,...]": "str_tuple",
+        "dict[str,tuple[int,...]]": "shapes",
+    }
+    return kinds.get(text), nullable
+
+
+def _settable_fields() -> dict[str, str]:
+    """FixOptions field -> kind, for every field a profile may set."""
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(FixOptions):
+        kind, _ = _field_kind(f.type)
+        if kind is not None:
+            out[f.name] = kind
+    return out
+
+
+_KIND_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "bool": "true or false",
+    "int_tuple": "a list of integers",
+    "str_tuple": "a list of strings",
+    "shapes": "a table of input name = [dims]",
+}
+
+
+def _toml_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    return {int: "integer", float: "float", str: "string", list: "array", dict: "table"}.get(
+        type(value), type(value).__name__
+    )
+
+
+# --- sizes ---------------------------------------------------------------------------------------------
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from an int or a string such as "384KiB", "2MiB", "4096" (binary units; K/M/G mean KiB/MiB/GiB).
+
+    Decimal-looking units (KB, MB) are refused rather than guessed: embedded vendors use "KB" for both 1000 and
+    1024 bytes. Raises ValueError with a message saying what is accepted."""
+    if isinstance(text, bool):
+        raise ValueError("expected a byte count, got a boolean")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"a byte count cannot be negative ({text})")
+        return text
+    match = _SIZE_RE.match(str(text))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS:
+        raise ValueError(
+            f"cannot read {text!r} as a size; write bytes (393216) or a binary unit: 384KiB, 2MiB, 1GiB"
+        )
+    value = float(match.group(1)) * _UNITS[unit]
+    if value != int(value):
+        raise ValueError(f"{text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def format_size(n: int) -> str:
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= factor and n % factor == 0:
+            return f"{n // factor} {unit}"
+    return f"{n} B"
+
+
+# --- conversion and checking of one [constraints] value -------------------------------------------------
+
+
+def _convert(key: str, kind: str, value: Any) -> Any:
+    """The FixOptions value for a TOML value, or ValueError saying what was expected."""
+    expected = _KIND_WORDS[kind]
+    if key in _SIZE_FIELDS and kind == "int":
+        return parse_size(value)  # raises ValueError on bad input
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
+        return value
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
+        low = 1 if key in _POSITIVE_INTS else 0
+        if value < low:
+            raise ValueError(f"must be >= {low}, got {value}")
+        return value
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
+        if value < 0:
+            raise ValueError(f"must be >= 0, got {value}")
+        return float(value)
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
+        choices = _CHOICES.get(key)
+        if choices and value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
+    if kind == "int_tuple":
+        if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
+        if any(v < 1 for v in value):
+            raise ValueError(f"values must be >= 1, got {value}")
+        return tuple(value)
+    if kind == "str_tuple":
+        if not isinstance(value, list) or any(not isinstance(v, str) for v in value):
+            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
+        if key == "forbidden_ops":
+            _check_op_types(value)
+        return tuple(value)
+    if kind == "shapes":
+        if not isinstance(value, dict):
+            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name, dims in value.items():
+            if not isinstance(dims, list) or any(isinstance(d, bool) or not isinstance(d, int) for d in dims):
+                raise ValueError(f"input {name!r} must be a list of integers, got {dims!r}")
+            if any(d < 1 for d in dims):
+                raise ValueError(f"input {name!r} has a dimension < 1: {dims}")
+            shapes[name] = tuple(dims)
+        return shapes
+    raise ValueError("cannot be set from a profile")  # pragma: no cover - kinds are closed above
+
+
+def _check_op_types(names: list[str]) -> None:
+    """A typo such as "Prelu" would silently forbid nothing; only ONNX op types are accepted."""
+    for name in names:
+        if not onnx.defs.has(name):
+            close = difflib.get_close_matches(name, [s.name for s in onnx.defs.get_all_schemas()], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{name!r} is not an ONNX op type{hint}")
+
+
+# --- parsing a profile ------------------------------------------------------------------------------------
+
+
+def _bad(where: str, message: str) -> InputError:
+    return InputError(f"target profile {where}: {message}")
+
+
+def parse_profile(text: str, *, where: str, default_name: str) -> TargetProfile:
+    """Parse and check the TOML text of one profile. ``where`` names it in error messages."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _bad(where, f"not valid TOML ({exc}); fix the file or compare with a shipped profile") from None
+    for table in data:
+        if table not in _TABLES:
+            raise _bad(where, f"unknown table [{table}]; a profile has only [target], [constraints], [notes]")
+        if not isinstance(data[table], dict):
+            raise _bad(where, f"{table} must be a table ([{table}]), got {_toml_type(data[table])}")
+
+    target = data.get("target", {})
+    for key in target:
+        if key not in _TARGET_KEYS:
+            raise _bad(where, f"unknown key {key!r} in [target]; allowed: {', '.join(_TARGET_KEYS)}")
+    name = target.get("name", default_name)
+    description = target.get("description", "")
+    sources = target.get("sources", [])
+    if not isinstance(name, str) or not name:
+        raise _bad(where, "[target] name must be a non-empty string")
+    if not isinstance(description, str):
+        raise _bad(where, "[target] description must be a string")
+    if not isinstance(sources, list) or any(not isinstance(s, str) for s in sources):
+        raise _bad(where, '[target] sources must be a list of strings (URLs or document names), e.g. ["..."]')
+
+    settable = _settable_fields()
+    constraints: dict[str, Any] = {}
+    for key, value in data.get("constraints", {}).items():
+        if key not in settable:
+            close = difflib.get_close_matches(key, list(settable), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise _bad(
+                where,
+                f"unknown key {key!r} in [constraints]; {hint}keys are FixOptions fields: {', '.join(settable)}",
+            )
+        try:
+            constraints[key] = _convert(key, settable[key], value)
+        except ValueError as exc:
+            raise _bad(where, f"[constraints] {key} {exc}") from None
+
+    notes = data.get("notes", {})
+    for key, value in notes.items():
+        if not isinstance(value, str):
+            raise _bad(where, f"[notes] {key} must be a string, got {_toml_type(value)}")
+    return TargetProfile(
+        name=name,
+        description=description,
+        sources=tuple(sources),
+        constraints=constraints,
+        notes=dict(notes),
+        path=where,
+    )
+
+
+def load_target_file(path: str | Path) -> TargetProfile:
+    """Load a user's profile file; its name defaults to the file stem."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"target profile {p} not found; give a shipped name (see --list-targets) or a .toml path")
+    if not p.is_file():
+        raise InputError(f"target profile {p} is not a file; give the path to a .toml profile")
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise InputError(f"target profile {p} cannot be read ({exc.strerror}); check its permissions") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _bad(str(p), "not UTF-8 text; save it as a UTF-8 .toml file") from None
+    return parse_profile(text, where=str(p), default_name=p.stem)
+
+
+# --- shipped profiles ------------------------------------------------------------------------------------
+
+
+def _shipped_files() -> dict[str, Any]:
+    """name -> Traversable of every shipped profile (package data onnx_npu_fix/targets/*.toml)."""
+    folder = resources.files("onnx_npu_fix") / "targets"
+    if not folder.is_dir():  # pragma: no cover - a broken install
+        return {}
+    return {
+        entry.name[: -len(".toml")]: entry
+        for entry in folder.iterdir()
+        if entry.name.endswith(".toml") and entry.is_file()
+    }
+
+
+def shipped_target_names() -> list[str]:
+    return sorted(_shipped_files())
+
+
+def _load_shipped(name: str, entry: Any) -> TargetProfile:
+    return parse_profile(entry.read_text(encoding="utf-8"), where=str(entry), default_name=name)
+
+
+def list_targets() -> list[TargetProfile]:
+    """Every shipped profile, sorted by name."""
+    return [_load_shipped(name, entry) for name, entry in sorted(_shipped_files().items())]
+
+
+def _looks_like_path(text: str) -> bool:
+    return text.lower().endswith(".toml") or "/" in text or "\\" in text
+
+
+def load_target(name_or_path: str) -> TargetProfile:
+    """A shipped profile by name (case and '_' vs '-' do not matter) or a user's profile by path."""
+    if _looks_like_path(name_or_path):
+        return load_target_file(name_or_path)
+    shipped = _shipped_files()
+    key = name_or_path.strip().lower().replace("_", "-")
+    if key in shipped:
+        return _load_shipped(key, shipped[key])
+    if Path(name_or_path).is_file():  # a profile file without the .toml suffix in the working directory
+        return load_target_file(name_or_path)
+    close = difflib.get_close_matches(key, list(shipped), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise InputError(
+        f"unknown target {name_or_path!r}; {hint}choose one of {', '.join(sorted(shipped))} "
+        "or give the path to a .toml profile"
+    )
+
+
+# --- using a profile --------------------------------------------------------------------------------------
+
+
+def apply_target(profile: TargetProfile, base: FixOptions, explicit: dict[str, Any] | None = None) -> FixOptions:
+    """``base`` with the profile's constraints, then the explicitly given options on top.
+
+    ``explicit`` holds only the options the user actually gave (e.g. on the command line), so that
+    ``--target mstar-ipu --max-dilation 2`` keeps the profile's other constraints but dilation 2."""
+    explicit = dict(explicit or {})
+    names = {f.name for f in dataclasses.fields(FixOptions)}
+    unknown = sorted(set(explicit) - names)
+    if unknown:
+        raise InputError(f"unknown option(s) {', '.join(unknown)}; see npufix --help")
+    merged = {**profile.constraints, **explicit}
+    if "input_shapes" in merged:  # never share a mutable dict between options objects
+        merged["input_shapes"] = dict(merged["input_shapes"])
+    return dataclasses.replace(base, **merged)
+
+
+def _format_value(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if key in _SIZE_FIELDS and isinstance(value, int):
+        return format_size(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_format_value('', v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def render_target_list(profiles: list[TargetProfile]) -> str:
+    """The text of ``npufix --list-targets``: per target its description, constraints, unchecked facts and
+    sources."""
+    lines: list[str] = []
+    width = max((len(p.name) for p in profiles), default=0)
+    for i, profile in enumerate(profiles):
+        if i:
+            lines.append("")
+        lines.append(f"{profile.name.ljust(width)}  {profile.description}".rstrip())
+        if profile.constraints:
+            settings = ", ".join(f"{k}={_format_value(k, v)}" for k, v in profile.constraints.items())
+            lines.append(f"  constraints: {settings}")
+        else:
+            lines.append("  constraints: (none; npufix defaults apply)")
+        for key, note in profile.notes.items():
+            lines.append(f"  not checked: {key}: {note}")
+        for source in profile.sources:
+            lines.append(f"  source: {source}")
+    return "\n".join(lines) + ("\n" if lines else "")

@@ -1,0 +1,534 @@
+"""Constraint checking (onnx_npu_fix/constraints.py): each violation kind on a small inline model, none on a
+clean one, the one-line text form, JSON, the shape listing, and that the caller's model is never modified."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_npu_fix.constraints import (
+    CONSTRAINTS,
+    check_model,
+    find_violations,
+    render_check,
+    render_shapes,
+    render_violations,
+    shape_listing,
+)
+from onnx_npu_fix.options import FixOptions
+
+F = TensorProto.FLOAT
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _vi(name, shape):
+    return helper.make_tensor_value_info(name, F, shape)
+
+
+def _w(name, shape):
+    return numpy_helper.from_array(np.ones(shape, np.float32), name)
+
+
+def _conv_chain(c_in=8, c_mid=8, c_out=8, hw=8, **conv2_attrs):
+    """x [1,c_in,hw,hw] -> conv1 (c_in->c_mid, 3x3) -> relu -> conv2 (c_mid->c_out) -> y."""
+    k = conv2_attrs.pop("kernel", 3)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2", **conv2_attrs),
+    ]
+    return _model(nodes, [_vi("x", [1, c_in, hw, hw])], [_vi("y", None)],
+                  [_w("w1", (c_mid, c_in, 3, 3)), _w("w2", (c_out, c_mid, k, k))])
+
+
+STRICT = dict(max_dilation=4, align=8, concat_align=8, batch_one=True, max_rank=4, forbidden_ops=("Gather",),
+              max_kernel=7, max_stride=2, sram_bytes=1 << 20, act_bytes=1)
+
+
+def kinds(violations):
+    return [(v.node, v.constraint) for v in violations]
+
+
+def test_clean_model_has_no_violations():
+    model = _conv_chain(pads=[2, 2, 2, 2], dilations=[2, 2])
+    report = check_model(model, FixOptions(**STRICT))
+    assert report.violations == [] and report.clean
+    assert render_violations(report.violations) == "no violations"
+    assert report.memory is not None and report.memory.fits
+
+
+def test_model_is_not_modified():
+    model = _conv_chain(c_mid=12, pads=[8, 8, 8, 8], dilations=[8, 8])
+    model.graph.node[1].name = ""  # unnamed nodes get names in the analysis copy only
+    before = model.SerializeToString()
+    violations = find_violations(model, FixOptions(**STRICT))
+    assert violations
+    assert model.SerializeToString() == before
+
+
+# --- dilation -------------------------------------------------------------------------------------
+
+
+def test_dilation_above_limit():
+    model = _conv_chain(pads=[8, 8, 8, 8], dilations=[8, 8])
+    violations = find_violations(model, FixOptions(max_dilation=4))
+    assert kinds(violations) == [("conv2", "dilation")]
+    v = violations[0]
+    assert (v.value, v.limit, v.fixed_by) == ([8, 8], 4, "dilated-conv")
+    assert v.text() == "conv2 (Conv): dilation: [8,8] vs max 4 -> fixed by dilated-conv"
+    assert find_violations(model, FixOptions(max_dilation=8)) == []
+    assert find_violations(model, FixOptions()) == []  # no limit given: nothing to check
+
+
+def test_dilation_outside_allowed_set():
+    model = _conv_chain(pads=[6, 6, 6, 6], dilations=[6, 6])
+    violations = find_violations(model, FixOptions(allowed_dilations=(2, 4, 8)))
+    assert kinds(violations) == [("conv2", "dilation-allowed")]
+    assert violations[0].limit == [1, 2, 4, 8] and violations[0].fixed_by == "dilated-conv"
+    ok = _conv_chain(pads=[4, 4, 4, 4], dilations=[4, 4])
+    assert find_violations(ok, FixOptions(allowed_dilations=(2, 4, 8))) == []
+
+
+def test_dilated_conv_transpose_is_not_claimed_fixable():
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="deconv", dilations=[8, 8])]
+    model = _model(nodes, [_vi("x", [1, 8, 8, 8])], [_vi("y", None)], [_w("w", (8, 8, 3, 3))])
+    violations = find_violations(model, FixOptions(max_dilation=4))
+    assert [(v.constraint, v.fixed_by) for v in violations] == [("dilation", None)]
+
+
+# --- channels -------------------------------------------------------------------------------------
+
+
+def test_unaligned_intermediate_channels_are_fixed_by_align_channels():
+    model = _conv_chain(c_mid=12, pads=[1, 1, 1, 1])
+    violations = find_violations(model, FixOptions(align=8))
+    assert [(v.node, v.constraint, v.value, v.fixed_by) for v in violations] == [
+        ("conv1", "out-channels-align", 12, "align-channels"),
+        ("conv2", "in-channels-align", 12, "align-channels"),
+    ]
+    assert violations[0].text() == "conv1 (Conv): out-channels-align: 12 vs multiple of 8 -> fixed by align-channels"
+    assert find_violations(model, FixOptions(align=4)) == []
+    assert find_violations(model, FixOptions(align=0)) == []
+
+
+def test_graph_input_channels_need_align_io_but_output_channels_do_not():
+    # align-channels keeps channels a graph input fixes (also through channel-local ops such as this Relu)
+    # unless align_io; an unaligned Conv output is padded and sliced back, graph output or not.
+    nodes = [helper.make_node("Relu", ["x"], ["xr"], name="pre"),
+             helper.make_node("Conv", ["xr", "w1"], ["a"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["a", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    model = _model(nodes, [_vi("x", [1, 3, 8, 8])], [_vi("y", None)], [_w("w1", (8, 3, 3, 3)), _w("w2", (3, 8, 3, 3))])
+    report = check_model(model, FixOptions(align=8))
+    # the graph input's channel count is the user's interface: reported as exempt, not a violation
+    assert [(v.node, v.constraint, v.fixed_by) for v in report.violations] == [
+        ("conv2", "out-channels-align", "align-channels")]
+    assert [(v.node, v.constraint, v.fixed_by) for v in report.exempt] == [("conv1", "in-channels-align", None)]
+    assert "--align-io" in report.exempt[0].message
+    with_io = find_violations(model, FixOptions(align=8, align_io=True))
+    assert [v.fixed_by for v in with_io] == ["align-channels", "align-channels"]
+
+
+def test_grouped_conv_is_aligned_per_group_and_depthwise_on_totals():
+    # group 4 over 16 channels: 4 channels per group, not a multiple of 8
+    grouped = _model([helper.make_node("Conv", ["x", "w"], ["y"], name="g4", group=4, pads=[1, 1, 1, 1])],
+                     [_vi("x", [1, 16, 8, 8])], [_vi("y", None)], [_w("w", (16, 4, 3, 3))])
+    report = check_model(grouped, FixOptions(align=8))
+    assert [(v.constraint, v.value) for v in report.violations] == [("out-channels-align", 4)]
+    assert [(v.constraint, v.value) for v in report.exempt] == [("in-channels-align", 4)]
+    assert "per group" in report.exempt[0].message
+    # depthwise over 16 channels: aligned (16), even though each group has one channel
+    dw16 = _model([helper.make_node("Conv", ["x", "w"], ["y"], name="dw", group=16, pads=[1, 1, 1, 1])],
+                  [_vi("x", [1, 16, 8, 8])], [_vi("y", None)], [_w("w", (16, 1, 3, 3))])
+    assert find_violations(dw16, FixOptions(align=8)) == []
+    dw12 = _model([helper.make_node("Conv", ["x", "w"], ["y"], name="dw", group=12, pads=[1, 1, 1, 1])],
+                  [_vi("x", [1, 12, 8, 8])], [_vi("y", None)], [_w("w", (12, 1, 3, 3))])
+    assert [(v.constraint, v.value) for v in find_violations(dw12, FixOptions(align=8, align_io=True))] == [
+        ("in-channels-align", 12), ("out-channels-align", 12)]
+
+
+def test_conv_transpose_channels_read_from_its_weight_layout():
+    # ConvTranspose weight is [C_in, C_out/group, k, k]: 8 in, 12 out
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["t"], name="deconv", strides=[2, 2]),
+             helper.make_node("Relu", ["t"], ["y"], name="relu")]
+    model = _model(nodes, [_vi("x", [1, 8, 4, 4])], [_vi("y", None)], [_w("w", (8, 12, 2, 2))])
+    violations = find_violations(model, FixOptions(align=8))
+    assert [(v.constraint, v.value) for v in violations] == [("out-channels-align", 12)]
+
+
+def concat_model(c1, c2):
+    nodes = [helper.make_node("Relu", ["x1"], ["a"], name="r1"), helper.make_node("Relu", ["x2"], ["b"], name="r2"),
+             helper.make_node("Concat", ["a", "b"], ["y"], name="cat", axis=1)]
+    return _model(nodes, [_vi("x1", [1, c1, 4, 4]), _vi("x2", [1, c2, 4, 4])], [_vi("y", None)])
+
+
+def test_concat_alignment():
+    violations = find_violations(concat_model(8, 12), FixOptions(concat_align=8))
+    assert [(v.node, v.constraint, v.value, v.limit, v.fixed_by) for v in violations] == [
+        ("cat", "concat-align", [8, 12], 8, None)]
+    assert "b (12)" in violations[0].message
+    assert find_violations(concat_model(8, 12), FixOptions(concat_align=4)) == []
+    assert find_violations(concat_model(8, 12), FixOptions(concat_align=0)) == []
+    assert find_violations(concat_model(8, 16), FixOptions(concat_align=8)) == []
+
+
+def conv_concat_model():
+    """x -> conv a (12 ch) -> relu ┐
+       x -> conv b (8 ch) ---------┴-> Concat (20 ch) -> conv c -> y"""
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], name="conv_a", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["ar"], name="relu_a"),
+             helper.make_node("Conv", ["x", "wb"], ["b"], name="conv_b", pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["ar", "b"], ["k"], name="cat", axis=1),
+             helper.make_node("Conv", ["k", "wc"], ["y"], name="conv_c", pads=[1, 1, 1, 1])]
+    return _model(nodes, [_vi("x", [1, 8, 6, 6])], [_vi("y", None)],
+                  [_w("wa", (12, 8, 3, 3)), _w("wb", (8, 8, 3, 3)), _w("wc", (8, 20, 3, 3))])
+
+
+def test_concat_of_conv_outputs_is_fixed_by_align_channels_when_align_covers_it():
+    violations = find_violations(conv_concat_model(), FixOptions(align=8, concat_align=8))
+    assert [(v.node, v.constraint, v.fixed_by) for v in violations] == [
+        ("conv_a", "out-channels-align", "align-channels"),
+        ("cat", "concat-align", "align-channels"),
+        ("conv_c", "in-channels-align", "align-channels")]
+    # padding to multiples of 8 does not make 16-multiples
+    coarse = find_violations(conv_concat_model(), FixOptions(align=8, concat_align=16))
+    assert [(v.constraint, v.fixed_by) for v in coarse if v.node == "cat"] == [("concat-align", None)]
+    assert [(v.constraint, v.fixed_by) for v in find_violations(conv_concat_model(), FixOptions(
+        align=0, concat_align=8))] == [("concat-align", None)]
+
+
+def test_concat_of_shape_vectors_is_not_a_feature_map():
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("Concat", ["s", "k"], ["t"], name="cat", axis=0),
+             helper.make_node("Reshape", ["x", "t"], ["y"], name="reshape")]
+    k = numpy_helper.from_array(np.array([], np.int64), "k")
+    model = _model(nodes, [_vi("x", [1, 12, 4, 4])], [_vi("y", None)], [k])
+    assert find_violations(model, FixOptions(concat_align=8, align=8)) == []
+
+
+# --- ops ------------------------------------------------------------------------------------------
+
+
+def bn_model():
+    params = [numpy_helper.from_array(np.full(8, v, np.float32), n) for n, v in
+              (("s", 2.0), ("b", 1.0), ("m", 0.0), ("v", 1.0))]
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn")]
+    return _model(nodes, [_vi("x", [1, 8, 4, 4])], [_vi("y", None)], params)
+
+
+def test_batchnorm_present():
+    violations = find_violations(bn_model(), FixOptions())
+    assert [(v.node, v.constraint, v.fixed_by) for v in violations] == [("bn", "batchnorm", "fold-batchnorm")]
+    assert find_violations(bn_model(), FixOptions(allow_batchnorm=True)) == []
+    # forbidden as well: still one line for the node
+    assert len(find_violations(bn_model(), FixOptions(forbidden_ops=("BatchNormalization",)))) == 1
+
+
+def resize_model(mode, op="Resize", opset=17):
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    inputs = ["x", "", "scales"] if op == "Resize" else ["x", "scales"]
+    nodes = [helper.make_node(op, inputs, ["y"], name="up", mode=mode)]
+    return _model(nodes, [_vi("x", [1, 8, 4, 4])], [_vi("y", None)], [scales], opset=opset)
+
+
+def test_resize_not_nearest():
+    violations = find_violations(resize_model("linear"), FixOptions())
+    assert [(v.constraint, v.value, v.fixed_by) for v in violations] == [("resize-mode", "linear", "resize-nearest")]
+    assert find_violations(resize_model("nearest"), FixOptions()) == []
+    assert find_violations(resize_model("linear"), FixOptions(require_nearest_resize=False)) == []
+
+
+def test_upsample_not_nearest():
+    violations = find_violations(resize_model("linear", op="Upsample", opset=9), FixOptions())
+    assert [(v.op, v.constraint) for v in violations] == [("Upsample", "resize-mode")]
+
+
+def test_dropout_and_identity_left():
+    nodes = [helper.make_node("Dropout", ["x"], ["d"], name="drop"),
+             helper.make_node("Identity", ["d"], ["i"], name="ident"),
+             helper.make_node("Relu", ["i"], ["y"], name="relu")]
+    model = _model(nodes, [_vi("x", [1, 8])], [_vi("y", None)])
+    violations = find_violations(model, FixOptions())
+    assert [(v.node, v.constraint, v.fixed_by) for v in violations] == [
+        ("drop", "leftover-op", "cleanup"), ("ident", "leftover-op", "cleanup")]
+
+
+def test_identity_from_graph_input_to_graph_output_cannot_be_cleaned():
+    model = _model([helper.make_node("Identity", ["x"], ["y"], name="ident")], [_vi("x", [1, 8])],
+                   [_vi("y", [1, 8])])
+    violations = find_violations(model, FixOptions())
+    assert [(v.constraint, v.fixed_by) for v in violations] == [("leftover-op", None)]
+
+
+def test_forbidden_ops():
+    model = _conv_chain()
+    violations = find_violations(model, FixOptions(forbidden_ops=("Relu", "Gather")))
+    assert [(v.node, v.constraint, v.value, v.fixed_by) for v in violations] == [
+        ("relu", "forbidden-op", "Relu", None)]
+    assert find_violations(model, FixOptions(forbidden_ops=("Gather",))) == []
+
+
+def test_kernel_and_stride_limits():
+    model = _conv_chain(kernel=7, strides=[4, 4], pads=[3, 3, 3, 3])
+    violations = find_violations(model, FixOptions(max_kernel=5, max_stride=2))
+    assert [(v.node, v.constraint, v.value, v.limit) for v in violations] == [
+        ("conv2", "max-kernel", [7, 7], 5), ("conv2", "max-stride", [4, 4], 2)]
+    assert find_violations(model, FixOptions(max_kernel=7, max_stride=4)) == []
+
+
+# --- shapes ---------------------------------------------------------------------------------------
+
+
+def test_dynamic_graph_input_and_output():
+    model = _conv_chain()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    violations = find_violations(model, FixOptions())
+    assert [(v.node, v.op, v.constraint, v.value, v.fixed_by) for v in violations] == [
+        ("x", "graph input", "dynamic-shape", "[N,8,8,8]", "--input-shape"),
+        ("y", "graph output", "dynamic-shape", "[N,8,6,6]", "--input-shape"),
+    ]
+    # freezing the input (as --input-shape does) makes the output static too
+    assert find_violations(model, FixOptions(input_shapes={"x": (1, 8, 8, 8)})) == []
+
+
+def test_output_declared_symbolic_but_inferred_static_is_clean():
+    model = _conv_chain()
+    model.graph.output[0].CopyFrom(_vi("y", ["N", 8, "H", "W"]))
+    assert find_violations(model, FixOptions()) == []
+
+
+def test_unknown_intermediate_shape_where_it_starts():
+    # Shape -> Abs is opaque to onnx's data propagation, so Reshape's output shape is unknown; fold-constants
+    # evaluates Shape -> Abs into a constant. The Relu after it inherits the unknown shape and is not reported.
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("Abs", ["s"], ["s_abs"], name="abs"),
+             helper.make_node("Reshape", ["x", "s_abs"], ["r"], name="reshape"),
+             helper.make_node("Relu", ["r"], ["q"], name="relu"),
+             helper.make_node("Relu", ["q"], ["y"], name="relu2")]
+    model = _model(nodes, [_vi("x", [1, 8, 4, 4])], [_vi("y", [1, 8, 4, 4])])
+    violations = find_violations(model, FixOptions())
+    assert [(v.node, v.constraint, v.fixed_by) for v in violations] == [("reshape", "unknown-shape", "fold-constants")]
+
+
+def test_data_dependent_shape_is_not_fixable():
+    nodes = [helper.make_node("NonZero", ["x"], ["nz"], name="nonzero"),
+             helper.make_node("Cast", ["nz"], ["y"], name="cast", to=F)]
+    model = _model(nodes, [_vi("x", [1, 8])], [_vi("y", [2, 3])])
+    violations = find_violations(model, FixOptions())
+    assert [(v.node, v.constraint, v.fixed_by) for v in violations] == [("nonzero", "unknown-shape", None)]
+
+
+def test_unknown_shape_is_reported_where_it_starts_not_again_at_the_output():
+    # a custom op without shape inference: its output and everything after it are unknown
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("Foo", ["a"], ["b"], name="foo", domain="com.vendor"),
+             helper.make_node("Relu", ["b"], ["y"], name="relu2")]
+    graph = helper.make_graph(nodes, "g", [_vi("x", [1, 8])], [_vi("y", None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.vendor", 1)],
+                              ir_version=8)
+    violations = find_violations(model, FixOptions())
+    assert [(v.node, v.constraint, v.fixed_by) for v in violations] == [("foo", "unknown-shape", None)]
+
+
+def test_data_dependent_graph_output():
+    model = _model([helper.make_node("NonZero", ["x"], ["y"], name="nonzero")], [_vi("x", [1, 8])],
+                   [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    violations = find_violations(model, FixOptions())
+    assert [(v.node, v.op, v.constraint, v.fixed_by) for v in violations] == [
+        ("y", "graph output", "dynamic-shape", None)]
+
+
+def test_rank_above_limit():
+    shape5 = numpy_helper.from_array(np.array([1, 2, 4, 4, 4], np.int64), "shape5")
+    shape4 = numpy_helper.from_array(np.array([1, 8, 4, 4], np.int64), "shape4")
+    nodes = [helper.make_node("Reshape", ["x", "shape5"], ["r5"], name="to5d"),
+             helper.make_node("Relu", ["r5"], ["q5"], name="relu5d"),
+             helper.make_node("Reshape", ["q5", "shape4"], ["y"], name="to4d")]
+    model = _model(nodes, [_vi("x", [1, 8, 4, 4])], [_vi("y", None)], [shape5, shape4])
+    violations = find_violations(model, FixOptions(max_rank=4))
+    assert [(v.node, v.constraint, v.value, v.fixed_by) for v in violations] == [
+        ("to5d", "max-rank", 5, None), ("relu5d", "max-rank", 5, None)]
+    assert find_violations(model, FixOptions(max_rank=5)) == []
+    assert find_violations(model, FixOptions(max_rank=None)) == []
+
+
+def test_batch_above_one_where_it_starts():
+    # [1,8,4,4] -> Reshape [4,8,2,2] (batch 4 starts here) -> Relu (inherits) -> Reshape back
+    to_batch = numpy_helper.from_array(np.array([4, 8, 2, 2], np.int64), "to_batch")
+    back = numpy_helper.from_array(np.array([1, 8, 4, 4], np.int64), "back")
+    nodes = [helper.make_node("Reshape", ["x", "to_batch"], ["b"], name="s2b"),
+             helper.make_node("Relu", ["b"], ["q"], name="relu"),
+             helper.make_node("Reshape", ["q", "back"], ["y"], name="b2s")]
+    model = _model(nodes, [_vi("x", [1, 8, 4, 4])], [_vi("y", None)], [to_batch, back])
+    violations = find_violations(model, FixOptions(batch_one=True))
+    assert [(v.node, v.constraint, v.value) for v in violations] == [("s2b", "batch-one", 4)]
+    assert find_violations(model, FixOptions(batch_one=False)) == []
+    two = _conv_chain()
+    two.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
+    assert [(v.node, v.op, v.constraint) for v in find_violations(two, FixOptions(batch_one=True))] == [
+        ("x", "graph input", "batch-one")]
+
+
+def test_inconsistent_model_reports_shape_inference_without_crashing():
+    nodes = [helper.make_node("Add", ["x", "z"], ["y"], name="add")]
+    model = _model(nodes, [_vi("x", [1, 3]), _vi("z", [1, 4])], [_vi("y", None)])
+    violations = find_violations(model, FixOptions())
+    assert violations[0].constraint == "shape-inference" and violations[0].fixed_by is None
+
+
+# --- memory ---------------------------------------------------------------------------------------
+
+
+def two_branch_model():
+    """Same two-branch graph as test_memory.py: stored peak 1088 B, a depth-first order peaks at 640 B."""
+    def conv(name, src, w):
+        return helper.make_node("Conv", [src, w], [name], name=name, pads=[1, 1, 1, 1])
+
+    nodes = [conv("a1", "x", "wa1"), conv("b1", "x", "wb1"), conv("a2", "a1", "wa2"), conv("b2", "b1", "wb2"),
+             helper.make_node("Concat", ["a2", "b2"], ["y"], name="cat", axis=1)]
+    return _model(nodes, [_vi("x", [1, 1, 8, 8])], [_vi("y", [1, 2, 8, 8])],
+                  [_w("wa1", (8, 1, 3, 3)), _w("wb1", (8, 1, 3, 3)), _w("wa2", (1, 8, 3, 3)),
+                   _w("wb2", (1, 8, 3, 3))])
+
+
+def test_sram_overflow():
+    model = two_branch_model()
+    fits_after_reorder = find_violations(model, FixOptions(align=0, sram_bytes=700))
+    assert [(v.node, v.constraint, v.value, v.limit, v.fixed_by) for v in fits_after_reorder] == [
+        ("b1", "sram", 1088, 700, "reorder-memory")]
+    assert fits_after_reorder[0].text() == "b1 (Conv): sram: 1.1 KiB vs SRAM 700 B -> fixed by reorder-memory"
+    too_small = find_violations(model, FixOptions(align=0, sram_bytes=600))
+    assert [(v.constraint, v.fixed_by) for v in too_small] == [("sram", None)]
+    assert find_violations(model, FixOptions(align=0, sram_bytes=1088)) == []
+    assert find_violations(model, FixOptions(align=0, sram_bytes=None)) == []
+    # act_bytes 4: the peak is 4 * 1088
+    assert find_violations(model, FixOptions(align=0, sram_bytes=4 * 1088, act_bytes=4)) == []
+    # the claim holds: after reorder-memory the model fits in 700 bytes
+    from helpers import apply_pass
+
+    from onnx_npu_fix.passes.reorder_memory import ReorderMemoryPass
+
+    reordered, _ = apply_pass(model, ReorderMemoryPass(), align=0, sram_bytes=700)
+    assert find_violations(reordered, FixOptions(align=0, sram_bytes=700)) == []
+
+
+# --- output forms ---------------------------------------------------------------------------------
+
+
+def test_report_json_and_text():
+    model = _conv_chain(c_mid=12, pads=[8, 8, 8, 8], dilations=[8, 8])
+    report = check_model(model, FixOptions(max_dilation=4, align=8, sram_bytes=100), shapes=True)
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["clean"] is False
+    assert {v["constraint"] for v in data["violations"]} == {"dilation", "out-channels-align", "in-channels-align",
+                                                            "sram"}
+    assert set(data["violations"][0]) == {"node", "op", "constraint", "value", "limit", "fixed_by", "message"}
+    assert all(v["constraint"] in CONSTRAINTS for v in data["violations"])
+    assert data["memory"]["peak"]["bytes"] == report.memory.peak_bytes
+    assert [s["name"] for s in data["shapes"]] == ["conv1", "relu", "conv2"]
+    text = render_check(report)
+    lines = text.splitlines()
+    assert lines[len(report.violations)] == (
+        "4 violations: 3 fixable (align-channels 2, dilated-conv 1); 1 that no pass fixes")
+    assert "Activation memory" in text
+
+
+def test_shape_listing():
+    model = _conv_chain(c_mid=12, pads=[1, 1, 1, 1])
+    model.graph.node[1].name = ""
+    listing = shape_listing(model)
+    assert [(n.name, n.op) for n in listing] == [("conv1", "Conv"), ("Relu_1", "Relu"), ("conv2", "Conv")]
+    assert render_shapes(listing).splitlines() == [
+        "conv1 (Conv): x [1,8,8,8], w1 [12,8,3,3] (const) -> a [1,12,8,8]",
+        "Relu_1 (Relu): a [1,12,8,8] -> r [1,12,8,8]",
+        "conv2 (Conv): r [1,12,8,8], w2 [8,12,3,3] (const) -> y [1,8,8,8]",
+    ]
+    assert listing[0].to_json()["inputs"][0] == {"name": "x", "shape": [1, 8, 8, 8], "dtype": "float",
+                                                 "const": False}
+
+
+def test_input_shape_for_unknown_name_is_an_input_error():
+    from onnx_npu_fix.errors import InputError
+
+    with pytest.raises(InputError):
+        find_violations(_conv_chain(), FixOptions(input_shapes={"nope": (1,)}))
+
+
+def _long_chain(n_blocks):
+    w = _w("w", (8, 8, 3, 3))
+    nodes, prev = [], "x"
+    for i in range(n_blocks):
+        nodes += [helper.make_node("Conv", [prev, "w"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"),
+                  helper.make_node("Add", [f"r{i}", prev], [f"a{i}"], name=f"add{i}")]
+        prev = f"a{i}"
+    return _model(nodes, [_vi("x", [1, 8, 8, 8])], [_vi(prev, [1, 8, 8, 8])], [w])
+
+
+def test_check_scales_linearly():
+    # one pass over the graph: 4x the nodes must cost well under 16x (what a per-node graph walk would cost);
+    # the best of a few runs keeps other processes' load out of the ratio
+    options = FixOptions(**STRICT)
+    small, large = _long_chain(1000), _long_chain(4000)
+
+    def best(model, runs):
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            find_violations(model, options)
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    t_small, t_large = best(small, 3), best(large, 2)
+    assert t_large < 8 * t_small + 0.2, (t_small, t_large)
+
+
+# --- the fixed_by claims against the real passes ----------------------------------------------------
+
+
+def test_violations_claimed_fixable_are_fixed_by_the_named_passes():
+    from helpers import apply_pass
+
+    from onnx_npu_fix.passes.align_channels import AlignChannelsPass
+    from onnx_npu_fix.passes.cleanup import CleanupPass
+    from onnx_npu_fix.passes.dilated_conv import DilatedConvPass
+    from onnx_npu_fix.passes.fold_batchnorm import FoldBatchNormPass
+    from onnx_npu_fix.passes.fold_constants import FoldConstantsPass
+    from onnx_npu_fix.passes.resize_nearest import ResizeNearestPass
+
+    bn = [numpy_helper.from_array(np.full(12, v, np.float32), n) for n, v in
+          (("s", 2.0), ("b", 1.0), ("m", 0.5), ("v", 4.0))]
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], name="conv1", pads=[1, 1, 1, 1]),         # in 3: input-fixed
+        helper.make_node("BatchNormalization", ["a", "s", "b", "m", "v"], ["bn"], name="bn"),
+        helper.make_node("Identity", ["bn"], ["i"], name="ident"),
+        helper.make_node("Conv", ["i", "w2"], ["d"], name="conv2", pads=[8, 8, 8, 8], dilations=[8, 8]),
+        helper.make_node("Relu", ["d"], ["r"], name="relu"),
+        helper.make_node("Conv", ["x", "w3"], ["e"], name="conv3", pads=[1, 1, 1, 1]),          # 4 channels out
+        helper.make_node("Concat", ["r", "e"], ["k"], name="cat", axis=1),
+        helper.make_node("Resize", ["k", "", "scales"], ["u"], name="up", mode="linear"),
+        helper.make_node("Conv", ["u", "w4"], ["y"], name="conv4", pads=[1, 1, 1, 1]),          # 16 -> 5
+    ]
+    model = _model(nodes, [_vi("x", [1, 3, 16, 16])], [_vi("y", None)],
+                   [_w("w1", (12, 3, 3, 3)), _w("w2", (12, 12, 3, 3)), _w("w3", (4, 3, 3, 3)),
+                    _w("w4", (5, 16, 3, 3)), scales] + bn)
+    options = dict(max_dilation=4, align=8, concat_align=8)
+    before = find_violations(model, FixOptions(**options))
+    claimed = {v.fixed_by for v in before if v.fixable}
+    assert claimed == {"fold-batchnorm", "cleanup", "dilated-conv", "align-channels", "resize-nearest"}
+    for pass_cls in (CleanupPass, FoldConstantsPass, FoldBatchNormPass, ResizeNearestPass, AlignChannelsPass,
+                     DilatedConvPass, CleanupPass):
+        model, _ = apply_pass(model, pass_cls(), **options)
+    after = check_model(model, FixOptions(**options))
+    assert {(v.node, v.constraint) for v in after.violations} == {
+        (v.node, v.constraint) for v in before if not v.fixable} == set()
+    assert {(v.node, v.constraint) for v in after.exempt} == {("conv1", "in-channels-align"),
+                                                              ("conv3", "in-channels-align")}

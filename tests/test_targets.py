@@ -1,0 +1,519 @@
+"""Target profiles: shipped profiles load and cite their sources, user profiles work, bad profiles are refused
+with one-line InputErrors, explicit options override a profile, and every constraint of every shipped profile is
+reported by the checker on a small model that violates it."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.targets import (
+    TargetProfile,
+    _field_kind,
+    apply_target,
+    list_targets,
+    load_target,
+    parse_size,
+    render_target_list,
+    shipped_target_names,
+)
+
+TARGETS_DIR = Path(__file__).resolve().parent.parent / "onnx_npu_fix" / "targets"
+SHIPPED = {"ethos-u55", "ethos-u65", "tidl", "mdla2", "neutron", "sigmastar", "mstar-ipu", "stm32n6", "k210"}
+
+
+# --- shipped profiles -------------------------------------------------------------------------------------
+
+
+def test_the_issue_8_profiles_are_shipped():
+    assert set(shipped_target_names()) == SHIPPED
+    assert [p.name for p in list_targets()] == sorted(SHIPPED)
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_profile_loads_with_description_and_sources(name):
+    profile = load_target(name)
+    assert profile.name == name
+    assert Path(profile.path).stem == name  # file stem = name, so --target NAME finds it
+    assert profile.description
+    assert profile.sources and all(len(s) > 20 for s in profile.sources)
+    assert profile.constraints, "a profile without constraints would change nothing"
+    # Every value converts into a valid FixOptions.
+    options = apply_target(profile, FixOptions(), {})
+    for key, value in profile.constraints.items():
+        assert getattr(options, key) == value
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_constraint_line_cites_its_source(name):
+    """The rule of issue 8: each constraint with its public source in a comment next to it."""
+    text = (TARGETS_DIR / f"{name}.toml").read_text(encoding="utf-8")
+    section = re.search(r"^\[constraints\]\n(.*?)(?=^\[|\Z)", text, re.S | re.M)
+    assert section, "no [constraints] table"
+    lines = [ln for ln in section.group(1).splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    assert lines
+    for line in lines:
+        assert "#" in line, f"constraint without a source comment: {line!r}"
+        comment = line.split("#", 1)[1].strip()
+        assert len(comment) >= 20, f"source comment too thin: {line!r}"
+
+
+def test_list_targets_shows_every_profile_with_its_sources_and_notes():
+    profiles = list_targets()
+    text = render_target_list(profiles)
+    for profile in profiles:
+        assert re.search(rf"^{re.escape(profile.name)}\s+{re.escape(profile.description)}$", text, re.M)
+        for source in profile.sources:
+            assert f"  source: {source}" in text
+        for key, note in profile.notes.items():
+            assert f"  not checked: {key}: {note}" in text
+    assert "sram_bytes=2 MiB" in text  # sizes are shown in a readable unit
+    assert render_target_list([]) == ""
+
+
+def test_facts_from_the_issue_are_encoded():
+    """Spot checks of values the issue and the constraint sources state outright."""
+    k210 = load_target("k210").constraints
+    assert k210["sram_bytes"] == 2 * 1024 * 1024
+    assert (k210["max_kernel"], k210["max_stride"]) == (3, 2)
+    assert k210["forbidden_ops"] == ("PRelu",)
+    assert load_target("mstar-ipu").constraints["max_dilation"] == 4
+    mdla = load_target("mdla2").constraints
+    assert mdla["allowed_dilations"] == (1, 2, 4, 8)
+    assert set(load_target("ethos-u55").constraints["forbidden_ops"]) == {"SpaceToDepth", "DepthToSpace"}
+    assert load_target("ethos-u55").constraints == load_target("ethos-u65").constraints
+    assert load_target("neutron").constraints["concat_align"] == 8
+    assert load_target("sigmastar").constraints["align"] == 16
+    stm = load_target("stm32n6").constraints
+    assert stm["align"] == 8 and stm["batch_one"] and stm["require_nearest_resize"] and not stm["allow_batchnorm"]
+    assert "sram_bytes" not in stm  # depends on the project's memory pool: left to --sram, not guessed
+
+
+def test_every_fixoptions_field_can_be_set_from_a_profile():
+    """A field added to FixOptions with a type targets.py does not know would be unusable in profiles."""
+    for f in dataclasses.fields(FixOptions):
+        kind, _ = _field_kind(f.type)
+        assert kind is not None, f"targets.py cannot read FixOptions.{f.name}: {f.type}"
+
+
+@pytest.mark.parametrize("spelling", ["K210", "k210", " k210 ", "Ethos_U55", "MSTAR-IPU"])
+def test_names_ignore_case_and_underscores(spelling):
+    assert load_target(spelling).name == spelling.strip().lower().replace("_", "-")
+
+
+# --- options precedence -------------------------------------------------------------------------------------
+
+
+def test_explicit_options_override_the_profile_and_the_profile_overrides_the_base():
+    profile = load_target("mstar-ipu")
+    base = FixOptions(align=4, seed=7, max_dilation=None)
+    options = apply_target(profile, base, {"max_dilation": 2})
+    assert options.max_dilation == 2  # explicit beats the profile's 4
+    assert options.align == 16  # profile beats the base's 4
+    assert options.concat_align == 16
+    assert options.seed == 7  # untouched by the profile: the base stays
+    assert apply_target(profile, base, {}).max_dilation == 4
+    assert base.align == 4  # the base object is not modified (frozen, replaced)
+
+
+def test_explicit_none_clears_a_profile_limit():
+    options = apply_target(load_target("k210"), FixOptions(), {"sram_bytes": None, "max_kernel": None})
+    assert options.sram_bytes is None and options.max_kernel is None
+    assert options.max_stride == 2
+
+
+def test_apply_target_refuses_unknown_explicit_options():
+    with pytest.raises(InputError, match="unknown option"):
+        apply_target(load_target("k210"), FixOptions(), {"max_dilations": 3})
+
+
+# --- user profiles --------------------------------------------------------------------------------------------
+
+
+USER_PROFILE = """
+[target]
+description = "our board"
+sources = ["datasheet rev 3, table 12"]
+
+[constraints]
+max_dilation = 6           # datasheet
+allowed_dilations = [1, 2, 3, 6]
+sram_bytes = "384KiB"
+act_bytes = 2
+forbidden_ops = ["SpaceToDepth"]
+s2b_layout = "batch"
+max_approx_error = 1       # an int where a float is expected is fine
+input_shapes = { audio = [1, 1, 16000] }
+
+[notes]
+pooling = "MaxPool 2x2 only"
+"""
+
+
+def test_user_profile_file(tmp_path):
+    path = tmp_path / "board-v3.toml"
+    path.write_text(USER_PROFILE, encoding="utf-8")
+    profile = load_target(str(path))
+    assert profile.name == "board-v3"  # no [target] name: the file stem
+    assert profile.path == str(path)
+    c = profile.constraints
+    assert c["max_dilation"] == 6
+    assert c["allowed_dilations"] == (1, 2, 3, 6)
+    assert c["sram_bytes"] == 384 * 1024
+    assert c["forbidden_ops"] == ("SpaceToDepth",)
+    assert c["max_approx_error"] == 1.0 and isinstance(c["max_approx_error"], float)
+    assert c["input_shapes"] == {"audio": (1, 1, 16000)}
+    assert profile.notes == {"pooling": "MaxPool 2x2 only"}
+
+    options = apply_target(profile, FixOptions(), {"act_bytes": 4})
+    assert options.act_bytes == 4 and options.s2b_layout == "batch" and options.sram_bytes == 393216
+    assert "board-v3  our board" in render_target_list([profile])
+
+
+def test_user_profile_with_a_name_and_without_the_toml_suffix(tmp_path, monkeypatch):
+    (tmp_path / "myboard").write_text('[target]\nname = "mine"\n[constraints]\nalign = 32  # spec\n')
+    monkeypatch.chdir(tmp_path)
+    profile = load_target("myboard")
+    assert profile.name == "mine" and profile.constraints == {"align": 32}
+
+
+def test_empty_user_profile_changes_nothing(tmp_path):
+    path = tmp_path / "empty.toml"
+    path.write_text("")
+    profile = load_target(str(path))
+    assert profile == TargetProfile("empty", "", (), {}, {}, str(path))
+    assert apply_target(profile, FixOptions(), {}) == FixOptions()
+    assert "constraints: (none" in render_target_list([profile])
+
+
+BAD_PROFILES = [
+    ("[constraints]\nmax_dilations = 4\n", "unknown key 'max_dilations' in [constraints]; did you mean 'max_dilation'"),
+    ("[constraints]\nmax_dilation = \"4\"\n", "max_dilation must be an integer, got string '4'"),
+    ("[constraints]\nmax_dilation = true\n", "max_dilation must be an integer, got boolean"),
+    ("[constraints]\nmax_dilation = 0\n", "max_dilation must be >= 1"),
+    ("[constraints]\nalign = -8\n", "align must be >= 0"),
+    ("[constraints]\nbatch_one = 1\n", "batch_one must be true or false, got integer"),
+    ("[constraints]\nallowed_dilations = [1, \"2\"]\n", "allowed_dilations must be a list of integers"),
+    ("[constraints]\nallowed_dilations = 4\n", "allowed_dilations must be a list of integers"),
+    ("[constraints]\nallowed_dilations = [0, 1]\n", "values must be >= 1"),
+    ("[constraints]\nresize_mode = \"bilinear\"\n", "resize_mode must be one of nearest, exact"),
+    ("[constraints]\nforbidden_ops = [\"Prelu\"]\n", "'Prelu' is not an ONNX op type (did you mean 'PRelu'?)"),
+    ("[constraints]\nforbidden_ops = \"PRelu\"\n", "forbidden_ops must be a list of strings"),
+    ("[constraints]\nsram_bytes = \"384KB\"\n", "binary unit"),
+    ("[constraints]\nsram_bytes = -1\n", "cannot be negative"),
+    ("[constraints]\nmax_approx_error = \"big\"\n", "max_approx_error must be a number"),
+    ("[constraints]\ninput_shapes = { x = [1, 0] }\n", "dimension < 1"),
+    ("[constraint]\nalign = 8\n", "unknown table [constraint]"),
+    ("constraints = 3\n", "constraints must be a table"),
+    ("[target]\nvendor = \"x\"\n", "unknown key 'vendor' in [target]"),
+    ("[target]\nsources = \"a url\"\n", "sources must be a list of strings"),
+    ("[target]\nname = \"\"\n", "name must be a non-empty string"),
+    ("[notes]\nx = 3\n", "[notes] x must be a string"),
+    ("[constraints\nalign = 8\n", "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize(("content", "message"), BAD_PROFILES)
+def test_bad_profile_gives_one_line_input_error(tmp_path, content, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(content)
+    with pytest.raises(InputError) as info:
+        load_target(str(path))
+    text = str(info.value)
+    assert message in text
+    assert str(path) in text  # says which file
+    assert "\n" not in text
+    assert info.value.exit_code == 2
+
+
+def test_unknown_target_name_lists_the_valid_ones():
+    with pytest.raises(InputError) as info:
+        load_target("sigmastr")
+    text = str(info.value)
+    assert "unknown target 'sigmastr'" in text and "did you mean 'sigmastar'" in text
+    for name in SHIPPED:
+        assert name in text
+    assert ".toml" in text and "\n" not in text
+
+
+def test_missing_directory_and_binary_profile_files(tmp_path):
+    with pytest.raises(InputError, match="not found"):
+        load_target(str(tmp_path / "nope.toml"))
+    folder = tmp_path / "dir.toml"
+    folder.mkdir()
+    with pytest.raises(InputError, match="not a file"):
+        load_target(str(folder))
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(InputError, match="not UTF-8"):
+        load_target(str(binary))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("2MiB", 2 << 20), ("384KiB", 384 << 10), ("384 kib", 384 << 10), ("1.5KiB", 1536), ("4096", 4096),
+     ("4096B", 4096), ("1G", 1 << 30), (0, 0), (123, 123)],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["384KB", "2 MB", "lots", "1.3B", "", "-5KiB", True])
+def test_parse_size_refuses(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+# --- every constraint of every shipped profile is reported by the checker --------------------------------------
+#
+# For each profile: a small model that satisfies all of its constraints gives no violation (the control), and for
+# each constraint a model that breaks exactly that one is reported at the offending node with the checker's
+# constraint name. Profile settings that relax npufix's defaults (align = 0, allow_batchnorm = true,
+# require_nearest_resize = false) are shown to take effect: the same model is reported under the defaults and not
+# under the profile.
+
+# Options that choose how passes rewrite, not what the checker reports.
+OPTION_ONLY = {"resize_mode", "act_bytes", "s2b_layout", "bn_standalone"}
+
+
+def _vi(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _w(name, shape):
+    return numpy_helper.from_array((np.ones(shape) / np.prod(shape[1:])).astype(np.float32), name)
+
+
+def _const(name, values, dtype=np.int64):
+    return numpy_helper.from_array(np.asarray(values, dtype), name)
+
+
+def _model(nodes, inputs, inits=(), outputs=("y",)):
+    graph = helper.make_graph(nodes, "t", [_vi(n, s) for n, s in inputs], [_vi(n, None) for n in outputs],
+                              initializer=list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)  # declares the output shapes
+    onnx.checker.check_model(model)
+    return model
+
+
+def _conv(name, x, y, c_in, c_out, k=3, stride=1, dilation=1, group=1):
+    pad = dilation * (k - 1) // 2
+    node = helper.make_node("Conv", [x, f"{name}_w"], [y], name=name, kernel_shape=[k, k], strides=[stride] * 2,
+                            dilations=[dilation] * 2, pads=[pad] * 4, group=group)
+    return node, _w(f"{name}_w", [c_out, c_in // group, k, k])
+
+
+def clean_model():
+    """Conv 16 -> 16 (3x3, stride 1, dilation 1) -> Relu -> Concat with the input (16 + 16) -> nearest x2."""
+    conv, w = _conv("conv", "x", "c", 16, 16)
+    nodes = [
+        conv,
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Concat", ["r", "x"], ["cat"], name="concat", axis=1),
+        helper.make_node("Resize", ["cat", "", "scales"], ["y"], name="up", mode="nearest"),
+    ]
+    return _model(nodes, [("x", [1, 16, 8, 8])], [w, numpy_helper.from_array(
+        np.array([1, 1, 2, 2], np.float32), "scales")])
+
+
+def dilated_model(d):
+    conv, w = _conv("conv_dilated", "x", "y", 16, 16, dilation=d)
+    return _model([conv], [("x", [1, 16, 32, 32])], [w])
+
+
+def unaligned_conv_model(align):
+    """Conv 16 -> 1.5 * align channels -> Conv back to 16: the middle tensor is not a multiple of ``align``."""
+    odd = align + align // 2
+    conv1, w1 = _conv("conv_unaligned", "x", "m", 16, odd, k=1)
+    conv2, w2 = _conv("conv_back", "m", "y", odd, 16, k=1)
+    return _model([conv1, conv2], [("x", [1, 16, 8, 8])], [w1, w2])
+
+
+def unaligned_concat_model(align):
+    node = helper.make_node("Concat", ["x", "z"], ["y"], name="concat_unaligned", axis=1)
+    return _model([node], [("x", [1, 16, 8, 8]), ("z", [1, align // 2, 8, 8])])
+
+
+def batch_from_input_model():
+    conv, w = _conv("conv", "x", "y", 16, 16)
+    return _model([conv], [("x", [2, 16, 8, 8])], [w])
+
+
+def batch_inside_model():
+    """What a space-to-batch rewrite with the batch layout produces: batch 2 from a batch-1 input."""
+    conv, w = _conv("conv", "b", "y", 16, 16)
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["b"], name="to_batch2"), conv]
+    return _model(nodes, [("x", [1, 32, 8, 8])], [_const("shape", [2, 16, 8, 8]), w])
+
+
+def rank5_model():
+    nodes = [
+        helper.make_node("Reshape", ["x", "s5"], ["r5"], name="to_rank5"),
+        helper.make_node("Reshape", ["r5", "s4"], ["y"], name="from_rank5"),
+    ]
+    return _model(nodes, [("x", [1, 16, 8, 8])], [_const("s5", [1, 2, 8, 8, 8]), _const("s4", [1, 16, 8, 8])])
+
+
+def batchnorm_model():
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn")
+    params = [numpy_helper.from_array(np.full(16, v, np.float32), n) for n, v in
+              (("s", 1.0), ("b", 0.0), ("m", 0.0), ("v", 1.0))]
+    return _model([node], [("x", [1, 16, 8, 8])], params)
+
+
+def bilinear_model():
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up_linear", mode="linear")
+    return _model([node], [("x", [1, 16, 8, 8])], [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32),
+                                                                           "scales")])
+
+
+def big_kernel_model(k):
+    conv, w = _conv("conv_big_kernel", "x", "y", 16, 16, k=k)
+    return _model([conv], [("x", [1, 16, 16, 16])], [w])
+
+
+def strided_model(s):
+    conv, w = _conv("conv_strided", "x", "y", 16, 16, stride=s)
+    return _model([conv], [("x", [1, 16, 24, 24])], [w])
+
+
+def large_activation_model(budget, act_bytes):
+    """A Relu whose input alone exceeds the budget (input and output are live together)."""
+    side = int(np.ceil(np.sqrt(budget / (16 * act_bytes)))) + 8
+    return _model([helper.make_node("Relu", ["x"], ["y"], name="relu_big")], [("x", [1, 16, side, side])])
+
+
+FORBIDDEN_OP_MODELS = {
+    "SpaceToDepth": lambda: _model([helper.make_node("SpaceToDepth", ["x"], ["y"], name="s2d", blocksize=2)],
+                                   [("x", [1, 16, 8, 8])]),
+    "DepthToSpace": lambda: _model([helper.make_node("DepthToSpace", ["x"], ["y"], name="d2s", blocksize=2)],
+                                   [("x", [1, 16, 8, 8])]),
+    "PRelu": lambda: _model([helper.make_node("PRelu", ["x", "slope"], ["y"], name="prelu")],
+                            [("x", [1, 16, 8, 8])],
+                            [numpy_helper.from_array(np.full((16, 1, 1), 0.25, np.float32), "slope")]),
+}
+FORBIDDEN_OP_NODES = {"SpaceToDepth": "s2d", "DepthToSpace": "d2s", "PRelu": "prelu"}
+
+
+def violations_for(key, value, options):
+    """[(description, model, node, constraint)] that break the profile constraint ``key = value``."""
+    if key == "max_dilation":
+        return [(f"dilation {2 * value}", dilated_model(2 * value), "conv_dilated", "dilation")]
+    if key == "allowed_dilations":
+        limit = options.max_dilation or max(value)
+        odd = next(d for d in range(2, limit + 1) if d not in value)  # passes max_dilation, not in the set
+        return [(f"dilation {odd}", dilated_model(odd), "conv_dilated", "dilation-allowed")]
+    if key == "align":
+        return [(f"{value + value // 2} channels", unaligned_conv_model(value), "conv_unaligned",
+                 "out-channels-align")]
+    if key == "concat_align":
+        return [(f"Concat of 16 + {value // 2}", unaligned_concat_model(value), "concat_unaligned",
+                 "concat-align")]
+    if key == "batch_one":
+        return [("batch-2 graph input", batch_from_input_model(), "x", "batch-one"),
+                ("batch 2 inside the graph", batch_inside_model(), "to_batch2", "batch-one")]
+    if key == "max_rank":
+        assert value == 4, "rank5_model assumes a rank limit of 4"
+        return [("rank-5 tensor", rank5_model(), "to_rank5", "max-rank")]
+    if key == "forbidden_ops":
+        return [(op, FORBIDDEN_OP_MODELS[op](), FORBIDDEN_OP_NODES[op], "forbidden-op") for op in value]
+    if key == "allow_batchnorm":
+        return [("BatchNormalization", batchnorm_model(), "bn", "batchnorm")]
+    if key == "require_nearest_resize":
+        return [("bilinear Resize", bilinear_model(), "up_linear", "resize-mode")]
+    if key == "max_kernel":
+        return [(f"kernel {value + 2}", big_kernel_model(value + 2), "conv_big_kernel", "max-kernel")]
+    if key == "max_stride":
+        return [(f"stride {value + 1}", strided_model(value + 1), "conv_strided", "max-stride")]
+    if key == "sram_bytes":
+        return [("activation above the SRAM budget", large_activation_model(value, options.act_bytes),
+                 "relu_big", "sram")]
+    raise AssertionError(f"no violating model for {key}")
+
+
+# Settings that relax npufix's defaults: (key, value) -> (model, constraints that must then stay silent).
+RELAXED = {
+    ("align", 0): (lambda: unaligned_conv_model(8), {"in-channels-align", "out-channels-align"}),
+    ("allow_batchnorm", True): (batchnorm_model, {"batchnorm"}),
+    ("require_nearest_resize", False): (bilinear_model, {"resize-mode"}),
+}
+
+
+def _strict_items(profile):
+    return [(k, v) for k, v in profile.constraints.items() if k not in OPTION_ONLY and (k, v) not in RELAXED]
+
+
+def _cases(kind):
+    for profile in list_targets():
+        if kind == "strict":
+            for key, _value in _strict_items(profile):
+                yield pytest.param(profile.name, key, id=f"{profile.name}-{key}")
+        else:
+            for key, value in profile.constraints.items():
+                if (key, value) in RELAXED:
+                    yield pytest.param(profile.name, key, id=f"{profile.name}-{key}")
+
+
+@pytest.fixture(scope="module")
+def checker():
+    return pytest.importorskip("onnx_npu_fix.constraints")
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_clean_model_satisfies_every_profile(checker, name):
+    options = apply_target(load_target(name), FixOptions(), {})
+    assert checker.find_violations(clean_model(), options) == []
+
+
+# Each constraint switched off, for the control below.
+OFF = {"max_dilation": None, "allowed_dilations": None, "align": 0, "concat_align": 0, "batch_one": False,
+       "max_rank": None, "forbidden_ops": (), "allow_batchnorm": True, "require_nearest_resize": False,
+       "max_kernel": None, "max_stride": None, "sram_bytes": None}
+
+
+@pytest.mark.parametrize(("name", "key"), list(_cases("strict")))
+def test_profile_constraint_is_reported(checker, name, key):
+    profile = load_target(name)
+    options = apply_target(profile, FixOptions(), {})
+    cases = violations_for(key, profile.constraints[key], options)
+    assert cases
+    for description, model, node, constraint in cases:
+        found = checker.find_violations(model, options)
+        hits = [v for v in found if v.node == node and v.constraint == constraint]
+        assert hits, f"{name}: {description} not reported as {constraint} at {node}; got {[str(v) for v in found]}"
+        # The control: the same profile with this one constraint switched off does not report it.
+        relaxed = dataclasses.replace(options, **{key: OFF[key]})
+        assert not [v for v in checker.find_violations(model, relaxed)
+                    if v.node == node and v.constraint == constraint]
+
+
+@pytest.mark.parametrize(("name", "key"), list(_cases("relaxed")))
+def test_profile_relaxation_takes_effect(checker, name, key):
+    profile = load_target(name)
+    build, silenced = RELAXED[(key, profile.constraints[key])]
+    model = build()
+    under_defaults = {v.constraint for v in checker.find_violations(model, FixOptions())}
+    assert under_defaults & silenced, "the model must violate npufix's default for this to mean anything"
+    under_profile = {v.constraint for v in checker.find_violations(model, apply_target(profile, FixOptions(), {}))}
+    assert not under_profile & silenced
+
+
+def test_every_profile_constraint_is_exercised():
+    """No shipped constraint escapes the tests above: each is checked strictly, as a relaxation, or is an
+    option that only steers a pass."""
+    for profile in list_targets():
+        options = apply_target(profile, FixOptions(), {})
+        for key, value in profile.constraints.items():
+            if key in OPTION_ONLY or (key, value) in RELAXED:
+                continue
+            assert key in OFF, f"{profile.name}: {key} has no 'switched off' value for the control"
+            assert violations_for(key, value, options), f"{profile.name}: {key}"
