@@ -13,7 +13,9 @@ import os
 import tempfile
 from collections.abc import Sequence
 
+import numpy as np
 import onnx
+import onnx.external_data_helper
 from google.protobuf.message import DecodeError
 
 from onnx_npu_fix.errors import InputError
@@ -35,7 +37,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     if os.path.getsize(path) == 0:
         raise InputError(f"{path}: empty file, expected an ONNX model")
     try:
-        model = onnx.load(path)
+        model = onnx.load(path, load_external_data=False)
     except DecodeError as exc:
         raise InputError(f"{path}: not an ONNX model (protobuf decode failed: {exc}); "
                          f"was the file truncated?") from None
@@ -43,9 +45,19 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise InputError(f"{path}: external data file missing ({exc.filename or exc}); "
                          f"keep the .data file next to the model") from None
     except Exception as exc:  # noqa: BLE001 - onnx raises many types for unreadable files
-        raise InputError(f"{path}: cannot load as ONNX ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+        raise InputError(f"{path}: cannot load as ONNX ({type(exc).__name__}: {_first_line(exc)})") from None
     if not model.HasField("graph") or model.ir_version <= 0 or not model.opset_import:
         raise InputError(f"{path}: not an ONNX model (no graph, IR version or opset); is it another protobuf?")
+    base_dir = os.path.dirname(os.path.abspath(path))
+    for location in sorted(external_data_files(model, base_dir)):
+        if not os.path.isfile(location):
+            raise InputError(f"{path}: external data file {location} is missing; keep the .data file next to "
+                             f"the model")
+    try:
+        onnx.external_data_helper.load_external_data_for_model(model, base_dir)
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"{path}: cannot read external data ({type(exc).__name__}: {_first_line(exc)})") from None
+    densify_sparse_initializers(model)
     if not model.graph.output:
         raise InputError(f"{path}: the graph has no outputs; nothing to validate or fix")
     try:
@@ -54,23 +66,86 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         else:
             onnx.checker.check_model(path)
     except Exception as exc:  # noqa: BLE001
-        raise InputError(f"{path}: the model fails the onnx checker: {str(exc).strip().splitlines()[0]}") from None
+        raise InputError(f"{path}: the model fails the onnx checker: {_first_line(exc)}") from None
     return model
 
 
-def check_output_path(output: str | os.PathLike, input_path: str | os.PathLike | None = None) -> None:
-    """Fail early (before any work) when ``output`` cannot be written or would overwrite the input."""
+def external_data_files(model: onnx.ModelProto, base_dir: str) -> set[str]:
+    """Absolute paths of the external data files ``model``'s initializers refer to."""
+    files = set()
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    files.add(os.path.normpath(os.path.join(base_dir, entry.value)))
+    return files
+
+
+def has_external_data(path: str | os.PathLike) -> bool:
+    """Whether the model file at ``path`` keeps tensors in external data files (its output will too)."""
+    try:
+        header = onnx.load(os.fspath(path), load_external_data=False)
+    except Exception:  # noqa: BLE001
+        return False
+    return _uses_external_data(header)
+
+
+def densify_sparse_initializers(model: onnx.ModelProto) -> None:
+    """Replace sparse initializers by dense ones (shape inference and most compilers ignore sparse ones)."""
+    graph = model.graph
+    for sparse in graph.sparse_initializer:
+        values = onnx.numpy_helper.to_array(sparse.values)
+        indices = onnx.numpy_helper.to_array(sparse.indices).astype(np.int64)
+        dims = tuple(sparse.dims)
+        dense = np.zeros(int(np.prod(dims, dtype=np.int64)), dtype=values.dtype)
+        flat = indices if indices.ndim == 1 else np.ravel_multi_index(indices.T, dims)
+        dense[flat] = values
+        graph.initializer.append(onnx.numpy_helper.from_array(dense.reshape(dims), sparse.values.name))
+    del graph.sparse_initializer[:]
+
+
+def check_output_path(output: str | os.PathLike, input_path: str | os.PathLike | None = None, *,
+                      what: str = "-o") -> None:
+    """Fail early (before any work) when ``output`` cannot be written or would overwrite the input.
+
+    Protected: the input file and its external data files. Refused: empty paths, directories, existing
+    non-regular files (a FIFO or device would be replaced by the atomic rename), unwritable directories and
+    names the file system cannot hold (probed by creating and removing a file there).
+    """
     output = os.fspath(output)
-    if (input_path is not None and os.path.exists(output) and os.path.exists(input_path)
-            and os.path.samefile(output, os.fspath(input_path))):
-        raise InputError(f"-o {output} is the input file; npufix never modifies its input, choose another path")
+    if not output:
+        raise InputError(f"{what}: empty path")
+    protected: set[str] = set()
+    if input_path is not None and os.path.isfile(input_path):
+        protected.add(os.path.abspath(input_path))
+        try:
+            header = onnx.load(os.fspath(input_path), load_external_data=False)
+            protected |= external_data_files(header, os.path.dirname(os.path.abspath(input_path)))
+        except Exception:  # noqa: BLE001 - an unreadable input is reported by load_model
+            pass
+    for candidate in (output, output + ".data"):
+        for guarded in protected:
+            if os.path.exists(candidate) and os.path.exists(guarded) and os.path.samefile(candidate, guarded):
+                raise InputError(f"{what} {output} is the input or its external data ({guarded}); npufix never "
+                                 f"modifies its input, choose another path")
     directory = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(directory):
-        raise InputError(f"-o {output}: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK):
-        raise InputError(f"-o {output}: directory {directory} is not writable")
     if os.path.isdir(output):
-        raise InputError(f"-o {output}: is a directory, expected a file path")
+        raise InputError(f"{what} {output}: is a directory, expected a file path")
+    if os.path.lexists(output) and not os.path.isfile(output):
+        raise InputError(f"{what} {output}: exists and is not a regular file (a device or FIFO); choose a file path")
+    if not os.path.isdir(directory):
+        what_is = "is not a directory" if os.path.exists(directory) else "does not exist"
+        raise InputError(f"{what} {output}: directory {directory} {what_is}")
+    probe = os.path.join(directory, os.path.basename(output))
+    if not os.path.exists(probe):
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise InputError(f"{what} {output}: cannot write there ({exc.strerror})") from None
+    elif not os.access(probe, os.W_OK) or not os.access(directory, os.W_OK):
+        raise InputError(f"{what} {output}: not writable")
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
@@ -83,7 +158,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
     directory = os.path.dirname(path)
     if external_data is None:
         external_data = model.ByteSize() >= _TWO_GB or _uses_external_data(model)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=".npufix-", suffix=".tmp", dir=directory)
     os.close(fd)
     data_name = os.path.basename(path) + ".data"
     tmp_data = None
@@ -105,6 +180,10 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if tmp_data is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_data)
+                os.rmdir(os.path.dirname(tmp_data))
         raise
 
 
@@ -132,3 +211,8 @@ def fix(model: onnx.ModelProto, options: FixOptions | None = None,
     options = options or FixOptions()
     prepare(model, options)
     return run_passes(model, options, list(passes) if passes is not None else select_passes())
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]

@@ -29,7 +29,16 @@ Example (the CI step before a vendor compiler):
 
 
 class _InputProblem(click.ClickException):
+    """Exit 2 with a one-line message: control characters in names or paths are escaped, never printed raw."""
+
     exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(_one_line(message))
+
+
+def _one_line(text: str) -> str:
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def _parse_input_shape(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
@@ -133,6 +142,8 @@ def main(ctx: click.Context, model: str | None, output: str | None, target: str 
         options = _build_options(ctx, target, opts)
         if check:
             loaded = api.load_model(model)
+            if report_path:
+                _check_report_path(report_path, model, None)
             exit_code, checked = _run_check(loaded, options, output_format, dump_shapes, quiet)
             if report_path:
                 _write_json(report_path, _record(model, None, options, None, time.perf_counter() - started,
@@ -140,7 +151,10 @@ def main(ctx: click.Context, model: str | None, output: str | None, target: str 
             ctx.exit(exit_code)
         passes = api.select_passes(_split_names(only), _split_names(skip) or ())
         api.check_output_path(output, model)
+        if report_path:
+            _check_report_path(report_path, model, output)
         loaded = api.load_model(model)
+        external = api.has_external_data(model)
         result = api.fix(loaded, options, passes)
     except InputError as exc:
         raise _InputProblem(str(exc)) from None
@@ -163,7 +177,10 @@ def main(ctx: click.Context, model: str | None, output: str | None, target: str 
         from onnx_npu_fix.constraints import check_model
 
         checked = check_model(result.model, options, shapes=dump_shapes)
-        api.save_model(result.model, output)
+        try:
+            api.save_model(result.model, output, external_data=external or None)
+        except OSError as exc:
+            raise _InputProblem(f"cannot write {output}: {exc.strerror or exc}; nothing written") from None
         written = output
         if report.final is not None:
             kind = "exact" if report.final.criterion.startswith("|a-b|") else "approximate"
@@ -185,7 +202,10 @@ def main(ctx: click.Context, model: str | None, output: str | None, target: str 
         _say(quiet, f"wrote {output}")
     record = _record(model, written, options, result, time.perf_counter() - started, exit_code, checked)
     if report_path:
-        _write_json(report_path, record)
+        try:
+            _write_json(report_path, record)
+        except OSError as exc:
+            raise _InputProblem(f"cannot write the report {report_path}: {exc.strerror or exc}") from None
     if output_format == "json":
         click.echo(json.dumps(record, indent=2, default=str))
     ctx.exit(exit_code)
@@ -329,9 +349,24 @@ def _record(model_path: str, output_path: str | None, options: FixOptions, resul
     return record
 
 
+def _check_report_path(report_path: str, model: str, output: str | None) -> None:
+    """The report must not land on the input or the output model, and must be writable (checked up front)."""
+    from onnx_npu_fix import api
+
+    for other, what in ((model, "the input model"), (output, "the output model")):
+        if other and os.path.abspath(report_path) == os.path.abspath(other):
+            raise InputError(f"--report {report_path} is {what}; choose another path")
+    api.check_output_path(report_path, model, what="--report")
+
+
 def _write_json(path: str, data: dict[str, Any]) -> None:
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

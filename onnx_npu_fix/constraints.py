@@ -378,6 +378,13 @@ def _check_conv_channels(ctx: _Context, node: onnx.NodeProto, w_shape: Shape, gr
         else:
             ctx.add(node, "in-channels-align", n_in, align, "align-channels", f"input channels{what}")
     if n_out % align:
+        depthwise = group > 1 and group == c_in
+        if depthwise and node.input[0] in ctx.input_fixed and not ctx.options.align_io:
+            # A depthwise conv's output count follows its input count, which a graph input fixes here.
+            ctx.exempt.append(Violation(
+                node.name, node.op_type, "out-channels-align", n_out, align, None,
+                f"depthwise output channels follow graph input {node.input[0]}; --align-io pads them in the graph"))
+            return
         # align-channels pads the filters and, where a consumer needs the real tensor (graph outputs too),
         # slices the real channels back out, so output channels are always fixable.
         ctx.add(node, "out-channels-align", n_out, align, "align-channels", f"output channels{what}")

@@ -74,6 +74,8 @@ class GraphIndex:
                 self.consumers.setdefault(outer, []).append(node)
         self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
         self.graph_inputs: list[str] = [i.name for i in graph.input if i.name not in self.initializers]
+        # An initializer also listed as a graph input is only a default: the caller may feed another value.
+        self.overridable: set[str] = {i.name for i in graph.input if i.name in self.initializers}
         self.graph_outputs: list[str] = [o.name for o in graph.output]
         self.output_set = set(self.graph_outputs)
         self.elem_types: dict[str, int] = {}
@@ -92,7 +94,7 @@ class GraphIndex:
     # constants -----------------------------------------------------------------------------------
     def const_value(self, name: str) -> np.ndarray | None:
         """The value of ``name`` if it is an initializer (not overridable by a graph input) or a Constant."""
-        if name in self.initializers and name not in self.graph_inputs:
+        if name in self.initializers and name not in self.overridable:
             return numpy_helper.to_array(self.initializers[name], base_dir=self.base_dir)
         node = self.producer.get(name)
         if node is not None and node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
@@ -102,7 +104,7 @@ class GraphIndex:
     base_dir: str = ""
 
     def is_const(self, name: str) -> bool:
-        if name in self.initializers and name not in self.graph_inputs:
+        if name in self.initializers and name not in self.overridable:
             return True
         node = self.producer.get(name)
         return node is not None and node.op_type == "Constant"
@@ -284,7 +286,7 @@ def private_initializer(index: GraphIndex, editor: GraphEditor, node: onnx.NodeP
     """
     name = node.input[slot] if slot < len(node.input) else ""
     readers = index.consumers_of(name) if name else []
-    if (name and name in index.initializers and name not in index.graph_inputs
+    if (name and name in index.initializers and name not in index.overridable
             and len(readers) == 1 and name not in index.output_set):
         set_initializer(index, name, value)
         return
@@ -296,7 +298,8 @@ def private_initializer(index: GraphIndex, editor: GraphEditor, node: onnx.NodeP
 
 
 def remove_unused_initializers(graph: onnx.GraphProto) -> list[str]:
-    used: set[str] = set(o.name for o in graph.output)
+    # Initializers that are also graph inputs belong to the model's interface: never removed.
+    used: set[str] = {o.name for o in graph.output} | {i.name for i in graph.input}
     for node in graph.node:
         used.update(node.input)
         used.update(subgraph_outer_inputs(node))
@@ -306,11 +309,6 @@ def remove_unused_initializers(graph: onnx.GraphProto) -> list[str]:
         kept = [_copy_tensor(t) for t in keep]
         del graph.initializer[:]
         graph.initializer.extend(kept)
-        input_names = {i.name for i in graph.input}
-        if input_names & set(removed):
-            inputs = [_copy_vi(i) for i in graph.input if i.name not in set(removed)]
-            del graph.input[:]
-            graph.input.extend(inputs)
     return removed
 
 
@@ -340,15 +338,17 @@ def _copy_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
     return c
 
 
-def _copy_vi(v: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
-    c = onnx.ValueInfoProto()
-    c.CopyFrom(v)
-    return c
-
-
 def name_unnamed_nodes(graph: onnx.GraphProto) -> int:
-    """Give every unnamed node a unique name (``<op>_<n>``) so reports can point at it. Returns the count."""
-    used = {n.name for n in graph.node if n.name}
+    """Give every unnamed node, and every repeat of a name, a unique name (``<op>_<n>``) so reports can point
+    at it (onnxruntime also refuses duplicate node names). Returns the count of renamed nodes."""
+    used: set[str] = set()
+    first: set[str] = set()
+    for node in graph.node:
+        if node.name and node.name not in first:
+            first.add(node.name)
+            used.add(node.name)
+        elif node.name:
+            node.name = ""  # a repeat: renamed below
     count = 0
     for i, node in enumerate(graph.node):
         if node.name:
@@ -390,7 +390,7 @@ def infer_shapes(model: onnx.ModelProto) -> None:
                 out.type.CopyFrom(new.type)
 
 
-_LIGHT_LIMIT = 4096  # bytes; initializers above this are replaced by data-less stand-ins for inference
+_LIGHT_LIMIT = 1024  # elements; initializers above this are replaced by data-less stand-ins for inference
 
 
 def _without_large_data(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -405,7 +405,7 @@ def _without_large_data(model: onnx.ModelProto) -> onnx.ModelProto:
     graph.output.extend(model.graph.output)
     graph.sparse_initializer.extend(model.graph.sparse_initializer)
     for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL or t.ByteSize() > _LIGHT_LIMIT:
+        if t.data_location == onnx.TensorProto.EXTERNAL or _numel(t) > _LIGHT_LIMIT:
             stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
             stub.data_location = onnx.TensorProto.EXTERNAL
             stub.external_data.add(key="location", value="__npufix_shape_only__")
@@ -413,6 +413,13 @@ def _without_large_data(model: onnx.ModelProto) -> onnx.ModelProto:
         else:
             graph.initializer.append(t)
     return light
+
+
+def _numel(t: onnx.TensorProto) -> int:
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n
 
 
 def set_input_shapes(model: onnx.ModelProto, shapes: dict[str, Sequence[int]]) -> None:

@@ -22,6 +22,7 @@ Feeds = dict[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
 
 _TWO_GB = 2**31 - 1
+_MAX_INPUT_BYTES = 4 << 30  # random validation inputs above this are refused (the machine would swap or die)
 
 _NUMPY_OF_ONNX = {
     onnx.TensorProto.FLOAT: np.float32,
@@ -64,7 +65,12 @@ def make_inputs(model: onnx.ModelProto, n: int, seed: int) -> list[Feeds]:
             raise InputError(f"input '{vi.name}' has element type "
                              f"{onnx.TensorProto.DataType.Name(elem)}, which validation cannot generate; "
                              f"use --no-validate")
-        specs.append((vi.name, tuple(shape_of_value_info(vi) or ()), dtype))
+        shape = tuple(shape_of_value_info(vi) or ())
+        nbytes = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
+        if nbytes * n > _MAX_INPUT_BYTES:
+            raise InputError(f"input '{vi.name}' {format_shape(shape)} needs {nbytes / 2**30:.1f} GiB per validation "
+                             f"input; use --no-validate or a smaller --input-shape")
+        specs.append((vi.name, shape, dtype))
     feeds: list[Feeds] = []
     for _ in range(n):
         feed: Feeds = {}
@@ -212,6 +218,13 @@ class _Accumulator:
         self.integer = False
 
     def add(self, ref: np.ndarray, cand: np.ndarray, rtol: float) -> None:
+        if not (np.issubdtype(ref.dtype, np.number) or ref.dtype == np.bool_):
+            # strings / objects: equal or not
+            self.integer = True
+            if not np.array_equal(ref, cand):
+                self.max_abs = max(self.max_abs, 1.0)
+                self.non_finite_mismatch = True
+            return
         if not np.issubdtype(ref.dtype, np.floating):
             self.integer = True
             ref64, cand64 = ref.astype(np.float64), cand.astype(np.float64)

@@ -7,6 +7,7 @@ so the space-to-batch rewrite works on channel counts that are already aligned a
 
 from __future__ import annotations
 
+from onnx_npu_fix.passes.align_channels import AlignChannelsPass
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.passes.cleanup import CleanupPass
 from onnx_npu_fix.passes.fold_batchnorm import FoldBatchNormPass
@@ -19,6 +20,7 @@ DEFAULT_ORDER: tuple[type[Pass], ...] = (
     FoldConstantsPass,
     FoldBatchNormPass,
     ResizeNearestPass,
+    AlignChannelsPass,
 )
 
 # Every pass by name: the default ones, plus opt-in passes that run only when named with --passes.
