@@ -64,7 +64,7 @@ def _split_names(value: str | None) -> list[str] | None:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 118},
                epilog=EXAMPLE)
-@click.argument("model", required=False, type=click.Path(dir_okay=True))
+@click.argument("models", nargs=-1, type=click.Path(dir_okay=True))
 @click.option("-o", "--output", type=click.Path(), help="Where to write the fixed model (written atomically).")
 @click.option("--target", help="An NPU profile (see --list-targets) or a path to a profile .toml; explicit options "
                                "override it.")
@@ -117,7 +117,7 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("-v", "--verbose", count=True, help="More detail: every change and rejection (-vv: tracebacks).")
 @click.version_option(__version__, "--version")
 @click.pass_context
-def main(ctx: click.Context, model: str | None, output: str | None, target: str | None, list_targets: bool,
+def main(ctx: click.Context, models: tuple[str, ...], output: str | None, target: str | None, list_targets: bool,
          check: bool, output_format: str, dump_shapes: bool, only: str | None, skip: str | None,
          list_passes: bool, report_path: str | None, quiet: bool, verbose: int, **opts: Any) -> None:
     """Rewrite an ONNX MODEL so embedded NPU compilers accept it, and prove with onnxruntime that the
@@ -132,22 +132,30 @@ def main(ctx: click.Context, model: str | None, output: str | None, target: str 
 
         click.echo(targets.render_target_list(targets.list_targets()), nl=False)
         return
-    if model is None:
+    if not models:
         raise click.UsageError("missing MODEL (an .onnx file)")
+    if len(models) > 1 and (not check or report_path):
+        raise click.UsageError("several MODELs are only accepted by --check without --report (e.g. a pre-commit hook)")
     if output is None and not check:
         raise click.UsageError("missing -o/--output (where to write the fixed model), or use --check")
+    model = models[0]
     started = time.perf_counter()
     _setup_logging(quiet, verbose)
     try:
         options = _build_options(ctx, target, opts)
         if check:
-            loaded = api.load_model(model)
-            if report_path:
-                _check_report_path(report_path, model, None)
-            exit_code, checked = _run_check(loaded, options, output_format, dump_shapes, quiet)
-            if report_path:
-                _write_json(report_path, _record(model, None, options, None, time.perf_counter() - started,
-                                                 exit_code, checked))
+            exit_code = 0
+            for path in models:
+                if len(models) > 1 and output_format == "text":
+                    click.echo(f"== {path}")
+                loaded = api.load_model(path)
+                if report_path:
+                    _check_report_path(report_path, path, None)
+                code, checked = _run_check(loaded, options, output_format, dump_shapes, quiet)
+                exit_code = max(exit_code, code)
+                if report_path:
+                    _write_json(report_path, _record(path, None, options, None, time.perf_counter() - started,
+                                                     code, checked))
             ctx.exit(exit_code)
         passes = api.select_passes(_split_names(only), _split_names(skip) or ())
         api.check_output_path(output, model)
@@ -344,7 +352,10 @@ def _record(model_path: str, output_path: str | None, options: FixOptions, resul
     }
     if result is not None:
         record.update(result.report.to_json())
+    else:  # a check run: same keys, nothing ran
+        record.update({"passes": [], "final_validation": None, "validation_note": None, "warnings": []})
     record["violations"] = [v.to_json() for v in checked.violations] if checked is not None else None
+    record["exempt"] = [v.to_json() for v in checked.exempt] if checked is not None else None
     record["memory"] = checked.memory.to_json() if checked is not None and checked.memory else None
     return record
 

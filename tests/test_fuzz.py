@@ -6,7 +6,7 @@ For each generated model and random options, the full default pass list must
   - leave no violation of a constraint that some pass claims to fix (dilation, channel alignment, BatchNorm,
     non-nearest Resize), unless that pass reported a blocking rejection explaining why.
 
-CI runs NPUFIX_FUZZ_EXAMPLES (default 150) derandomized examples; `make fuzz` runs thousands with fresh seeds.
+CI runs NPUFIX_FUZZ_EXAMPLES (default 400) derandomized examples; `make fuzz` runs thousands with fresh seeds.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import numpy as np
 import onnx
 import pytest
 from helpers import assert_equivalent
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
 from onnx_npu_fix.options import FixOptions
 
-EXAMPLES = int(os.environ.get("NPUFIX_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("NPUFIX_FUZZ_EXAMPLES", "400"))
 
 constraints = pytest.importorskip("onnx_npu_fix.constraints")
 
@@ -154,7 +154,7 @@ def random_model(draw):
     spatial = tuple(draw(st.integers(6, 40 if rank == 1 else 14)) for _ in range(rank))
     m = ModelDraw(draw, rank)
     tensors = [("x", channels, spatial)]
-    for _ in range(draw(st.integers(1, 6))):
+    for _ in range(draw(st.integers(2, 9))):
         kind = draw(st.sampled_from(["conv", "conv", "conv", "bn", "act", "pool", "resize", "join"]))
         src = draw(st.sampled_from(tensors[-3:]))
         if kind == "join":
@@ -206,6 +206,9 @@ def test_every_pass_preserves_outputs_and_meets_constraints(model, options):
     assert failed is None, (failed.name, failed.error)
     assert result.ok, result.report.final.to_json() if result.report.final else None
     approximate = any(not p.exact and p.changes for p in result.report.passes)
+    for record in result.report.passes:
+        if record.changes:
+            event(f"{record.name} changed the model")  # shown by --hypothesis-show-statistics
     onnx.checker.check_model(result.model)
     if not approximate:
         assert_equivalent(original, result.model, seeds=(11, 12))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from onnx_npu_fix.passes.align_channels import AlignChannelsPass
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.passes.cleanup import CleanupPass
+from onnx_npu_fix.passes.dilated_conv import DilatedConvPass
 from onnx_npu_fix.passes.fold_batchnorm import FoldBatchNormPass
 from onnx_npu_fix.passes.fold_constants import FoldConstantsPass
 from onnx_npu_fix.passes.reorder_memory import ReorderMemoryPass
@@ -21,6 +22,7 @@ DEFAULT_ORDER: tuple[type[Pass], ...] = (
     FoldBatchNormPass,
     ResizeNearestPass,
     AlignChannelsPass,
+    DilatedConvPass,
 )
 
 # Every pass by name: the default ones, plus opt-in passes that run only when named with --passes.

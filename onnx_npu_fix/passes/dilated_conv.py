@@ -1,0 +1,782 @@
+"""Pass ``dilated-conv``: no Conv keeps a dilation above ``max_dilation`` (or outside ``allowed_dilations``).
+
+Space-to-batch, exactly. On one spatial axis a Conv with kernel K, dilation D, stride s and pads (pb, pe)
+computes, on the padded input ``xp`` (length Lp = L + pb + pe)::
+
+    y[o] = sum_j w[j] * xp[o*s + j*D]            o = 0 .. O-1,  O = (Lp - (K-1)*D - 1) // s + 1
+
+Pick a block size k dividing D (D = k*D') and cut ``xp`` into k phases, ``X[r][q] = xp[q*k + r]``. Every tap
+of output o then lies in one phase, because j*D is a multiple of k::
+
+    y[o] = sum_j w[j] * X[(o*s) % k][(o*s) // k + j*D']
+
+With stride 1 the outputs o = m*k + t read phase t at rows m + j*D': each phase is a Conv with dilation D',
+and output m of phase t is y[m*k + t] (TensorFlow's SpaceToBatchND / BatchToSpaceND algebra). With a stride,
+let p = gcd(k, s) and T = k / p. Output o = m*T + t reads phase (t*s) % k at row m*(s/p) + (t*s)//k + j*D';
+the row offset (t*s)//k is the same (0) for every t exactly when ``s | k`` or ``k | s`` — then the kept phases
+are r = 0, p, 2p, ... (a Slice with step p, T of them), and each is a Conv with stride s/p and dilation D'.
+Otherwise phases would need different offsets, which one Conv cannot do, so k is only chosen among divisors
+of D with ``s % k == 0 or k % s == 0``; when there is none the node is left with a blocking Rejection.
+
+k is the smallest such divisor with D/k <= ``max_dilation`` (and D/k in ``allowed_dilations`` when set; a
+dilation of 1 is always acceptable): D=8, max 4 -> k=2; D=128, max 4 -> k=32; D=5, max 4 -> k=5. An axis
+whose kernel extent is 1 only has its dilation reset (it reads one tap; the dilation is meaningless).
+
+Per split axis the conv reads exactly ``q*k`` samples, where q = (ceil(O/T) - 1)*(s/p) + (K-1)*D' + 1 is the
+shortest per-phase length that yields ceil(O/T) outputs. Whole blocks of k padding samples are whole zero
+rows of every phase, so the new Conv pads them itself (pads floor(pb/k) and floor(E/k) rows, E the end padding
+needed — never more than the original pads, divided by k); only the remainders (< k per side) go into an
+explicit Pad, which disappears when the Conv's pads and the length are multiples of k (the usual TCN case;
+tpu-mlir 1.30.2 also fails to compile a Pad -> Reshape pair there). The per-phase outputs are interleaved back
+and a Slice crops to O. When k divides the stride (T = 1) only phase 0 is read: the split is a strided Slice
+``[0 : q*k : k]`` (which also drops the trailing samples the floor mode ignores) and no phase axis is needed
+("direct" in the report).
+
+MACs: the Conv computes T*ceil(O/T) outputs where the original computed O, so the conv MAC count is unchanged
+whenever T divides O (e.g. a TCN with L a multiple of k) and otherwise grows by fewer than T output positions
+per axis; the report gives each node's MACs before/after and the metrics the whole graph's. Nodes added per
+conv: spatial 1-D at most 5 (Pad, Reshape, phase Slice with a stride, Reshape, Slice; 2 Reshapes on a TCN),
+channel/batch 1-D at most 8, 2-D dilated on both axes at most 12.
+
+Layouts (``s2b_layout``), all exact, all built from Pad, Reshape, Slice, Transpose and Conv with constant
+shape inputs and static shapes, no tensor above rank 4 for 1-D and 2-D convs::
+
+    spatial  (1-D convs: [B,C,L], or [B,C,1,L]/[B,C,L,1] with kernel 1 on the unit axis)
+             x (-> Pad) -> Reshape [B,C,q,k] (-> Slice phases step p) -> Conv kernel [K,1], dilation [D',1],
+             stride [s/p,1], pads on the row axis only -> Reshape [B,M,oq*T] (-> Slice [0:O])
+             The phases are a trailing axis the [K,1] kernel never mixes: no Transpose, no weight tiling,
+             batch unchanged, rank 4. Weights are reshaped [M,C/g,K] -> [M,C/g,K,1].
+    channel  phases to channels, phase-major (channel r*C + c), so any group works: group g -> g*T and the
+             weights (and bias) tiled T times along the output axis. Per split axis:
+             Reshape [B, C*S<a*q, k, S>a] (-> Slice) -> Transpose(0,2,1,3) -> Reshape [B, T*C, ..., q, ...]
+             and the mirror image after the Conv. A conv dilated on both axes is split one axis after the
+             other, so every intermediate tensor stays 4-D (consecutive Reshapes are merged). Batch unchanged.
+    batch    phases to the batch axis, [B,C,L] -> [T*B,C,q] (phase-major), same Reshape/Transpose pattern
+             with B folded into the second axis; no weight tiling. For NPUs that accept batch > 1.
+    auto     spatial for 1-D convs; channel for everything else (Ethos-U, Neutron, TIDL want batch 1 and
+             <= 4-D tensors); batch when channel is impossible (weights not constant) and ``batch_one`` is
+             off; within those, the first layout whose ops avoid ``forbidden_ops``.
+
+A forced ``spatial`` on a genuinely 2-D conv is impossible at rank 4 without a Transpose (the phase index is
+the innermost one of the innermost conv axis); that node falls back to ``channel`` with a warning, or is
+rejected when Transpose is forbidden.
+
+QDQ: when the Conv input comes from a per-tensor int8/uint8 DequantizeLinear, the input-side Pad (with the
+zero point as pad value) / Reshape / Slice / Transpose run on the quantized tensor before a copy of that DQ,
+and when the Conv's only consumer is a per-tensor QuantizeLinear, the output side runs after a copy of that
+Q: the DQ -> Conv -> Q pattern that quantized compilers fuse stays adjacent, and the moved ops are exact on
+integers (padding with the zero point dequantizes to 0). A weight (or bias) read through DequantizeLinear
+keeps its DQ: the quantized initializer is reshaped/tiled (and a per-output-channel scale/zero point tiled
+with it); a DQ also read elsewhere gets a private copy.
+
+Left alone with a blocking Rejection: a non-static input shape (the reason names ``--input-shape``), an
+unknown kernel, stride with no usable k, opset < 11, layouts whose needed ops are forbidden, channel layout
+with non-constant weights when batch is not possible, and ConvTranspose with a dilation above the limit
+(not rewritten by this pass).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnx_npu_fix.graph import (
+    ConvGeometry,
+    GraphEditor,
+    GraphIndex,
+    conv_geometry,
+    conv_macs,
+    format_shape,
+    get_attr,
+    node_macs,
+    opset_version,
+    private_initializer,
+    set_attr,
+)
+from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+
+LAYOUTS = ("auto", "spatial", "channel", "batch")
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+_MIN_OPSET = 11  # Pad with a pads input, Slice with steps
+_MOVABLE_QTYPES = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
+
+
+class _Skip(Exception):
+    """A candidate cannot be rewritten (in one layout); the message is the reason."""
+
+
+# --- choosing k ----------------------------------------------------------------------------------------
+
+
+def dilation_ok(d: int, max_dilation: int | None, allowed: Sequence[int] | None) -> bool:
+    """Whether a dilation of ``d`` satisfies the target (1 always does: an undilated conv)."""
+    if d == 1:
+        return True
+    if max_dilation is not None and d > max_dilation:
+        return False
+    return allowed is None or d in allowed
+
+
+def block_size(dilation: int, *, max_dilation: int | None, allowed: Sequence[int] | None = None,
+               stride: int = 1) -> int | None:
+    """The smallest divisor k of ``dilation`` with dilation/k acceptable and ``stride % k == 0 or
+    k % stride == 0`` (the condition for an exact phase split with one Conv); None if there is none."""
+    for k in range(1, dilation + 1):
+        if dilation % k or not dilation_ok(dilation // k, max_dilation, allowed):
+            continue
+        if stride % k == 0 or k % stride == 0:
+            return k
+    return None
+
+
+# --- plan --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Split:
+    """One spatial axis cut into k phases (see the module docstring for the symbols)."""
+
+    axis: int  # spatial axis index (0 = first spatial axis)
+    k: int
+    dilation: int
+    stride: int
+    kernel: int
+    length: int  # L
+    pad_begin: int
+    pad_end: int
+    out_len: int  # O
+
+    @property
+    def step(self) -> int:  # p: keep every p-th phase
+        return math.gcd(self.k, self.stride)
+
+    @property
+    def phases(self) -> int:  # T
+        return self.k // self.step
+
+    @property
+    def new_dilation(self) -> int:
+        return self.dilation // self.k
+
+    @property
+    def new_stride(self) -> int:
+        return self.stride // self.step
+
+    @property
+    def out_q(self) -> int:  # outputs per phase
+        return -(-self.out_len // self.phases)
+
+    @property
+    def q(self) -> int:  # rows per phase on the input side
+        return (self.out_q - 1) * self.new_stride + (self.kernel - 1) * self.new_dilation + 1
+
+    @property
+    def end_adjust(self) -> int:  # samples to add (or, if negative, drop) after the begin pad
+        return self.q * self.k - self.length - self.pad_begin
+
+    # Whole blocks of k padding samples are whole zero rows of every phase: the new Conv pads them itself.
+    @property
+    def rows_begin(self) -> int:
+        return self.pad_begin // self.k
+
+    @property
+    def rows_end(self) -> int:
+        return max(self.end_adjust, 0) // self.k
+
+    @property
+    def q_data(self) -> int:  # rows per phase the data path carries (q minus the rows the Conv pads)
+        return self.q - self.rows_begin - self.rows_end
+
+
+@dataclass
+class _Step:
+    """One emitted op on the data path: ``op(current, *consts)`` with ``shape`` as its output shape."""
+
+    op: str
+    tag: str
+    shape: list[int]
+    consts: list[Any] = field(default_factory=list)  # np.ndarray -> new initializer, str -> existing tensor
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _QIn:
+    dq: onnx.NodeProto  # per-tensor DequantizeLinear feeding the conv input
+    zero_point: np.ndarray | None
+
+
+@dataclass
+class _Plan:
+    node: onnx.NodeProto
+    layout: str
+    splits: list[_Split]
+    reset_axes: dict[int, int]  # kernel-1 axes whose dilation is only reset: axis -> new dilation
+    pre: list[_Step]
+    post: list[_Step]
+    conv_attrs: dict[str, Any]
+    conv_shape: list[int]
+    weight_op: str  # "keep" | "reshape" | "tile"
+    weight_shape: list[int]
+    tile: int
+    q_in: _QIn | None
+    q_out: onnx.NodeProto | None
+    macs_before: int
+    macs_after: int
+    warning: str | None = None
+
+
+# --- the pass ----------------------------------------------------------------------------------------
+
+
+class DilatedConvPass(Pass):
+    name = "dilated-conv"
+    summary = "rewrite Conv with dilation > --max-dilation by an exact space-to-batch (Pad/Reshape/Slice)"
+    exact = True
+
+    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+        result = PassResult()
+        if options.max_dilation is None and options.allowed_dilations is None:
+            return result
+        if options.s2b_layout not in LAYOUTS:
+            raise ValueError(f"s2b_layout must be one of {', '.join(LAYOUTS)}, not {options.s2b_layout!r}")
+        index = GraphIndex(model)
+        opset = opset_version(model)
+        macs_before = conv_macs(model, index)
+
+        # --- find (read-only) ---
+        plans: list[_Plan] = []
+        for node in model.graph.node:
+            if node.domain not in _DEFAULT_DOMAINS or node.op_type not in ("Conv", "ConvTranspose"):
+                continue
+            dilations = [int(d) for d in (get_attr(node, "dilations") or [])]
+            if all(dilation_ok(d, options.max_dilation, options.allowed_dilations) for d in dilations):
+                continue
+            if node.op_type == "ConvTranspose":
+                result.rejections.append(Rejection(
+                    node.name, node.op_type, f"ConvTranspose dilations {dilations} are not rewritten by "
+                    f"dilated-conv", blocking=True))
+                continue
+            try:
+                plans.append(_plan(index, node, options, opset))
+            except _Skip as skip:
+                result.rejections.append(Rejection(node.name, node.op_type, str(skip), blocking=True))
+
+        # --- rewrite ---
+        editor = GraphEditor(index)
+        rewritten_readers: dict[str, int] = {}
+        for plan in plans:
+            if plan.q_in is not None:
+                name = plan.q_in.dq.output[0]
+                rewritten_readers[name] = rewritten_readers.get(name, 0) + 1
+        weight_bytes_added = 0
+        nodes_added = 0
+        macs_after = macs_before
+        for plan in plans:
+            new_nodes, added_bytes = _rewrite(index, editor, plan)
+            node = plan.node
+            editor.replace(node, new_nodes)
+            added = len(new_nodes) - 1
+            if plan.q_out is not None:
+                editor.remove(plan.q_out)  # its copy sits right after the new conv
+                added -= 1
+            if plan.q_in is not None:
+                dq_out = plan.q_in.dq.output[0]
+                if (dq_out not in index.output_set
+                        and rewritten_readers[dq_out] == len(index.consumers_of(dq_out))):
+                    # Every reader now goes through its own copy: drop the original once.
+                    editor.remove(plan.q_in.dq)
+                    rewritten_readers[dq_out] = -1
+                    added -= 1
+            weight_bytes_added += added_bytes
+            nodes_added += added
+            macs_after += plan.macs_after - plan.macs_before
+            geo_old = [int(d) for d in get_attr(node, "dilations")]
+            new_dil = list(geo_old)
+            for a, d in plan.reset_axes.items():
+                new_dil[a] = d
+            for sp in plan.splits:
+                new_dil[sp.axis] = sp.new_dilation
+            detail: dict[str, Any] = {
+                "k": {f"axis{2 + s.axis}": s.k for s in plan.splits},
+                "layout": plan.layout,
+                "nodes_added": added,
+                "macs": [plan.macs_before, plan.macs_after],
+            }
+            if any(s.stride > 1 for s in plan.splits):
+                detail["strides"] = {f"axis{2 + s.axis}": [s.stride, s.new_stride] for s in plan.splits}
+            if plan.reset_axes:
+                detail["dilation_reset_kernel1"] = {f"axis{2 + a}": d for a, d in plan.reset_axes.items()}
+            if plan.tile > 1:
+                detail["weight_tiling"] = plan.tile
+                detail["weight_bytes_added"] = added_bytes
+            if plan.q_in is not None or plan.q_out is not None:
+                detail["qdq"] = {"input_moved_before_dq": plan.q_in is not None,
+                                 "output_moved_after_q": plan.q_out is not None}
+            action = "space-to-batch" if plan.splits else "dilation reset (kernel 1)"
+            result.changes.append(Change(node.name, "Conv", action, old={"dilations": geo_old},
+                                         new={"dilations": new_dil}, detail=detail))
+            if plan.warning:
+                result.warnings.append(plan.warning)
+        editor.commit()
+        if plans:
+            result.metrics.update({
+                "conv_macs_before": macs_before,
+                "conv_macs_after": macs_after,
+                "convs_rewritten": len(plans),
+                "nodes_added": nodes_added,
+                "weight_bytes_added": weight_bytes_added,
+            })
+        return result
+
+
+# --- planning ----------------------------------------------------------------------------------------
+
+
+def _plan(index: GraphIndex, node: onnx.NodeProto, options: FixOptions, opset: int) -> _Plan:
+    x_name = node.input[0]
+    in_shape = index.static_shape(x_name)
+    if in_shape is None:
+        shape = index.shape(x_name)
+        graph_inputs = ", ".join(index.graph_inputs) or "<input>"
+        raise _Skip(f"input '{x_name}' has no static shape ({format_shape(shape)}); the phase split needs "
+                    f"static lengths: freeze the graph inputs with --input-shape (inputs: {graph_inputs})")
+    w_shape = index.static_shape(node.input[1]) if len(node.input) > 1 else None
+    if w_shape is None:
+        raise _Skip("weight shape unknown")
+    if len(in_shape) < 3 or len(w_shape) != len(in_shape):
+        raise _Skip(f"unexpected ranks: input {list(in_shape)}, weight {list(w_shape)}")
+    if opset < _MIN_OPSET:
+        raise _Skip(f"opset {opset} < {_MIN_OPSET} (Pad needs its pads as an input); convert the model first")
+    geo = conv_geometry(index, node)
+    if not geo.resolved:
+        raise _Skip(f"auto_pad {geo.auto_pad} could not be resolved")
+    n = geo.rank
+    spatial_in = list(in_shape[2:])
+    out_lens = [geo.output_length(a, spatial_in[a]) for a in range(n)]
+    if min(out_lens) < 1:
+        raise _Skip(f"output length {out_lens} < 1: the Conv is invalid")
+
+    splits: list[_Split] = []
+    reset: dict[int, int] = {}
+    for a, d in enumerate(geo.dilations):
+        if dilation_ok(d, options.max_dilation, options.allowed_dilations):
+            continue
+        if geo.kernel[a] == 1:
+            reset[a] = 1  # one tap: any dilation computes the same thing
+            continue
+        k = block_size(d, max_dilation=options.max_dilation, allowed=options.allowed_dilations,
+                       stride=geo.strides[a])
+        if k is None:
+            if geo.strides[a] > 1 and block_size(d, max_dilation=options.max_dilation,
+                                                 allowed=options.allowed_dilations) is not None:
+                raise _Skip(f"dilation {d} with stride {geo.strides[a]} on axis {2 + a}: no block size k "
+                            f"dividing {d} with an acceptable {d}/k is a divisor or a multiple of the "
+                            f"stride, and only then is the phase split one exact Conv")
+            raise _Skip(f"dilation {d} on axis {2 + a}: no divisor k gives an acceptable dilation {d}/k")
+        begin, end = geo.pad_pair(a)
+        splits.append(_Split(axis=a, k=k, dilation=d, stride=geo.strides[a], kernel=geo.kernel[a],
+                             length=spatial_in[a], pad_begin=begin, pad_end=end, out_len=out_lens[a]))
+
+    phased = [s for s in splits if s.phases > 1]
+    one_d = len(phased) == 1 and all(
+        spatial_in[a] == 1 and geo.kernel[a] == 1 and geo.pad_pair(a) == (0, 0)
+        for a in range(n) if a != phased[0].axis)
+    weights = _weight_source(index, node.input[1])
+    bias = _weight_source(index, node.input[2]) if len(node.input) > 2 and node.input[2] else None
+
+    if not phased:
+        candidates: list[tuple[str, str | None]] = [("direct", None)]
+    elif options.s2b_layout == "auto":
+        candidates = [("spatial", None)] if one_d else []
+        candidates.append(("channel", None))
+        if not options.batch_one:
+            candidates.append(("batch", None))
+    elif options.s2b_layout == "spatial" and not one_d:
+        candidates = [("channel", f"{node.name}: the spatial layout needs a 1-D conv (the other spatial "
+                                  f"axes of extent 1, kernel 1, no pads); used the channel layout (emits "
+                                  f"Transpose)")]
+    elif options.s2b_layout == "batch" and options.batch_one:
+        candidates = [("batch", f"{node.name}: the batch layout runs the conv with batch > 1 although the "
+                                f"target requires batch 1")]
+    else:
+        candidates = [(options.s2b_layout, None)]
+
+    reasons = []
+    for layout, warning in candidates:
+        try:
+            plan = _plan_layout(index, node, geo, layout, splits, reset, list(in_shape), list(w_shape),
+                                out_lens, weights, bias, options)
+        except _Skip as skip:
+            reasons.append(f"{layout}: {skip}")
+            continue
+        plan.warning = warning
+        return plan
+    raise _Skip("; ".join(reasons))
+
+
+def _plan_layout(index: GraphIndex, node: onnx.NodeProto, geo: ConvGeometry, layout: str,
+                 splits: list[_Split], reset: dict[int, int], in_shape: list[int], w_shape: list[int],
+                 out_lens: list[int], weights: dict[str, Any] | None, bias: dict[str, Any] | None,
+                 options: FixOptions) -> _Plan:
+    n = geo.rank
+    batch, channels = in_shape[0], in_shape[1]
+    out_channels = w_shape[0]
+    tile = math.prod(s.phases for s in splits) if layout == "channel" else 1  # T = 1 for strided axes
+    q_in = _quantized_input(index, node)
+    q_out = _quantized_output(index, node)
+    pre: list[_Step] = []
+    post: list[_Step] = []
+    cur = list(in_shape)
+
+    # One Pad for all split axes: the conv's begin pad plus whatever end padding q*k needs. Phase-split axes
+    # never need fewer samples than they have (q*k >= Lp there); subsampled axes (k | s) may, and their
+    # strided Slice below simply stops at q*k.
+    pads = [0] * (2 * len(cur))
+    for s in splits:
+        pads[2 + s.axis] = s.pad_begin - s.rows_begin * s.k
+        pads[len(cur) + 2 + s.axis] = max(s.end_adjust, 0) - s.rows_end * s.k
+        cur[2 + s.axis] = s.length + pads[2 + s.axis] + pads[len(cur) + 2 + s.axis]
+        if s.phases > 1 and s.end_adjust < 0:  # pragma: no cover - excluded by the algebra above
+            raise _Skip(f"internal: negative end padding on axis {2 + s.axis}")
+    if any(pads):
+        consts: list[Any] = [np.array(pads, np.int64)]
+        if q_in is not None and q_in.zero_point is not None and q_in.zero_point.reshape(-1)[0] != 0:
+            consts.append(q_in.zero_point.reshape(()))  # pads dequantize to exactly 0
+        pre.append(_Step("Pad", "pad", list(cur), consts))
+
+    # New conv attributes: split axes lose their pads and take D/k and s/p.
+    kernel, dilations, strides = list(geo.kernel), list(geo.dilations), list(geo.strides)
+    begins, ends = list(geo.pads[:n]), list(geo.pads[n:])
+    for a, d in reset.items():
+        dilations[a] = d
+    for s in splits:
+        dilations[s.axis], strides[s.axis] = s.new_dilation, s.new_stride
+        begins[s.axis], ends[s.axis] = s.rows_begin, s.rows_end
+    group = geo.group
+
+    # k | stride: only phase 0 is read, so the split is a plain subsampling: one strided Slice, no phases.
+    strided = [s for s in splits if s.phases == 1]
+    if strided:
+        for s in strided:
+            cur[2 + s.axis] = s.q_data
+        pre.append(_Step("Slice", "subsample", list(cur), [
+            np.zeros(len(strided), np.int64), np.array([s.q_data * s.k for s in strided], np.int64),
+            np.array([2 + s.axis for s in strided], np.int64), np.array([s.k for s in strided], np.int64)]))
+    phased = [s for s in splits if s.phases > 1]
+
+    if layout == "spatial":
+        s = phased[0]
+        pre.append(_Step("Reshape", "phases", [batch, channels, s.q_data, s.k], [np.array(
+            [batch, channels, s.q_data, s.k], np.int64)]))
+        if s.step > 1:
+            pre.append(_Step("Slice", "phase_step", [batch, channels, s.q_data, s.phases],
+                             _slice_consts(3, 0, s.k, s.step)))
+        kernel, dilations, strides = [s.kernel, 1], [s.new_dilation, 1], [s.new_stride, 1]
+        begins, ends = [s.rows_begin, 0], [s.rows_end, 0]
+        conv_shape = [batch, out_channels, s.out_q, s.phases]
+        merged = [batch, out_channels] + [1] * n
+        merged[2 + s.axis] = s.out_q * s.phases
+        post.append(_Step("Reshape", "merge", merged, [np.array(merged, np.int64)]))
+        new_w_shape = [w_shape[0], w_shape[1], s.kernel, 1]
+    elif layout in ("channel", "batch"):
+        cur_n, cur_c = batch, channels
+        for s in phased:
+            sp = cur[2:]
+            a_dim = cur_c * math.prod(sp[:s.axis]) * s.q_data
+            z_dim = math.prod(sp[s.axis + 1:])
+            lead, mid = (cur_n, a_dim) if layout == "channel" else (1, cur_n * a_dim)
+            pre.append(_Step("Reshape", f"phases{2 + s.axis}", [lead, mid, s.k, z_dim],
+                             [np.array([lead, mid, s.k, z_dim], np.int64)]))
+            if s.step > 1:
+                pre.append(_Step("Slice", f"phase_step{2 + s.axis}", [lead, mid, s.phases, z_dim],
+                                 _slice_consts(2, 0, s.k, s.step)))
+            if s.phases > 1:
+                pre.append(_Step("Transpose", f"phases_out{2 + s.axis}", [lead, s.phases, mid, z_dim],
+                                 attrs={"perm": [0, 2, 1, 3]}))
+            if layout == "channel":
+                cur_c *= s.phases
+            else:
+                cur_n *= s.phases
+            sp = list(sp)
+            sp[s.axis] = s.q_data
+            cur = [cur_n, cur_c] + sp
+            pre.append(_Step("Reshape", f"phases_to_{layout}{2 + s.axis}", list(cur),
+                             [np.array(cur, np.int64)]))
+        group = geo.group * tile
+        out_sp = list(out_lens)
+        for s in phased:
+            out_sp[s.axis] = s.out_q
+        conv_shape = [cur_n, out_channels * tile] + out_sp
+        cur = list(conv_shape)
+        for s in reversed(phased):
+            o_n, o_c, sp = cur[0], cur[1], cur[2:]
+            a_dim = (o_c // s.phases if layout == "channel" else o_c) * math.prod(sp[:s.axis]) * s.out_q
+            z_dim = math.prod(sp[s.axis + 1:])
+            lead, mid = (o_n, a_dim) if layout == "channel" else (1, (o_n // s.phases) * a_dim)
+            post.append(_Step("Reshape", f"phases_in{2 + s.axis}", [lead, s.phases, mid, z_dim],
+                              [np.array([lead, s.phases, mid, z_dim], np.int64)]))
+            post.append(_Step("Transpose", f"phases_back{2 + s.axis}", [lead, mid, s.phases, z_dim],
+                              attrs={"perm": [0, 2, 1, 3]}))
+            sp = list(sp)
+            sp[s.axis] = s.out_q * s.phases
+            cur = ([o_n, o_c // s.phases] if layout == "channel" else [o_n // s.phases, o_c]) + sp
+            post.append(_Step("Reshape", f"merge{2 + s.axis}", list(cur), [np.array(cur, np.int64)]))
+        new_w_shape = [w_shape[0] * tile] + list(w_shape[1:])
+    elif layout == "direct":
+        conv_shape = [batch, out_channels] + out_lens
+        new_w_shape = list(w_shape)
+    else:  # pragma: no cover - guarded by LAYOUTS
+        raise _Skip(f"unknown layout {layout}")
+
+    # Final crop to the original output lengths.
+    final = [batch, out_channels] + out_lens
+    crop_axes = [2 + s.axis for s in splits if s.out_q * s.phases != s.out_len]
+    if crop_axes:
+        post.append(_Step("Slice", "crop", final, [
+            np.zeros(len(crop_axes), np.int64), np.array([final[a] for a in crop_axes], np.int64),
+            np.array(crop_axes, np.int64), np.ones(len(crop_axes), np.int64)]))
+
+    weight_op = "tile" if tile > 1 else "reshape" if new_w_shape != list(w_shape) else "keep"
+    _check_weight(weights, weight_op, "weights")
+    _check_weight(bias, "tile" if weight_op == "tile" else "keep", "bias")
+
+    pre, post = _merge_reshapes(pre, in_shape), _merge_reshapes(post, conv_shape)
+    emitted = {st.op for st in pre + post} | {"Conv"}
+    forbidden = sorted(emitted & set(options.forbidden_ops))
+    if forbidden:
+        raise _Skip(f"needs {', '.join(forbidden)}, which the target forbids")
+
+    conv_attrs: dict[str, Any] = {"dilations": dilations, "strides": strides, "pads": begins + ends,
+                                  "group": group}
+    if get_attr(node, "kernel_shape") is not None or layout == "spatial":
+        conv_attrs["kernel_shape"] = kernel
+    per_output = w_shape[1] * math.prod(geo.kernel)
+    macs_before = node_macs(index, node) or math.prod(final) * per_output
+    macs_after = math.prod(conv_shape) * per_output
+    return _Plan(node=node, layout=layout, splits=splits, reset_axes=reset, pre=pre, post=post,
+                 conv_attrs=conv_attrs, conv_shape=conv_shape, weight_op=weight_op,
+                 weight_shape=new_w_shape, tile=tile, q_in=q_in if pre else None,
+                 q_out=q_out if post else None, macs_before=macs_before, macs_after=macs_after)
+
+
+def _slice_consts(axis: int, start: int, end: int, step: int) -> list[Any]:
+    return [np.array([start], np.int64), np.array([end], np.int64), np.array([axis], np.int64),
+            np.array([step], np.int64)]
+
+
+def _merge_reshapes(steps: list[_Step], start_shape: Sequence[int]) -> list[_Step]:
+    """Drop Reshapes that are immediately reshaped again or that change nothing."""
+    merged: list[_Step] = []
+    for st in steps:
+        if st.op == "Reshape" and merged and merged[-1].op == "Reshape":
+            merged.pop()
+        merged.append(st)
+    out: list[_Step] = []
+    shape = list(start_shape)
+    for st in merged:
+        if st.op == "Reshape" and st.shape == shape:
+            continue
+        out.append(st)
+        shape = st.shape
+    return out
+
+
+# --- weights and QDQ -----------------------------------------------------------------------------------
+
+
+def _weight_source(index: GraphIndex, name: str) -> dict[str, Any] | None:
+    """Where a weight/bias comes from: a constant, a DequantizeLinear of constants, or something dynamic."""
+    if not name:
+        return None
+    if index.const_value(name) is not None:
+        return {"kind": "const", "name": name}
+    producer = index.producer.get(name)
+    if (producer is not None and producer.op_type == "DequantizeLinear"
+            and producer.domain in _DEFAULT_DOMAINS
+            and all(index.const_value(i) is not None for i in producer.input if i)):
+        xq = index.const_value(producer.input[0])
+        scale = index.const_value(producer.input[1])
+        axis = int(get_attr(producer, "axis", 1))
+        return {"kind": "dq", "name": name, "dq": producer, "rank": xq.ndim, "scale_size": int(scale.size),
+                "axis": axis + xq.ndim if axis < 0 else axis}
+    return {"kind": "dynamic", "name": name}
+
+
+def _check_weight(source: dict[str, Any] | None, op: str, what: str) -> None:
+    """Raise _Skip when ``op`` cannot be applied to the weight source (read-only check)."""
+    if source is None or op == "keep" or source["kind"] == "const":
+        return
+    if source["kind"] == "dynamic":
+        if op == "tile":
+            raise _Skip(f"{what} are not constant and the channel layout tiles them")
+        return  # a reshape of dynamic weights is emitted as a Reshape node
+    if int(get_attr(source["dq"], "block_size", 0) or 0):
+        raise _Skip(f"{what} use blocked quantization, which the {op} would have to re-block")
+    if source["scale_size"] > 1:
+        if op == "reshape" and source["axis"] > 1:
+            raise _Skip(f"{what} are quantized along kernel axis {source['axis']}; the reshape would move it")
+        if op == "tile" and source["axis"] != 0:
+            raise _Skip(f"{what} are quantized along axis {source['axis']}, not the output-channel axis the "
+                        f"channel layout tiles")
+
+
+def _quantized_input(index: GraphIndex, node: onnx.NodeProto) -> _QIn | None:
+    """The per-tensor 8-bit DequantizeLinear feeding the conv, if the input-side ops can move before it."""
+    dq = index.producer.get(node.input[0])
+    if dq is None or dq.op_type != "DequantizeLinear" or dq.domain not in _DEFAULT_DOMAINS:
+        return None
+    if index.elem_type(dq.input[0]) not in _MOVABLE_QTYPES or index.static_shape(dq.input[0]) is None:
+        return None
+    if not _per_tensor(index, dq):
+        return None
+    zp = index.const_value(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+    return _QIn(dq=dq, zero_point=zp)
+
+
+def _per_tensor(index: GraphIndex, qnode: onnx.NodeProto) -> bool:
+    """Constant single-element scale and zero point (or none): the same map for every element."""
+    scale = index.const_value(qnode.input[1])
+    if scale is None or scale.size != 1:
+        return False
+    if len(qnode.input) > 2 and qnode.input[2]:
+        zp = index.const_value(qnode.input[2])
+        return zp is not None and zp.size == 1
+    return True
+
+
+def _quantized_output(index: GraphIndex, node: onnx.NodeProto) -> onnx.NodeProto | None:
+    """The per-tensor QuantizeLinear that is the conv's only reader, if the output-side ops can follow it."""
+    q = index.single_consumer(node.output[0])
+    if (q is None or q.op_type != "QuantizeLinear" or q.domain not in _DEFAULT_DOMAINS
+            or q.input[0] != node.output[0] or not _per_tensor(index, q)):
+        return None
+    if len(q.input) <= 2 or not q.input[2]:
+        if int(get_attr(q, "output_dtype", 0) or 0) not in (0, *_MOVABLE_QTYPES):
+            return None
+    elif index.elem_type(q.input[2]) not in _MOVABLE_QTYPES:
+        return None
+    return q
+
+
+def _transform(value: np.ndarray, op: str, shape: Sequence[int], tile: int) -> np.ndarray:
+    if op == "reshape":
+        return value.reshape(shape)
+    if op == "tile":
+        return np.tile(value, (tile,) + (1,) * (value.ndim - 1))
+    return value
+
+
+def _new_weight(index: GraphIndex, editor: GraphEditor, node: onnx.NodeProto, slot: int, op: str,
+                shape: Sequence[int], tile: int, base: str) -> tuple[str, list[onnx.NodeProto], int]:
+    """The tensor the new conv reads at ``slot``: the weight/bias reshaped or tiled. Returns the name, nodes
+    to insert before the conv, and the bytes added."""
+    name = node.input[slot]
+    if op == "keep":
+        return name, [], 0
+    source = _weight_source(index, name)
+    assert source is not None
+    if source["kind"] == "const":
+        value = index.const_value(name)
+        new = _transform(value, op, shape, tile)
+        private_initializer(index, editor, node, slot, new)  # rewires node.input[slot] if shared
+        return node.input[slot], [], new.nbytes - value.nbytes
+    if source["kind"] == "dynamic":  # only "reshape" gets here (checked in planning)
+        node_name = index.unique_name(f"{base}/weight_2d")
+        out = index.unique_name(f"{node_name}_out")
+        shape_name = editor.add_initializer(f"{node_name}_shape", np.array(shape, np.int64))
+        return out, [helper.make_node("Reshape", [name, shape_name], [out], name=node_name)], 0
+
+    # DequantizeLinear weight: transform the quantized tensor (and per-output-channel scale/zero point when
+    # tiling); the conv keeps reading a DQ output.
+    dq = source["dq"]
+    xq = index.const_value(dq.input[0])
+    new_inputs: dict[int, np.ndarray] = {0: _transform(xq, op, shape, tile)}
+    attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
+    if op == "reshape" and int(attrs.get("axis", 1)) < 0:
+        attrs["axis"] = source["axis"]  # a negative axis would point elsewhere after the rank changes
+    added = new_inputs[0].nbytes - xq.nbytes
+    if op == "tile":
+        for i in (1, 2):
+            if len(dq.input) > i and dq.input[i]:
+                v = index.const_value(dq.input[i])
+                if v.size > 1:  # per-channel along the output axis (a bias' only axis, a weight's axis 0)
+                    new_inputs[i] = np.tile(v, tile)
+                    added += new_inputs[i].nbytes - v.nbytes
+    private_dq = index.single_consumer(dq.output[0]) is node
+    if private_dq:
+        for i, v in new_inputs.items():
+            private_initializer(index, editor, dq, i, v)
+        if "axis" in attrs:
+            set_attr(dq, "axis", attrs["axis"])
+        return dq.output[0], [], added
+    role = "weight" if slot == 1 else "bias"
+    node_name = index.unique_name(f"{base}/dq_{role}")
+    inputs = list(dq.input)
+    for i, v in new_inputs.items():
+        inputs[i] = editor.add_initializer(f"{node_name}_{('x', 'scale', 'zero_point')[i]}", v)
+    out = index.unique_name(f"{node_name}_out")
+    return out, [helper.make_node("DequantizeLinear", inputs, [out], name=node_name, **attrs)], added
+
+
+def _rewrite(index: GraphIndex, editor: GraphEditor, plan: _Plan) -> tuple[list[onnx.NodeProto], int]:
+    """The nodes that replace ``plan.node`` (pre-ops, conv, post-ops), and the weight bytes added."""
+    node = plan.node
+    base = node.name or node.output[0]
+    nodes: list[onnx.NodeProto] = []
+
+    w_name, w_nodes, w_bytes = _new_weight(index, editor, node, 1, plan.weight_op, plan.weight_shape,
+                                           plan.tile, base)
+    b_name, b_nodes, b_bytes = "", [], 0
+    if len(node.input) > 2 and node.input[2]:
+        b_name, b_nodes, b_bytes = _new_weight(index, editor, node, 2, "tile" if plan.weight_op == "tile"
+                                               else "keep", [], plan.tile, base)
+    nodes.extend(w_nodes + b_nodes)
+
+    cur = plan.q_in.dq.input[0] if plan.q_in is not None else node.input[0]
+    cur = _emit(index, editor, plan.pre, cur, base, nodes, final=None)
+    if plan.q_in is not None:
+        dq = plan.q_in.dq
+        dq_name = index.unique_name(f"{base}/dq_in")
+        out = index.unique_name(f"{dq_name}_out")
+        attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
+        nodes.append(helper.make_node("DequantizeLinear", [cur, *dq.input[1:]], [out], name=dq_name, **attrs))
+        cur = out
+
+    final_out = plan.q_out.output[0] if plan.q_out is not None else node.output[0]
+    conv_out = final_out if not plan.post and plan.q_out is None else index.unique_name(f"{base}/conv_out")
+    inputs = [cur, w_name] + ([b_name] if b_name else [])
+    # The conv keeps its name: it is the same layer, and reports point at it.
+    nodes.append(helper.make_node("Conv", inputs, [conv_out], name=node.name, **plan.conv_attrs))
+    cur = conv_out
+    if plan.q_out is not None:
+        q = plan.q_out
+        q_name = q.name or index.unique_name(f"{base}/q_out")  # the original Q is removed: keep its name
+        out = final_out if not plan.post else index.unique_name(f"{q_name}_out")
+        attrs = {a.name: helper.get_attribute_value(a) for a in q.attribute}
+        nodes.append(helper.make_node("QuantizeLinear", [cur, *q.input[1:]], [out], name=q_name, **attrs))
+        cur = out
+    _emit(index, editor, plan.post, cur, base, nodes, final=final_out)
+    return nodes, w_bytes + b_bytes
+
+
+_CONST_ROLES = {"Pad": ("pads", "value"), "Reshape": ("shape",), "Slice": ("starts", "ends", "axes", "steps")}
+
+
+def _emit(index: GraphIndex, editor: GraphEditor, steps: list[_Step], cur: str, base: str,
+          nodes: list[onnx.NodeProto], final: str | None) -> str:
+    for i, st in enumerate(steps):
+        node_name = index.unique_name(f"{base}/{st.tag}")
+        inputs = [cur]
+        for role, c in zip(_CONST_ROLES.get(st.op, ()), st.consts):
+            inputs.append(c if isinstance(c, str) else editor.add_initializer(f"{node_name}_{role}", c))
+        out = final if (final is not None and i == len(steps) - 1) else index.unique_name(f"{node_name}_out")
+        nodes.append(helper.make_node(st.op, inputs, [out], name=node_name, **st.attrs))
+        cur = out
+    return cur
