@@ -149,10 +149,12 @@ def check_output_path(output: str | os.PathLike, input_path: str | os.PathLike |
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
-    """Write ``model`` atomically: a temporary file in the target directory, then a rename.
+    """Write ``model`` atomically: temporary files in the target directory, then renames.
 
-    Models above 2 GB, or when ``external_data`` is True, keep their weights in ``<name>.data`` next to the
-    output (written fresh: onnx's writer appends to an existing data file).
+    Models above 2 GB, or when ``external_data`` is True, keep every initializer of 1 KiB or more in
+    ``<name>.data`` next to the output, written fresh (onnx's own writer appends to an existing data file and
+    checks for it relative to the working directory). In that case the written tensors' data moves out of the
+    in-memory ``model`` (it then refers to the data file), which saves a copy of the weights.
     """
     path = os.path.abspath(os.fspath(path))
     directory = os.path.dirname(path)
@@ -160,31 +162,47 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
         external_data = model.ByteSize() >= _TWO_GB or _uses_external_data(model)
     fd, tmp = tempfile.mkstemp(prefix=".npufix-", suffix=".tmp", dir=directory)
     os.close(fd)
-    data_name = os.path.basename(path) + ".data"
+    os.chmod(tmp, 0o666 & ~_umask())
     tmp_data = None
     try:
         if external_data:
-            tmp_dir = tempfile.mkdtemp(prefix=".npufix-", dir=directory)
-            tmp_model = os.path.join(tmp_dir, os.path.basename(path))
-            onnx.save(model, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
-                      location=data_name, size_threshold=1024)
-            tmp_data = os.path.join(tmp_dir, data_name)
-            os.replace(tmp_model, tmp)
-            if os.path.exists(tmp_data):
-                os.replace(tmp_data, os.path.join(directory, data_name))
-            os.rmdir(tmp_dir)
-        else:
-            with open(tmp, "wb") as f:
-                f.write(model.SerializeToString())
+            data_name = os.path.basename(path) + ".data"
+            fd, tmp_data = tempfile.mkstemp(prefix=".npufix-", suffix=".data.tmp", dir=directory)
+            os.close(fd)
+            os.chmod(tmp_data, 0o666 & ~_umask())
+            _move_weights_to_file(model, tmp_data, data_name)
+        with open(tmp, "wb") as f:
+            f.write(model.SerializeToString())
+        if tmp_data is not None:
+            os.replace(tmp_data, os.path.join(directory, os.path.basename(path) + ".data"))
+            tmp_data = None
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if tmp_data is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp_data)
-                os.rmdir(os.path.dirname(tmp_data))
+        for leftover in (tmp, tmp_data):
+            if leftover is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(leftover)
         raise
+
+
+def _move_weights_to_file(model: onnx.ModelProto, data_path: str, location: str, threshold: int = 1024) -> None:
+    """Append every raw initializer of ``threshold`` bytes or more to ``data_path`` and point it there."""
+    with open(data_path, "wb") as data_file:
+        for tensor in model.graph.initializer:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.raw_data) < threshold:
+                continue
+            offset = data_file.tell()
+            data_file.write(tensor.raw_data)
+            onnx.external_data_helper.set_external_data(tensor, location=location, offset=offset,
+                                                        length=len(tensor.raw_data))
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:

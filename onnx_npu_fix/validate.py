@@ -105,7 +105,9 @@ class Runner:
             # Too large to pass as bytes: write it (with external data) to a scratch directory.
             self._tmpdir = tempfile.TemporaryDirectory(prefix="npufix-validate-")
             source = os.path.join(self._tmpdir.name, "model.onnx")
-            onnx.save(model, source, save_as_external_data=True, location="model.onnx.data")
+            # A unique location: onnx refuses to save when that name exists in the *working* directory.
+            onnx.save(model, source, save_as_external_data=True,
+                      location=f"npufix-{os.getpid()}-{id(self)}.data")
         self.session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
     def run(self, feeds: Feeds) -> Outputs:

@@ -176,3 +176,17 @@ def test_console_script_subprocess(tmp_path, fixture_path):
                          capture_output=True, text=True)
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "no such file" in bad.stderr
+
+
+def test_external_data_model_round_trips_and_reruns(tmp_path, fixture_path, monkeypatch):
+    """Input with external data -> output with external data next to it; a second run over the same output
+    works (onnx's own writer refuses when the data file exists in the working directory)."""
+    monkeypatch.chdir(tmp_path)
+    model = onnx.load(fixture_path("unet.onnx"))
+    onnx.save(model, "in.onnx", save_as_external_data=True, location="in.onnx.data", size_threshold=1024)
+    for _ in range(2):
+        result = invoke("in.onnx", "-o", "out.onnx", "--resize-mode", "exact", "-q")
+        assert result.exit_code == 0, result.output
+    assert os.path.exists("out.onnx.data")
+    assert sorted(os.listdir(tmp_path)) == ["in.onnx", "in.onnx.data", "out.onnx", "out.onnx.data"]
+    assert_equivalent(onnx.load("in.onnx"), onnx.load("out.onnx"))
