@@ -374,7 +374,7 @@ def _check_conv_channels(ctx: _Context, node: onnx.NodeProto, w_shape: Shape, gr
             # graph input"): reported, but not a violation unless --align-io asks npufix to pad it.
             ctx.exempt.append(Violation(
                 node.name, node.op_type, "in-channels-align", n_in, align, None,
-                f"input channels{what} are fixed by graph input {x}; --align-io pads them inside the graph"))
+                f"input channels{what} follow a graph input (via {x}); --align-io pads them inside the graph"))
         else:
             ctx.add(node, "in-channels-align", n_in, align, "align-channels", f"input channels{what}")
     if n_out % align:
@@ -383,7 +383,7 @@ def _check_conv_channels(ctx: _Context, node: onnx.NodeProto, w_shape: Shape, gr
             # A depthwise conv's output count follows its input count, which a graph input fixes here.
             ctx.exempt.append(Violation(
                 node.name, node.op_type, "out-channels-align", n_out, align, None,
-                f"depthwise output channels follow graph input {node.input[0]}; --align-io pads them in the graph"))
+                f"depthwise output channels follow a graph input (via {node.input[0]}); --align-io pads them"))
             return
         # align-channels pads the filters and, where a consumer needs the real tensor (graph outputs too),
         # slices the real channels back out, so output channels are always fixable.

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 import onnx
 
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.graph import infer_shapes, name_unnamed_nodes, remove_unused_initializers, set_input_shapes
+from onnx_npu_fix.graph import (
+    infer_shapes,
+    name_unnamed_nodes,
+    remove_dead_nodes,
+    remove_unused_initializers,
+    set_input_shapes,
+)
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass
 from onnx_npu_fix.report import FixReport, PassRecord
@@ -97,7 +103,10 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
             record.exact = bool(result.metrics["exact"])
         if not result.changed:
             continue
-        # Weights a rewrite replaced are dropped here, once, instead of in every pass.
+        # What a rewrite left unused (old weights, Constant producers of replaced inputs) is dropped here,
+        # once, instead of in every pass.
+        for node in remove_dead_nodes(model):
+            record.changes.append(Change(node.name, node.op_type, "removed dead node"))
         for name in remove_unused_initializers(model.graph):
             record.changes.append(Change(name, "initializer", "removed unused initializer"))
         t1 = time.perf_counter()

@@ -308,7 +308,7 @@ def test_auto_pad_becomes_explicit(auto_pad, layout, two_d):
 # --- causal Conv1DBlock and a TCN stack ------------------------------------------------------------------
 
 
-def tcn_model(*, length=128, channels=4, causal=False, dilations=(1, 2, 4, 8, 16, 32, 64, 128), batch=1,
+def tcn_model(*, length=256, channels=4, causal=False, dilations=(1, 2, 4, 8, 16, 32, 64, 128), batch=1,
               seed=0):
     """A ConvTasNet-like TCN: per block 1x1 conv -> PRelu -> depthwise dilated conv (K=3) [-> causal Slice]
     -> PRelu -> 1x1 conv, with a residual Add. Causal blocks pad (K-1)*D on both sides and then chop the
@@ -369,11 +369,11 @@ def test_tcn_stack(max_dilation, layout, causal):
             assert fixed_nodes[node.name] == node
     assert_graph_quality(original, fixed, "spatial" if layout == "auto" else layout, in_rank=3)
     if layout in ("auto", "spatial"):
-        # Pads (K-1)*D/2 or (K-1)*D and L = 128 are whole rows of k: the new conv pads them, so each rewrite
+        # Pads (K-1)*D/2 or (K-1)*D and L = 256 are whole rows of k: the new conv pads them, so each rewrite
         # is just Reshape -> Conv -> Reshape.
         assert ops(fixed).count("Reshape") == 2 * len(over)
         assert len(ops(fixed)) == len(ops(original)) + 2 * len(over)
-    # Length 128 is a multiple of every k, and so is every output length: MACs exactly unchanged.
+    # Length 256 is a multiple of every k, and so is every output length: MACs exactly unchanged.
     assert result.metrics["conv_macs_before"] == result.metrics["conv_macs_after"] == conv_macs(fixed)
     assert_equivalent(original, fixed)
     assert_bit_exact(original, fixed)
@@ -603,4 +603,57 @@ def test_3d_conv_dilated_on_three_axes(layout):
     assert result.changes[0].detail["k"] == {"axis2": 2, "axis3": 4, "axis4": 3}
     assert max_dilation_of(fixed) == 1
     assert_equivalent(original, fixed)
+    assert_bit_exact(original, fixed)
+
+
+# --- dead taps: taps that only ever read zero padding are dropped (exact, fewer MACs) ----------------------
+
+
+def single_conv(in_shape, w_shape, *, dilations, pads, group=1, seed=3):
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.integers(-3, 4, w_shape).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.integers(-3, 4, w_shape[0]).astype(np.float32), "b")
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", dilations=list(dilations),
+                            pads=list(pads), group=group)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(in_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, b])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def inferred_macs(model):
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    infer_shapes(copy)
+    return conv_macs(copy)
+
+
+def test_aspp_conv_on_a_small_map_becomes_its_centre_tap():
+    # DeepLab's ASPP: a dense 3x3 conv with dilation 12 on an 8x8 map reads only padding off the centre.
+    original = single_conv((1, 6, 8, 8), (5, 6, 3, 3), dilations=(12, 12), pads=(12, 12, 12, 12))
+    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=4)
+    assert ops(fixed) == ["Conv"]
+    conv = fixed.graph.node[0]
+    assert get_attr(conv, "kernel_shape") == [1, 1] and get_attr(conv, "dilations") == [1, 1]
+    assert get_attr(conv, "pads") == [0, 0, 0, 0]
+    assert [c.action for c in result.changes] == ["trim dead taps"]
+    assert conv_macs(fixed) * 9 == inferred_macs(original) == result.changes[0].detail["macs"][0]
+    assert_bit_exact(original, fixed)
+
+
+def test_partly_dead_kernel_is_trimmed_then_split():
+    # K=5, D=6 on length 10 with pads 12: taps 0 and 4 never reach the data; taps 1..3 keep dilation 6 > 4.
+    original = single_conv((1, 4, 10), (4, 1, 5), dilations=(6,), pads=(12, 12), group=4)
+    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=4)
+    assert [c.action for c in result.changes] == ["trim dead taps", "space-to-batch"]
+    assert result.changes[0].new == {"kernel_shape": [3], "dilations": [6], "pads": [6, 6]}
+    assert max_dilation_of(fixed) <= 4
+    assert_bit_exact(original, fixed)
+
+
+def test_live_taps_are_kept():
+    # Length 40 > the dilated kernel: every tap reaches data, nothing is trimmed.
+    original = single_conv((1, 4, 40), (4, 1, 3), dilations=(16,), pads=(16, 16), group=4)
+    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=4)
+    assert [c.action for c in result.changes] == ["space-to-batch"]
+    assert conv_macs(fixed) == inferred_macs(original)
     assert_bit_exact(original, fixed)

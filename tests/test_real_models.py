@@ -253,14 +253,9 @@ def test_unet_batchnorm_folds_and_bilinear_resize_goes(runs, key):
         assert "[approximate]" in summary(run)["resize-nearest"]
 
 
-IDEMPOTENT = [
-    "convtasnet",
-    "convtasnet-causal",
-    *(pytest.param(key, marks=pytest.mark.xfail(strict=True, reason=(
-        "resize-nearest leaves the Resize's scales Constant node (/blocks.N/Constant) dead, and cleanup runs only "
-        "first, so a second npufix run removes 3 dead nodes")))
-      for key in ("unet-exact", "unet-nearest")),
-]
+# The U-Net cases once failed here: resize-nearest left the scales' Constant nodes dead and cleanup only runs
+# first; the pass manager now drops dead nodes after every pass that changed the graph.
+IDEMPOTENT = ["convtasnet", "convtasnet-causal", "unet-exact", "unet-nearest"]
 
 
 @pytest.mark.parametrize("key", IDEMPOTENT)

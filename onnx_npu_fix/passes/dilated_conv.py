@@ -69,6 +69,14 @@ integers (padding with the zero point dequantizes to 0). A weight (or bias) read
 keeps its DQ: the quantized initializer is reshaped/tiled (and a per-output-channel scale/zero point tiled
 with it); a DQ also read elsewhere gets a private copy.
 
+Dead taps first. A tap j of an axis reads xp[o*s + j*D] for o = 0..O-1; when every one of those positions lies
+in the zero padding (D at least the input length: an ASPP conv with dilation 36 on an 8x8 map, a TCN block on
+a short clip), the tap contributes exactly 0. The live taps j0..j1 are kept — kernel K' = j1 - j0 + 1, pads
+(pb - j0*D, pe - (K-1-j1)*D), which leaves O unchanged and every output reading the same samples — and an
+axis left with one tap needs no dilation at all. This is exact, lowers MACs and weights, and often removes
+the need for space-to-batch; it is applied only to convs over the limit, with constant weights, and only when
+the new pads stay non-negative ("trim dead taps" in the report).
+
 Left alone with a blocking Rejection: a non-static input shape (the reason names ``--input-shape``), an
 unknown kernel, stride with no usable k, opset < 11, layouts whose needed ops are forbidden, channel layout
 with non-constant weights when batch is not possible, and ConvTranspose with a dilation above the limit
@@ -105,6 +113,7 @@ from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
 LAYOUTS = ("auto", "spatial", "channel", "batch")
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _MIN_OPSET = 11  # Pad with a pads input, Slice with steps
+_WEIGHT_GROWTH_WARNING = 16 << 20  # bytes of tiled weights above which the report suggests the batch layout
 _MOVABLE_QTYPES = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
 
 
@@ -249,6 +258,8 @@ class DilatedConvPass(Pass):
         index = GraphIndex(model)
         opset = opset_version(model)
         macs_before = conv_macs(model, index)
+        if _trim_dead_taps(index, model, options, result):
+            index = GraphIndex(model)  # weight shapes changed; the rest of the pass sees the trimmed convs
 
         # --- find (read-only) ---
         plans: list[_Plan] = []
@@ -316,6 +327,11 @@ class DilatedConvPass(Pass):
             if plan.tile > 1:
                 detail["weight_tiling"] = plan.tile
                 detail["weight_bytes_added"] = added_bytes
+                if added_bytes > _WEIGHT_GROWTH_WARNING and plan.layout == "channel":
+                    result.warnings.append(
+                        f"{node.name}: the channel layout tiles its weights {plan.tile}x "
+                        f"(+{added_bytes / 2**20:.1f} MiB); --s2b-layout batch tiles nothing where the NPU "
+                        f"accepts batch > 1")
             if plan.q_in is not None or plan.q_out is not None:
                 detail["qdq"] = {"input_moved_before_dq": plan.q_in is not None,
                                  "output_moved_after_q": plan.q_out is not None}
@@ -325,7 +341,7 @@ class DilatedConvPass(Pass):
             if plan.warning:
                 result.warnings.append(plan.warning)
         editor.commit()
-        if plans:
+        if plans or result.changes:
             result.metrics.update({
                 "conv_macs_before": macs_before,
                 "conv_macs_after": macs_after,
@@ -334,6 +350,77 @@ class DilatedConvPass(Pass):
                 "weight_bytes_added": weight_bytes_added,
             })
         return result
+
+
+# --- dead taps ---------------------------------------------------------------------------------------
+
+
+def _live_taps(kernel: int, dilation: int, stride: int, begin: int, length: int, out_len: int) -> list[int]:
+    """Taps j whose positions o*s + j*D - begin (o < out_len) ever land inside [0, length)."""
+    live = []
+    for j in range(kernel):
+        first = -(-(begin - j * dilation) // stride)            # smallest o with position >= 0
+        last = (length - 1 + begin - j * dilation) // stride    # largest o with position <= length-1
+        if max(first, 0) <= min(last, out_len - 1):
+            live.append(j)
+    return live
+
+
+def _trim_dead_taps(index: GraphIndex, model: onnx.ModelProto, options: FixOptions, result: PassResult) -> bool:
+    """Drop kernel taps that only read zero padding from convs over the limit (module docstring)."""
+    editor = GraphEditor(index)
+    trimmed = False
+    for node in model.graph.node:
+        if node.domain not in _DEFAULT_DOMAINS or node.op_type != "Conv" or len(node.input) < 2:
+            continue
+        dilations = [int(d) for d in (get_attr(node, "dilations") or [])]
+        if all(dilation_ok(d, options.max_dilation, options.allowed_dilations) for d in dilations):
+            continue
+        in_shape = index.static_shape(node.input[0])
+        weight = index.const_value(node.input[1])
+        if in_shape is None or weight is None:
+            continue
+        geo = conv_geometry(index, node)
+        if not geo.resolved:
+            continue
+        n = geo.rank
+        slices: list[slice] = [slice(None)] * weight.ndim
+        pads = list(geo.pads)
+        new_dil = list(geo.dilations)
+        for a in range(n):
+            length = in_shape[2 + a]
+            begin, end = geo.pad_pair(a)
+            live = _live_taps(geo.kernel[a], geo.dilations[a], geo.strides[a], begin,
+                              length, geo.output_length(a, length))
+            if not live or (live[0] == 0 and live[-1] == geo.kernel[a] - 1):
+                continue
+            j0, j1 = live[0], live[-1]
+            new_begin = begin - j0 * geo.dilations[a]
+            new_end = end - (geo.kernel[a] - 1 - j1) * geo.dilations[a]
+            if new_begin < 0 or new_end < 0:
+                continue
+            slices[2 + a] = slice(j0, j1 + 1)
+            pads[a], pads[a + n] = new_begin, new_end
+            if j1 == j0:
+                new_dil[a] = 1  # one tap left: the dilation means nothing
+        if all(sl == slice(None) for sl in slices):
+            continue
+        new_weight = np.ascontiguousarray(weight[tuple(slices)])
+        macs_old = node_macs(index, node)
+        private_initializer(index, editor, node, 1, new_weight)
+        old = {"kernel_shape": list(geo.kernel), "dilations": list(geo.dilations), "pads": list(geo.pads)}
+        new = {"kernel_shape": list(new_weight.shape[2:]), "dilations": new_dil, "pads": pads}
+        set_attr(node, "auto_pad", None)
+        set_attr(node, "kernel_shape", new["kernel_shape"])
+        set_attr(node, "dilations", new_dil)
+        set_attr(node, "pads", pads)
+        macs_new = macs_old * int(np.prod(new_weight.shape[2:])) // max(1, int(np.prod(geo.kernel)))
+        result.changes.append(Change(node.name, "Conv", "trim dead taps", old=old, new=new,
+                                     detail={"macs": [macs_old, macs_new],
+                                             "why": "the dropped taps only ever read zero padding"}))
+        trimmed = True
+    editor.commit()
+    return trimmed
 
 
 # --- planning ----------------------------------------------------------------------------------------
