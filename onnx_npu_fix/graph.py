@@ -172,26 +172,35 @@ def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
     return None
 
 
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The bodies held in ``node``'s attributes (If branches, Loop/Scan bodies)."""
+    found: list[onnx.GraphProto] = []
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            found.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            found.extend(attr.graphs)
+    return found
+
+
 def subgraph_outer_inputs(node: onnx.NodeProto) -> set[str]:
     """Names a node's subgraphs (If/Loop/Scan bodies) read from the enclosing scope."""
     outer: set[str] = set()
-    for attr in node.attribute:
-        graphs = list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
-        if attr.type == onnx.AttributeProto.GRAPH:
-            graphs.append(attr.g)
-        for g in graphs:
-            local = {i.name for i in g.input} | {t.name for t in g.initializer}
-            for sub in g.node:
-                local.update(sub.output)
-            for sub in g.node:
-                outer.update(i for i in sub.input if i and i not in local)
-                outer.update(subgraph_outer_inputs(sub) - local)
-            outer.update(o.name for o in g.output if o.name not in local)
+    if not node.attribute:
+        return outer
+    for g in subgraphs(node):
+        local = {i.name for i in g.input} | {t.name for t in g.initializer}
+        for sub in g.node:
+            local.update(sub.output)
+        for sub in g.node:
+            outer.update(i for i in sub.input if i and i not in local)
+            outer.update(subgraph_outer_inputs(sub) - local)
+        outer.update(o.name for o in g.output if o.name not in local)
     return outer
 
 
 def has_subgraphs(node: onnx.NodeProto) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+    return bool(subgraphs(node))
 
 
 # --- editing ----------------------------------------------------------------------------------------
@@ -374,9 +383,7 @@ def infer_shapes(model: onnx.ModelProto) -> None:
     shape computations), so this costs little on a 100 MB model and works on models above 2 GB.
     Raises onnx's InferenceError on an inconsistent graph.
     """
-    light = onnx.ModelProto()
-    light.CopyFrom(_without_large_data(model))
-    del light.graph.value_info[:]
+    light = shape_only_copy(model)
     inferred = onnx.shape_inference.infer_shapes(light, check_type=True, strict_mode=True, data_prop=True)
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
@@ -393,7 +400,12 @@ def infer_shapes(model: onnx.ModelProto) -> None:
 _LIGHT_LIMIT = 1024  # elements; initializers above this are replaced by data-less stand-ins for inference
 
 
-def _without_large_data(model: onnx.ModelProto) -> onnx.ModelProto:
+def shape_only_copy(model: onnx.ModelProto, *, keep_value_info: bool = False) -> onnx.ModelProto:
+    """A copy of ``model`` whose initializers above ``_LIGHT_LIMIT`` elements carry dims but no data.
+
+    For shape inference and read-only analysis: cheap on a 100 MB model, possible above 2 GB. Sized by element
+    count, not ByteSize (a 5000-character name must not turn a 3-element shape constant into a stub).
+    """
     light = onnx.ModelProto()
     light.ir_version = model.ir_version
     light.opset_import.extend(model.opset_import)
@@ -403,6 +415,8 @@ def _without_large_data(model: onnx.ModelProto) -> onnx.ModelProto:
     graph.node.extend(model.graph.node)
     graph.input.extend(model.graph.input)
     graph.output.extend(model.graph.output)
+    if keep_value_info:
+        graph.value_info.extend(model.graph.value_info)
     graph.sparse_initializer.extend(model.graph.sparse_initializer)
     for t in model.graph.initializer:
         if t.data_location == onnx.TensorProto.EXTERNAL or _numel(t) > _LIGHT_LIMIT:

@@ -39,6 +39,7 @@ from onnx_npu_fix.graph import (
     infer_shapes,
     name_unnamed_nodes,
     set_input_shapes,
+    shape_only_copy,
     subgraph_outer_inputs,
 )
 
@@ -50,7 +51,6 @@ ASSUMPTIONS = (
 # Nodes with no inputs that still produce data at run time (never constants).
 _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                      "Bernoulli"}
-_LIGHT_LIMIT = 4096  # bytes; larger initializers are copied as data-less stand-ins for analysis
 
 
 # --- analysis copy ---------------------------------------------------------------------------------
@@ -60,31 +60,15 @@ def analysis_copy(model: onnx.ModelProto,
                   input_shapes: dict[str, Sequence[int]] | None = None) -> tuple[onnx.ModelProto, str | None]:
     """A copy of ``model`` with inferred shapes, for read-only analysis; the caller's model is not touched.
 
-    Initializers above 4 KiB are copied without their data (dims only), so this is cheap on large models; only
-    use the copy for shapes and structure. ``input_shapes`` freezes graph inputs like ``--input-shape``
-    (an unknown input name raises InputError). Unnamed nodes get the names the pass manager would give them.
+    Large initializers are copied without their data (dims only, :func:`graph.shape_only_copy`), so this is
+    cheap on large models; only use the copy for shapes and structure. ``input_shapes`` freezes graph inputs
+    like ``--input-shape`` (an unknown input name raises InputError). Unnamed nodes get the names the pass
+    manager would give them.
     Returns the copy and the shape-inference error message, if strict inference failed (the copy then carries
     whatever non-strict inference could find).
     """
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
+    light = shape_only_copy(model, keep_value_info=True)
     graph = light.graph
-    graph.name = model.graph.name
-    graph.node.extend(model.graph.node)
-    graph.input.extend(model.graph.input)
-    graph.output.extend(model.graph.output)
-    graph.value_info.extend(model.graph.value_info)
-    graph.sparse_initializer.extend(model.graph.sparse_initializer)
-    for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL or t.ByteSize() > _LIGHT_LIMIT:
-            stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
-            stub.data_location = onnx.TensorProto.EXTERNAL
-            stub.external_data.add(key="location", value="__npufix_shape_only__")
-            graph.initializer.append(stub)
-        else:
-            graph.initializer.append(t)
     if input_shapes:
         try:
             set_input_shapes(light, dict(input_shapes))

@@ -56,8 +56,10 @@ from onnx_npu_fix.graph import (
     GraphIndex,
     conv_geometry,
     get_attr,
+    opset_version,
     private_initializer,
     set_attr,
+    subgraphs,
 )
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
@@ -117,7 +119,7 @@ class FoldBatchNormPass(Pass):
     def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         result = PassResult()
         index = GraphIndex(model)
-        opset = _onnx_opset(model)
+        opset = opset_version(model)
         blocking = not options.allow_batchnorm
         conv_mode = options.bn_standalone == "conv"
         if options.bn_standalone not in ("mul-add", "conv"):
@@ -558,22 +560,11 @@ def _const(index: GraphIndex, name: str) -> np.ndarray | None:
     return index.const_value(name)
 
 
-def _onnx_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in _DEFAULT_DOMAINS:
-            return int(imp.version)
-    return 0
-
-
 def _nested_batchnorms(node: onnx.NodeProto) -> int:
     """BatchNormalization nodes inside ``node``'s subgraphs (If/Loop/Scan bodies), which this pass leaves."""
     count = 0
-    for attr in node.attribute:
-        graphs = list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
-        if attr.type == onnx.AttributeProto.GRAPH:
-            graphs.append(attr.g)
-        for g in graphs:
-            for sub in g.node:
-                count += sub.op_type == "BatchNormalization"
-                count += _nested_batchnorms(sub)
+    for g in subgraphs(node):
+        for sub in g.node:
+            count += sub.op_type == "BatchNormalization"
+            count += _nested_batchnorms(sub)
     return count

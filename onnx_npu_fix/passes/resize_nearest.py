@@ -87,7 +87,7 @@ import numpy as np
 import onnx
 from onnx import defs, helper
 
-from onnx_npu_fix.graph import GraphEditor, GraphIndex, get_attr, opset_version, set_attr
+from onnx_npu_fix.graph import GraphEditor, GraphIndex, get_attr, opset_version, set_attr, subgraphs
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
 
@@ -711,18 +711,14 @@ class ResizeNearestPass(Pass):
         return None
 
     def _reject_in_subgraphs(self, node: onnx.NodeProto, options: FixOptions, result: PassResult) -> None:
-        for attr in node.attribute:
-            graphs = list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
-            if attr.type == onnx.AttributeProto.GRAPH:
-                graphs.append(attr.g)
-            for g in graphs:
-                for sub in g.node:
-                    if sub.op_type in _RESIZE_OPS and str(get_attr(sub, "mode", "nearest")) != "nearest":
-                        result.rejections.append(Rejection(
-                            sub.name or sub.output[0], sub.op_type,
-                            f"inside a subgraph of '{node.name}'; subgraphs are not rewritten",
-                            blocking=options.require_nearest_resize))
-                    self._reject_in_subgraphs(sub, options, result)
+        for g in subgraphs(node):
+            for sub in g.node:
+                if sub.op_type in _RESIZE_OPS and str(get_attr(sub, "mode", "nearest")) != "nearest":
+                    result.rejections.append(Rejection(
+                        sub.name or sub.output[0], sub.op_type,
+                        f"inside a subgraph of '{node.name}'; subgraphs are not rewritten",
+                        blocking=options.require_nearest_resize))
+                self._reject_in_subgraphs(sub, options, result)
 
     # --- rewriting ----------------------------------------------------------------------------------------
 
