@@ -190,3 +190,32 @@ def test_external_data_model_round_trips_and_reruns(tmp_path, fixture_path, monk
     assert os.path.exists("out.onnx.data")
     assert sorted(os.listdir(tmp_path)) == ["in.onnx", "in.onnx.data", "out.onnx", "out.onnx.data"]
     assert_equivalent(onnx.load("in.onnx"), onnx.load("out.onnx"))
+
+
+@pytest.mark.parametrize("fixture", ["tcn.onnx", "tcn_causal.onnx", "unet.onnx", "lraspp.onnx", "dilated2d.onnx",
+                                     "torch_convtasnet.onnx", "torch_unet.onnx"])
+def test_check_raw_fixture_fails_and_its_fixed_output_passes(tmp_path, fixture_path, fixture):
+    constraints = ["--max-dilation", "4", "--align", "8"]
+    shape = ["--input-shape", "mix:1,4000"] if fixture == "torch_convtasnet.onnx" else []
+    raw = invoke(fixture_path(fixture), "--check", *constraints, *shape)
+    assert raw.exit_code == 1
+    assert "-> fixed by" in raw.output
+    out = tmp_path / "fixed.onnx"
+    fixed = invoke(fixture_path(fixture), "-o", out, *constraints, *shape, "-q")
+    assert fixed.exit_code == 0, fixed.output
+    again = invoke(out, "--check", *constraints)
+    assert again.exit_code == 0, again.output
+    assert "no violations" in again.output
+
+
+def test_check_json_and_dump_shapes(fixture_path):
+    result = invoke(fixture_path("unet.onnx"), "--check", "--format", "json", "--dump-shapes", "--sram", "100KiB",
+                    "--act-bytes", "1")
+    assert result.exit_code == 1
+    data = json.loads(result.output)
+    assert data["clean"] is False
+    assert {v["constraint"] for v in data["violations"]} >= {"batchnorm", "resize-mode", "out-channels-align",
+                                                             "leftover-op", "sram"}
+    assert data["memory"]["sram"] == {"bytes": 102400, "fits": False,
+                                      "miss_bytes": data["memory"]["peak"]["bytes"] - 102400}
+    assert len(data["shapes"]) == len(onnx.load(fixture_path("unet.onnx")).graph.node)
