@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -27,8 +28,21 @@ from onnx_npu_fix.pipeline import FixResult, prepare, run_passes
 _TWO_GB = 2**31 - 1
 
 
+@dataclass
+class LoadedModel:
+    model: onnx.ModelProto
+    path: str
+    external_files: set[str]
+    """Absolute paths of the external data files the model was read from (empty for a self-contained file)."""
+
+
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     """Load and sanity-check an ONNX model (external data included). Raises InputError with a one-line reason."""
+    return read_model(path).model
+
+
+def read_model(path: str | os.PathLike) -> LoadedModel:
+    """:func:`load_model`, also saying which external data files the model came from."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
@@ -49,7 +63,8 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     if not model.HasField("graph") or model.ir_version <= 0 or not model.opset_import:
         raise InputError(f"{path}: not an ONNX model (no graph, IR version or opset); is it another protobuf?")
     base_dir = os.path.dirname(os.path.abspath(path))
-    for location in sorted(external_data_files(model, base_dir)):
+    external = external_data_files(model, base_dir)
+    for location in sorted(external):
         if not os.path.isfile(location):
             raise InputError(f"{path}: external data file {location} is missing; keep the .data file next to "
                              f"the model")
@@ -67,7 +82,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
             onnx.checker.check_model(path)
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{path}: the model fails the onnx checker: {_first_line(exc)}") from None
-    return model
+    return LoadedModel(model, path, external)
 
 
 def external_data_files(model: onnx.ModelProto, base_dir: str) -> set[str]:
@@ -79,15 +94,6 @@ def external_data_files(model: onnx.ModelProto, base_dir: str) -> set[str]:
                 if entry.key == "location":
                     files.add(os.path.normpath(os.path.join(base_dir, entry.value)))
     return files
-
-
-def has_external_data(path: str | os.PathLike) -> bool:
-    """Whether the model file at ``path`` keeps tensors in external data files (its output will too)."""
-    try:
-        header = onnx.load(os.fspath(path), load_external_data=False)
-    except Exception:  # noqa: BLE001
-        return False
-    return _uses_external_data(header)
 
 
 def densify_sparse_initializers(model: onnx.ModelProto) -> None:
@@ -105,28 +111,24 @@ def densify_sparse_initializers(model: onnx.ModelProto) -> None:
 
 
 def check_output_path(output: str | os.PathLike, input_path: str | os.PathLike | None = None, *,
-                      what: str = "-o") -> None:
+                      protected: Iterable[str] = (), what: str = "-o") -> None:
     """Fail early (before any work) when ``output`` cannot be written or would overwrite the input.
 
-    Protected: the input file and its external data files. Refused: empty paths, directories, existing
-    non-regular files (a FIFO or device would be replaced by the atomic rename), unwritable directories and
-    names the file system cannot hold (probed by creating and removing a file there).
+    Protected: the input file and ``protected`` (its external data files, from :func:`read_model`). Refused:
+    empty paths, directories, existing non-regular files (a FIFO or device would be replaced by the atomic
+    rename), unwritable directories and names the file system cannot hold (probed by creating and removing a
+    file there).
     """
     output = os.fspath(output)
     if not output:
         raise InputError(f"{what}: empty path")
-    protected: set[str] = set()
-    if input_path is not None and os.path.isfile(input_path):
-        protected.add(os.path.abspath(input_path))
-        try:
-            header = onnx.load(os.fspath(input_path), load_external_data=False)
-            protected |= external_data_files(header, os.path.dirname(os.path.abspath(input_path)))
-        except Exception:  # noqa: BLE001 - an unreadable input is reported by load_model
-            pass
+    guarded = set(protected)
+    if input_path is not None:
+        guarded.add(os.path.abspath(input_path))
     for candidate in (output, output + ".data"):
-        for guarded in protected:
-            if os.path.exists(candidate) and os.path.exists(guarded) and os.path.samefile(candidate, guarded):
-                raise InputError(f"{what} {output} is the input or its external data ({guarded}); npufix never "
+        for other in guarded:
+            if os.path.exists(candidate) and os.path.exists(other) and os.path.samefile(candidate, other):
+                raise InputError(f"{what} {output} is the input or its external data ({other}); npufix never "
                                  f"modifies its input, choose another path")
     directory = os.path.dirname(os.path.abspath(output))
     if os.path.isdir(output):

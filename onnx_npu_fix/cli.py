@@ -148,9 +148,10 @@ def main(ctx: click.Context, models: tuple[str, ...], output: str | None, target
             for path in models:
                 if len(models) > 1 and output_format == "text":
                     click.echo(f"== {path}")
-                loaded = api.load_model(path)
+                source = api.read_model(path)
+                loaded = source.model
                 if report_path:
-                    _check_report_path(report_path, path, None)
+                    _check_report_path(report_path, path, None, source.external_files)
                 code, checked = _run_check(loaded, options, output_format, dump_shapes, quiet)
                 exit_code = max(exit_code, code)
                 if report_path:
@@ -159,11 +160,12 @@ def main(ctx: click.Context, models: tuple[str, ...], output: str | None, target
             ctx.exit(exit_code)
         passes = api.select_passes(_split_names(only), _split_names(skip) or ())
         api.check_output_path(output, model)
+        loaded = api.read_model(model)
+        api.check_output_path(output, model, protected=loaded.external_files)
         if report_path:
-            _check_report_path(report_path, model, output)
-        loaded = api.load_model(model)
-        external = api.has_external_data(model)
-        result = api.fix(loaded, options, passes)
+            _check_report_path(report_path, model, output, loaded.external_files)
+        external = bool(loaded.external_files)
+        result = api.fix(loaded.model, options, passes)
     except InputError as exc:
         raise _InputProblem(str(exc)) from None
 
@@ -184,7 +186,7 @@ def main(ctx: click.Context, models: tuple[str, ...], output: str | None, target
     else:
         from onnx_npu_fix.constraints import check_model
 
-        checked = check_model(result.model, options, shapes=dump_shapes)
+        checked = check_model(result.model, options, shapes=dump_shapes, prepared=True)
         try:
             api.save_model(result.model, output, external_data=external or None)
         except OSError as exc:
@@ -360,14 +362,14 @@ def _record(model_path: str, output_path: str | None, options: FixOptions, resul
     return record
 
 
-def _check_report_path(report_path: str, model: str, output: str | None) -> None:
+def _check_report_path(report_path: str, model: str, output: str | None, protected=()) -> None:
     """The report must not land on the input or the output model, and must be writable (checked up front)."""
     from onnx_npu_fix import api
 
     for other, what in ((model, "the input model"), (output, "the output model")):
         if other and os.path.abspath(report_path) == os.path.abspath(other):
             raise InputError(f"--report {report_path} is {what}; choose another path")
-    api.check_output_path(report_path, model, what="--report")
+    api.check_output_path(report_path, model, protected=protected, what="--report")
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:

@@ -192,10 +192,18 @@ def find_violations(model: onnx.ModelProto, options: FixOptions) -> list[Violati
     return check_model(model, options).violations
 
 
-def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = False) -> CheckReport:
+def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = False,
+                prepared: bool = False) -> CheckReport:
     """Violations plus the activation-memory estimate (and the shape listing when ``shapes``), all from one
-    analysis copy with inferred shapes. ``options.input_shapes`` is applied to the copy, as a fixing run would."""
-    light, inference_error = analysis_copy(model, options.input_shapes)
+    analysis copy with inferred shapes. ``options.input_shapes`` is applied to the copy, as a fixing run would.
+
+    ``prepared``: ``model`` comes out of the pass manager (named nodes, frozen inputs, fresh inferred shapes),
+    so it is read as is instead of copied and inferred again — it is still not modified.
+    """
+    if prepared:
+        light, inference_error = model, None
+    else:
+        light, inference_error = analysis_copy(model, options.input_shapes)
     index = GraphIndex(light)
     ctx = _Context(index, options, constant_names(index))
     if inference_error:

@@ -18,6 +18,8 @@ from onnx import helper, numpy_helper
 
 Shape = tuple  # a tuple of int (static) / str (symbolic) / None (unknown) per axis
 
+_CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
 
 # --- attributes -------------------------------------------------------------------------------------
 
@@ -61,35 +63,35 @@ class GraphIndex:
         self.graph = graph
         self.producer: dict[str, onnx.NodeProto] = {}
         self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        producer, consumers = self.producer, self.consumers
         for node in graph.node:
             for out in node.output:
                 if out:
-                    self.producer[out] = node
+                    producer[out] = node
             for inp in node.input:
                 if inp:
-                    self.consumers.setdefault(inp, []).append(node)
+                    if inp in consumers:
+                        consumers[inp].append(node)
+                    else:
+                        consumers[inp] = [node]
             # Subgraph (If/Loop/Scan) bodies may read outer tensors implicitly; count them as consumers so no
-            # pass believes such a tensor is unused or single-use.
-            for outer in subgraph_outer_inputs(node):
-                self.consumers.setdefault(outer, []).append(node)
+            # pass believes such a tensor is unused or single-use. Only control flow and custom-domain ops
+            # can hold subgraphs; skipping the attribute scan elsewhere matters at 100k nodes.
+            if node.op_type in _CONTROL_FLOW or node.domain not in ("", "ai.onnx"):
+                for outer in subgraph_outer_inputs(node):
+                    consumers.setdefault(outer, []).append(node)
         self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
         self.graph_inputs: list[str] = [i.name for i in graph.input if i.name not in self.initializers]
         # An initializer also listed as a graph input is only a default: the caller may feed another value.
         self.overridable: set[str] = {i.name for i in graph.input if i.name in self.initializers}
         self.graph_outputs: list[str] = [o.name for o in graph.output]
         self.output_set = set(self.graph_outputs)
-        self.elem_types: dict[str, int] = {}
-        self.shapes: dict[str, Shape | None] = {}
+        # Shapes and types are parsed on first use: most passes ask for a few hundred of 100k tensors.
+        self._value_infos: dict[str, onnx.ValueInfoProto] = {}
         for vi in itertools.chain(graph.input, graph.value_info, graph.output):
-            self.elem_types[vi.name] = vi.type.tensor_type.elem_type
-            self.shapes[vi.name] = shape_of_value_info(vi)
-        for init in graph.initializer:
-            self.elem_types[init.name] = init.data_type
-            self.shapes[init.name] = tuple(init.dims)
-        self._names = set(self.producer) | set(self.consumers) | set(self.initializers)
-        self._names.update(n.name for n in graph.node)
-        self._names.update(self.graph_inputs)
-        self._names.update(self.graph_outputs)
+            self._value_infos[vi.name] = vi
+        self._shape_cache: dict[str, Shape | None] = {}
+        self._names: set[str] | None = None
 
     # constants -----------------------------------------------------------------------------------
     def const_value(self, name: str) -> np.ndarray | None:
@@ -110,17 +112,31 @@ class GraphIndex:
         return node is not None and node.op_type == "Constant"
 
     def shape(self, name: str) -> Shape | None:
-        return self.shapes.get(name)
+        """Dims of ``name`` (int, symbolic str or None per axis) from initializers and value_info, or None."""
+        if name in self._shape_cache:
+            return self._shape_cache[name]
+        init = self.initializers.get(name)
+        if init is not None:
+            shape: Shape | None = tuple(init.dims)
+        else:
+            vi = self._value_infos.get(name)
+            shape = shape_of_value_info(vi) if vi is not None else None
+        self._shape_cache[name] = shape
+        return shape
 
     def static_shape(self, name: str) -> tuple[int, ...] | None:
         """The shape of ``name`` if every dimension is a known integer, else None."""
-        shape = self.shapes.get(name)
+        shape = self.shape(name)
         if shape is None or not all(isinstance(d, int) for d in shape):
             return None
         return tuple(shape)
 
     def elem_type(self, name: str) -> int:
-        return self.elem_types.get(name, onnx.TensorProto.UNDEFINED)
+        init = self.initializers.get(name)
+        if init is not None:
+            return init.data_type
+        vi = self._value_infos.get(name)
+        return vi.type.tensor_type.elem_type if vi is not None else onnx.TensorProto.UNDEFINED
 
     def consumers_of(self, name: str) -> list[onnx.NodeProto]:
         return self.consumers.get(name, [])
@@ -134,6 +150,12 @@ class GraphIndex:
 
     def unique_name(self, base: str) -> str:
         """A tensor/node name not used anywhere in the graph, derived from ``base``; reserved on return."""
+        if self._names is None:  # built on the first request: many passes never name anything
+            names = set(self.producer) | set(self.consumers) | set(self.initializers)
+            names.update(n.name for n in self.graph.node)
+            names.update(self.graph_inputs)
+            names.update(self.graph_outputs)
+            self._names = names
         name = base
         counter = itertools.count(1)
         while name in self._names:

@@ -120,6 +120,11 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
             break
     if report.failed_pass is None or options.keep_going:
         report.final = validator.final(model)
+        if options.validate != "each" and validator.changed:
+            # Without per-pass validation the checker still runs once, before anything is written.
+            problem = check_structure(model)
+            if problem:
+                report.final = Comparison(error=f"the output fails the onnx checker: {problem}")
     report.seconds = time.perf_counter() - started
     return FixResult(model=model, report=report)
 
@@ -166,11 +171,13 @@ class _Validator:
     def after_pass(self, model: onnx.ModelProto, record: PassRecord) -> str | None:
         """Check and validate the model after ``record``'s pass; a one-line problem, or None when it passed."""
         try:
-            if model.ByteSize() < _TWO_GB:
-                onnx.checker.check_model(model)
-            infer_shapes(model)
+            if self.options.validate == "each":
+                problem = check_structure(model)
+                if problem:
+                    return f"the model fails the onnx checker after this pass: {problem}"
+            infer_shapes(model)  # strict: also catches a pass that broke types or shapes
         except Exception as exc:  # noqa: BLE001
-            return f"the model fails the onnx checker after this pass: {_first_line(exc)}"
+            return f"shape inference fails after this pass: {_first_line(exc)}"
         if self.options.validate != "each":
             record.status = "not validated"
             self._accept(record)
@@ -223,6 +230,18 @@ class _Validator:
     def _compare(self, reference: list[Outputs], outputs: list[Outputs], *, exact: bool) -> Comparison:
         return compare(reference, outputs, exact=exact, rtol=self.options.rtol, atol=self.options.atol,
                        max_approx_error=self.options.max_approx_error)
+
+
+def check_structure(model: onnx.ModelProto) -> str | None:
+    """The onnx checker's complaint about ``model`` (one line), or None. Above 2 GB the checker cannot take
+    the in-memory proto; strict shape inference and onnxruntime still check those models."""
+    if model.ByteSize() >= _TWO_GB:
+        return None
+    try:
+        onnx.checker.check_model(model)
+    except Exception as exc:  # noqa: BLE001
+        return _first_line(exc)
+    return None
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
