@@ -20,6 +20,7 @@ import onnx.external_data_helper
 from google.protobuf.message import DecodeError
 
 from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.graph import approx_model_bytes, write_with_external_data
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
@@ -69,14 +70,15 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
             raise InputError(f"{path}: external data file {location} is missing; keep the .data file next to "
                              f"the model")
     try:
-        onnx.external_data_helper.load_external_data_for_model(model, base_dir)
+        if external:
+            onnx.external_data_helper.load_external_data_for_model(model, base_dir)
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{path}: cannot read external data ({type(exc).__name__}: {_first_line(exc)})") from None
     densify_sparse_initializers(model)
     if not model.graph.output:
         raise InputError(f"{path}: the graph has no outputs; nothing to validate or fix")
     try:
-        if model.ByteSize() < _TWO_GB:
+        if approx_model_bytes(model) < _TWO_GB:
             onnx.checker.check_model(model)
         else:
             onnx.checker.check_model(path)
@@ -161,20 +163,20 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
     path = os.path.abspath(os.fspath(path))
     directory = os.path.dirname(path)
     if external_data is None:
-        external_data = model.ByteSize() >= _TWO_GB or _uses_external_data(model)
+        external_data = approx_model_bytes(model) >= _TWO_GB or _uses_external_data(model)
     fd, tmp = tempfile.mkstemp(prefix=".npufix-", suffix=".tmp", dir=directory)
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())
     tmp_data = None
     try:
         if external_data:
-            data_name = os.path.basename(path) + ".data"
             fd, tmp_data = tempfile.mkstemp(prefix=".npufix-", suffix=".data.tmp", dir=directory)
             os.close(fd)
             os.chmod(tmp_data, 0o666 & ~_umask())
-            _move_weights_to_file(model, tmp_data, data_name)
-        with open(tmp, "wb") as f:
-            f.write(model.SerializeToString())
+            write_with_external_data(model, tmp, tmp_data, os.path.basename(path) + ".data", in_place=True)
+        else:
+            with open(tmp, "wb") as f:
+                f.write(model.SerializeToString())
         if tmp_data is not None:
             os.replace(tmp_data, os.path.join(directory, os.path.basename(path) + ".data"))
             tmp_data = None
@@ -185,20 +187,6 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
                 with contextlib.suppress(OSError):
                     os.unlink(leftover)
         raise
-
-
-def _move_weights_to_file(model: onnx.ModelProto, data_path: str, location: str, threshold: int = 1024) -> None:
-    """Append every raw initializer of ``threshold`` bytes or more to ``data_path`` and point it there."""
-    with open(data_path, "wb") as data_file:
-        for tensor in model.graph.initializer:
-            if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.raw_data) < threshold:
-                continue
-            offset = data_file.tell()
-            data_file.write(tensor.raw_data)
-            onnx.external_data_helper.set_external_data(tensor, location=location, offset=offset,
-                                                        length=len(tensor.raw_data))
-            tensor.ClearField("raw_data")
-            tensor.data_location = onnx.TensorProto.EXTERNAL
 
 
 def _umask() -> int:

@@ -22,6 +22,7 @@ import onnx
 
 from onnx_npu_fix.errors import InputError
 from onnx_npu_fix.graph import (
+    approx_model_bytes,
     infer_shapes,
     name_unnamed_nodes,
     remove_dead_nodes,
@@ -31,7 +32,7 @@ from onnx_npu_fix.graph import (
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass
 from onnx_npu_fix.report import FixReport, PassRecord
-from onnx_npu_fix.validate import Comparison, Feeds, Outputs, Runner, compare, make_inputs
+from onnx_npu_fix.validate import Comparison, Feeds, Outputs, Runner, compare, make_inputs, runtime_errors
 
 log = logging.getLogger("onnx_npu_fix")
 
@@ -155,7 +156,7 @@ class _Validator:
         self.feeds = make_inputs(model, options.n_inputs, options.seed)
         try:
             self.original = self._run(model)
-        except Exception as exc:  # noqa: BLE001 - the runtime's refusal is information, not a crash
+        except runtime_errors() as exc:  # the runtime's refusal is information, not a crash
             report.validation_note = (f"onnxruntime cannot run the original model ({_first_line(exc)}); "
                                       f"passes are validated from the first model it can run")
             return
@@ -184,7 +185,7 @@ class _Validator:
             return None
         try:
             outputs = self._run(model)
-        except Exception as exc:  # noqa: BLE001
+        except runtime_errors() as exc:
             if self.current is None:
                 record.status = "not validated"
                 self._accept(record)
@@ -223,7 +224,7 @@ class _Validator:
         else:
             try:
                 outputs = self._run(model)
-            except Exception as exc:  # noqa: BLE001
+            except runtime_errors() as exc:
                 return Comparison(error=f"onnxruntime cannot run the output model: {_first_line(exc)}")
         return self._compare(self.original, outputs, exact=self.all_exact)
 
@@ -235,7 +236,7 @@ class _Validator:
 def check_structure(model: onnx.ModelProto) -> str | None:
     """The onnx checker's complaint about ``model`` (one line), or None. Above 2 GB the checker cannot take
     the in-memory proto; strict shape inference and onnxruntime still check those models."""
-    if model.ByteSize() >= _TWO_GB:
+    if approx_model_bytes(model) >= _TWO_GB:
         return None
     try:
         onnx.checker.check_model(model)

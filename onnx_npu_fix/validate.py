@@ -16,7 +16,13 @@ import numpy as np
 import onnx
 
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.graph import dynamic_inputs, format_shape, shape_of_value_info
+from onnx_npu_fix.graph import (
+    approx_model_bytes,
+    dynamic_inputs,
+    format_shape,
+    shape_of_value_info,
+    write_with_external_data,
+)
 
 Feeds = dict[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
@@ -85,6 +91,17 @@ def make_inputs(model: onnx.ModelProto, n: int, seed: int) -> list[Feeds]:
     return feeds
 
 
+def runtime_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions by which onnxruntime refuses a model or an input (its pybind classes derive from
+    Exception directly). Anything else raised while validating is a bug in npufix, not a verdict on the model."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    names = ("Fail", "InvalidGraph", "InvalidArgument", "NoSuchFile", "NoModel", "EngineError",
+             "RuntimeException", "InvalidProtobuf", "ModelLoaded", "NotImplemented", "EPFail")
+    found = tuple(getattr(state, n) for n in names if isinstance(getattr(state, n, None), type))
+    return (*found, RuntimeError)
+
+
 class Runner:
     """One onnxruntime session for one model; reused for every input set."""
 
@@ -99,15 +116,15 @@ class Runner:
         self._tmpdir = None
         if model_path is not None:
             source: Any = model_path
-        elif model.ByteSize() < _TWO_GB:
+        elif approx_model_bytes(model) < _TWO_GB:
             source = model.SerializeToString()
         else:
-            # Too large to pass as bytes: write it (with external data) to a scratch directory.
+            # Too large to pass as bytes: a scratch copy whose weights live in a data file; the model in
+            # memory is left as it is (the passes after this validation still read its weights).
             self._tmpdir = tempfile.TemporaryDirectory(prefix="npufix-validate-")
             source = os.path.join(self._tmpdir.name, "model.onnx")
-            # A unique location: onnx refuses to save when that name exists in the *working* directory.
-            onnx.save(model, source, save_as_external_data=True,
-                      location=f"npufix-{os.getpid()}-{id(self)}.data")
+            write_with_external_data(model, source, os.path.join(self._tmpdir.name, "weights.data"),
+                                     "weights.data", in_place=False)
         self.session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
     def run(self, feeds: Feeds) -> Outputs:

@@ -1,0 +1,853 @@
+"""npufix benchmark: how long a fix takes against the I/O floor and against onnxsim, at the sizes deployments use.
+
+    python bench/bench.py                  # all four models, writes bench/results.md (~9 min on 2 cores)
+    python bench/bench.py --quick          # small models, a smoke test in ~10 s (writes nothing)
+    python bench/bench.py --only tcn,unet  # some models only
+    python bench/bench.py --profile --only chain100k   # also cProfile one npufix run and print the top functions
+
+This is a script, not a test. It builds its models (numpy + onnx.helper, seeded) into a scratch directory
+(``build/bench`` by default, reused by later runs when the size parameters have not changed), then for each model
+times, every step in a fresh subprocess and all in the same run, interleaved per repetition:
+
+  (a) the I/O floor: ``onnx.load`` + ``onnx.save`` of the same model (external data kept external);
+  (b) ``npufix --no-validate`` with the model's options;
+  (c) ``npufix`` with validation (``--validate each`` unless the model says otherwise);
+  (d) ``onnxsim`` on the same model (its default command line; "timeout" past ``--onnxsim-timeout``);
+  (e) onnxruntime latency (default session options, i.e. ORT_ENABLE_ALL) of the fixed model over the original's.
+
+Every time is the whole process's wall time (interpreter start and imports included, as a CI step pays them);
+peak RSS comes from the kernel's rusage of that one child (``os.wait4``). The figures are medians over
+``--repeat`` runs (default 3; ``--repeat-huge``, default 1, for the 100k-node and the >2 GB models).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+OPSET = 17
+GIB = 1 << 30
+MIB = 1 << 20
+BUILDER_VERSION = 2  # bump when a builder changes, so cached models in the workdir are rebuilt
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Model builders
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class Builder:
+    """Nodes and initializers with readable unique names; large tensors can go to an external data file."""
+
+    def __init__(self, seed: int, data_path: str | None = None) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[TensorProto] = []
+        self.count = 0
+        self.data_path = data_path
+        self._data = open(data_path, "wb") if data_path else None
+
+    def name(self, base: str) -> str:
+        self.count += 1
+        return f"{base}_{self.count}"
+
+    def const(self, base: str, value: np.ndarray) -> str:
+        name = self.name(base)
+        value = np.ascontiguousarray(value)
+        if self._data is not None and value.nbytes >= 1 << 16:
+            # Write the bytes straight to the data file (64 KiB aligned, so onnxruntime can map them):
+            # a >2 GB model is never held as one protobuf here.
+            offset = -self._data.tell() % 65536 + self._data.tell()
+            self._data.seek(offset)
+            self._data.write(value.tobytes())
+            tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(value.dtype),
+                                 dims=value.shape, data_location=TensorProto.EXTERNAL)
+            for key, val in (("location", os.path.basename(self.data_path)), ("offset", str(offset)),
+                             ("length", str(value.nbytes))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, val
+            self.inits.append(tensor)
+        else:
+            self.inits.append(numpy_helper.from_array(value, name))
+        return name
+
+    def node(self, op: str, inputs: list[str], base: str, **attrs: Any) -> str:
+        node_name = self.name(base)
+        out = f"{node_name}_out"
+        self.nodes.append(helper.make_node(op, inputs, [out], name=node_name, **attrs))
+        return out
+
+    def weight(self, shape: tuple[int, ...], fan_in: int, gain: float = 1.0) -> np.ndarray:
+        w = self.rng.standard_normal(shape, dtype=np.float32)
+        w *= np.float32(gain / np.sqrt(fan_in))
+        return w
+
+    def conv(self, x: str, c_in: int, c_out: int, kernel: tuple[int, ...], base: str, *, group: int = 1,
+             dilation: int = 1, pads: list[int] | None = None, bias: bool = True, stride: int = 1,
+             weight: np.ndarray | None = None) -> str:
+        if weight is None:
+            weight = self.weight((c_out, c_in // group, *kernel), c_in // group * int(np.prod(kernel)), 1.4)
+        inputs = [x, self.const(f"{base}.weight", weight)]
+        if bias:
+            inputs.append(self.const(f"{base}.bias", 0.1 * self.rng.standard_normal(c_out, dtype=np.float32)))
+        attrs: dict[str, Any] = {"kernel_shape": list(kernel), "group": group}
+        if dilation != 1:
+            attrs["dilations"] = [dilation] * len(kernel)
+        if pads:
+            attrs["pads"] = pads
+        if stride != 1:
+            attrs["strides"] = [stride] * len(kernel)
+        return self.node("Conv", inputs, base, **attrs)
+
+    def batchnorm(self, x: str, c: int, base: str, mean: np.ndarray | None = None,
+                  var: np.ndarray | None = None, scale: np.ndarray | None = None,
+                  shift: np.ndarray | None = None) -> str:
+        rng = self.rng
+        scale = (1 + 0.2 * rng.standard_normal(c)).astype(np.float32) if scale is None else scale
+        shift = (0.2 * rng.standard_normal(c)).astype(np.float32) if shift is None else shift
+        mean = (0.3 * rng.standard_normal(c)).astype(np.float32) if mean is None else mean
+        var = (0.5 + rng.random(c)).astype(np.float32) if var is None else var
+        names = [self.const(f"{base}.{n}", v.astype(np.float32))
+                 for n, v in (("gamma", scale), ("beta", shift), ("mean", mean), ("var", var))]
+        return self.node("BatchNormalization", [x, *names], base, epsilon=1e-5)
+
+    def prelu(self, x: str, c: int, base: str) -> str:
+        slope = (0.25 + 0.05 * self.rng.standard_normal((c, 1))).astype(np.float32)
+        return self.node("PRelu", [x, self.const(f"{base}.slope", slope)], base)
+
+    def global_layer_norm(self, x: str, c: int, base: str) -> str:
+        """ConvTasNet's gLN from primitive ops: normalise over (C, L), per-channel gamma and beta."""
+        mean = self.node("ReduceMean", [x], f"{base}.mean", axes=[1, 2], keepdims=1)
+        centered = self.node("Sub", [x, mean], f"{base}.center")
+        var = self.node("ReduceMean", [self.node("Mul", [centered, centered], f"{base}.square")], f"{base}.var",
+                        axes=[1, 2], keepdims=1)
+        eps = self.const(f"{base}.eps", np.array(1e-8, dtype=np.float32))
+        std = self.node("Sqrt", [self.node("Add", [var, eps], f"{base}.add_eps")], f"{base}.std")
+        normed = self.node("Div", [centered, std], f"{base}.div")
+        gamma = self.const(f"{base}.gamma", (1 + 0.1 * self.rng.standard_normal((c, 1))).astype(np.float32))
+        beta = self.const(f"{base}.beta", (0.1 * self.rng.standard_normal((c, 1))).astype(np.float32))
+        return self.node("Add", [self.node("Mul", [normed, gamma], f"{base}.scale"), beta], f"{base}.shift")
+
+    def save(self, path: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
+             graph_name: str) -> None:
+        graph = helper.make_graph(self.nodes, graph_name, inputs, outputs, self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=8,
+                                  producer_name="npufix-bench")
+        if self._data is not None:
+            self._data.close()
+            with open(path, "wb") as f:
+                f.write(model.SerializeToString())
+            onnx.checker.check_model(path)
+        else:
+            onnx.checker.check_model(model)
+            with open(path, "wb") as f:
+                f.write(model.SerializeToString())
+
+
+def _io(name: str, shape: Sequence[int]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def build_tcn(path: str, *, bottleneck: int, hidden: int, repeats: int, frames: int, seed: int = 11) -> None:
+    """ConvTasNet-like separator: encoder conv (kernel 16, stride 8), gLN, bottleneck, ``repeats`` x 8 blocks of
+    1x1 conv -> PRelu -> gLN -> depthwise conv (dilation 1..128) -> PRelu -> gLN -> 1x1 conv + residual, then a
+    sigmoid mask on the encoder output and a transposed-conv decoder. Channel counts are deliberately not
+    multiples of 8, as in the issue's MStar story."""
+    b = Builder(seed)
+    n_filters, kernel = bottleneck, 3
+    samples = 8 * (frames - 1) + 16
+    enc = b.node("Relu", [b.conv("mix", 1, n_filters, (16,), "encoder", stride=8, bias=False)], "encoder.relu")
+    x = b.global_layer_norm(enc, n_filters, "in_norm")
+    x = b.conv(x, n_filters, bottleneck, (1,), "bottleneck")
+    for r in range(repeats):
+        for i in range(8):
+            d, p = 2 ** i, f"r{r}b{i}"
+            h = b.conv(x, bottleneck, hidden, (1,), f"{p}.in_conv")
+            h = b.global_layer_norm(b.prelu(h, hidden, f"{p}.prelu1"), hidden, f"{p}.norm1")
+            h = b.conv(h, hidden, hidden, (kernel,), f"{p}.depth_conv", group=hidden, dilation=d, pads=[d, d])
+            h = b.global_layer_norm(b.prelu(h, hidden, f"{p}.prelu2"), hidden, f"{p}.norm2")
+            h = b.conv(h, hidden, bottleneck, (1,), f"{p}.res_conv", weight=b.weight(
+                (bottleneck, hidden, 1), hidden, 0.3))
+            x = b.node("Add", [x, h], f"{p}.residual")
+    mask = b.node("Sigmoid", [b.conv(b.prelu(x, bottleneck, "mask.prelu"), bottleneck, n_filters, (1,),
+                                     "mask.conv")], "mask.sigmoid")
+    masked = b.node("Mul", [enc, mask], "masked")
+    dec_w = b.const("decoder.weight", b.weight((n_filters, 1, 16), n_filters))
+    b.nodes.append(helper.make_node("ConvTranspose", [masked, dec_w], ["separated"], name="decoder",
+                                    kernel_shape=[16], strides=[8]))
+    b.save(path, [_io("mix", (1, 1, samples))], [_io("separated", (1, 1, samples))], "tcn")
+
+
+def build_unet(path: str, *, base: int, size: int, seed: int = 12) -> None:
+    """U-Net with Conv(3x3, no bias) -> BatchNorm -> Relu twice per level, MaxPool, 4 levels down, bilinear Resize
+    x2 up (half_pixel, torch's align_corners=False), Concat skips, a 1x1 head with 2 classes."""
+    b = Builder(seed)
+
+    def double(x: str, c_in: int, c_out: int, p: str) -> str:
+        for j, ci in enumerate((c_in, c_out)):
+            x = b.conv(x, ci, c_out, (3, 3), f"{p}.conv{j}", pads=[1, 1, 1, 1], bias=False)
+            x = b.node("Relu", [b.batchnorm(x, c_out, f"{p}.bn{j}")], f"{p}.relu{j}")
+        return x
+
+    widths = [base * 2 ** i for i in range(5)]
+    skips, x, c = [], "image", 3
+    for lvl, w in enumerate(widths[:-1]):
+        x = double(x, c, w, f"down{lvl}")
+        skips.append((x, w))
+        x, c = b.node("MaxPool", [x], f"pool{lvl}", kernel_shape=[2, 2], strides=[2, 2]), w
+    x, c = double(x, c, widths[-1], "bottom"), widths[-1]
+    roi = b.const("resize.roi", np.array([], dtype=np.float32))
+    scales = b.const("resize.scales", np.array([1, 1, 2, 2], dtype=np.float32))
+    for lvl in reversed(range(len(widths) - 1)):
+        up = b.node("Resize", [x, roi, scales], f"up{lvl}", mode="linear",
+                    coordinate_transformation_mode="half_pixel")
+        skip, w = skips[lvl]
+        x, c = double(b.node("Concat", [up, skip], f"cat{lvl}", axis=1), c + w, w, f"dec{lvl}"), w
+    b.conv(x, c, 2, (1, 1), "head")
+    b.nodes[-1].output[0] = "logits"
+    b.save(path, [_io("image", (1, 3, size, size))], [_io("logits", (1, 2, size, size))], "unet")
+
+
+def build_chain(path: str, *, blocks: int, channels: int = 8, size: int = 4, seed: int = 13) -> None:
+    """``blocks`` x (Conv 3x3 -> BatchNormalization -> Relu) on a tiny feature map: 3 nodes and 5 initializers
+    per block, the shape of a graph where per-node overhead dominates.
+
+    Each block is made a contraction (BatchNorm's scale / sqrt(var) times a bound on the conv's operator norm is
+    at most 0.7), so float rounding does not grow over 30k+ layers: npufix's exact tolerance is then a fair test,
+    and activations stay finite. The BatchNorm means are the conv outputs' means on a random input."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    b = Builder(seed)
+    rng = b.rng
+    act = rng.standard_normal((channels, size, size)).astype(np.float32)
+    x = "input"
+    for i in range(blocks):
+        w = b.weight((channels, channels, 3, 3), channels * 9, 1.4)
+        padded = np.pad(act, ((0, 0), (1, 1), (1, 1)))
+        cols = sliding_window_view(padded, (3, 3), axis=(1, 2)).transpose(0, 3, 4, 1, 2).reshape(channels * 9, -1)
+        y = (w.reshape(channels, -1) @ cols).reshape(channels, size, size)
+        bound = sum(np.linalg.norm(w[:, :, r, s], 2) for r in range(3) for s in range(3))
+        gain = (0.7 / bound) * rng.uniform(0.5, 1.0, channels)
+        scale = rng.uniform(0.3, 0.6, channels)
+        var = ((scale / gain) ** 2 - 1e-5).astype(np.float32)
+        mean = y.mean(axis=(1, 2)).astype(np.float32)
+        shift = rng.uniform(0.2, 0.5, channels)
+        act = np.maximum(gain[:, None, None] * (y - mean[:, None, None]) + shift[:, None, None], 0).astype(np.float32)
+        x = b.conv(x, channels, channels, (3, 3), f"l{i}.conv", pads=[1, 1, 1, 1], bias=False, weight=w)
+        x = b.batchnorm(x, channels, f"l{i}.bn", mean=mean, var=var, scale=scale.astype(np.float32),
+                        shift=shift.astype(np.float32))
+        x = b.node("Relu", [x], f"l{i}.relu")
+    b.nodes[-1].output[0] = "output"
+    shape = (1, channels, size, size)
+    b.save(path, [_io("input", shape)], [_io("output", shape)], "chain")
+
+
+def build_external(path: str, *, layers: int, channels: int, pixels: int = 4, seed: int = 14) -> None:
+    """``layers`` x (Conv 1x1 channels->channels -> BatchNormalization -> Relu), weights in ``<name>.data``
+    (external data, written tensor by tensor). With 9 x 8192^2 float32 weights the model is 2.4 GB."""
+    b = Builder(seed, data_path=path + ".data")
+    rng = b.rng
+    act = rng.standard_normal((channels, pixels * pixels)).astype(np.float32)
+    x = "input"
+    for i in range(layers):
+        w = b.weight((channels, channels, 1, 1), channels, 1.4)
+        y = w[:, :, 0, 0] @ act
+        mean, var = y.mean(axis=1), y.var(axis=1) + 1e-3
+        scale = rng.uniform(0.5, 1.0, channels).astype(np.float32)
+        shift = rng.uniform(0.0, 0.3, channels).astype(np.float32)
+        act = np.maximum(scale[:, None] * (y - mean[:, None]) / np.sqrt(var + 1e-5)[:, None] + shift[:, None], 0)
+        x = b.conv(x, channels, channels, (1, 1), f"fc{i}", bias=False, weight=w)
+        del w
+        x = b.node("Relu", [b.batchnorm(x, channels, f"fc{i}.bn", mean=mean, var=var, scale=scale, shift=shift)],
+                   f"fc{i}.relu")
+    b.nodes[-1].output[0] = "output"
+    shape = (1, channels, pixels, pixels)
+    b.save(path, [_io("input", shape)], [_io("output", shape)], "external")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The benchmark cases
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    title: str
+    build: Callable[..., None]
+    params: dict[str, Any]
+    quick_params: dict[str, Any]
+    npufix_args: tuple[str, ...] = ()
+    validate_args: tuple[str, ...] = ()
+    """Extra arguments of run (c); empty means npufix's default policy (--validate each)."""
+    huge: bool = False
+    """Repeated --repeat-huge times instead of --repeat."""
+    latency: bool = True
+    note: str = ""
+
+
+CASES: tuple[Case, ...] = (
+    Case("tcn", "TCN (ConvTasNet-like)", build_tcn,
+         dict(bottleneck=380, hidden=1370, repeats=3, frames=512),
+         dict(bottleneck=20, hidden=36, repeats=1, frames=256),
+         npufix_args=("--max-dilation", "4", "--align", "8")),
+    Case("unet", "U-Net (BN, bilinear)", build_unet,
+         dict(base=60, size=128), dict(base=6, size=32)),
+    Case("chain100k", "100k-node Conv+BN+Relu chain", build_chain,
+         dict(blocks=33334), dict(blocks=1000),
+         validate_args=("--validate", "final"), huge=True, latency=False,
+         note="(c) uses --validate final: one onnxruntime session per model instead of one per changed pass; "
+              "(e) skipped by default: an ORT_ENABLE_ALL session of this graph takes minutes to build "
+              "(--latency-all measures it)"),
+    Case("external2g", ">2 GB, external data", build_external,
+         dict(layers=9, channels=8192), dict(layers=3, channels=512),
+         huge=True),
+)
+
+
+def model_size(path: str) -> int:
+    data = path + ".data"
+    return os.path.getsize(path) + (os.path.getsize(data) if os.path.exists(data) else 0)
+
+
+def ensure_model(case: Case, quick: bool, workdir: str) -> tuple[str, dict[str, Any]]:
+    """Build the case's model unless an identical one (same builder parameters) is already in ``workdir``."""
+    params = case.quick_params if quick else case.params
+    tag = "quick" if quick else "full"
+    path = os.path.join(workdir, "models", f"{case.name}-{tag}.onnx")
+    stamp_path = path + ".json"
+    if os.path.exists(stamp_path) and os.path.exists(path):
+        with open(stamp_path, encoding="utf-8") as f:
+            stamp = json.load(f)
+        if stamp.get("params") == params and stamp.get("builder") == BUILDER_VERSION and \
+                stamp.get("size") == model_size(path):
+            return path, stamp
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    for stale in (path, path + ".data", stamp_path):
+        if os.path.exists(stale):
+            os.unlink(stale)
+    t0 = time.perf_counter()
+    case.build(path, **params)
+    model = onnx.load(path, load_external_data=False)
+    stamp = {"params": params, "builder": BUILDER_VERSION, "size": model_size(path), "nodes": len(model.graph.node),
+             "initializers": len(model.graph.initializer), "build_seconds": round(time.perf_counter() - t0, 1),
+             "external_data": os.path.exists(path + ".data")}
+    del model
+    with open(stamp_path, "w", encoding="utf-8") as f:
+        json.dump(stamp, f)
+    return path, stamp
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Running one step in a child process
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Run:
+    seconds: float
+    peak_rss: int  # bytes, of the child process itself (rusage)
+    returncode: int | None
+    status: str  # ok | exit N | timeout | killed (RSS > limit)
+    stderr: str
+
+
+def run_child(cmd: Sequence[str], *, timeout: float, rss_limit: int, cwd: str | None = None) -> Run:
+    """Run ``cmd``; wall time, peak RSS (``os.wait4`` rusage), and a watchdog for the timeout and RSS limit."""
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(list(cmd), stdout=subprocess.DEVNULL, stderr=err, cwd=cwd,
+                                start_new_session=True)
+        verdict: list[str] = []
+        done = threading.Event()
+
+        def watchdog() -> None:
+            status = f"/proc/{proc.pid}/status"
+            while not done.wait(0.2):
+                reason = None
+                if time.perf_counter() - t0 > timeout:
+                    reason = "timeout"
+                else:
+                    try:
+                        with open(status) as f:
+                            rss = next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
+                    except OSError:
+                        rss = 0
+                    if rss > rss_limit:
+                        reason = f"killed (RSS > {rss_limit / GIB:.0f} GiB)"
+                if reason:
+                    verdict.append(reason)
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    return
+
+        thread = threading.Thread(target=watchdog, daemon=True)
+        thread.start()
+        _, wait_status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - t0
+        done.set()
+        thread.join()
+        proc.returncode = os.waitstatus_to_exitcode(wait_status)
+        err.seek(0)
+        stderr = err.read().decode("utf-8", "replace")
+    code = proc.returncode
+    status = verdict[0] if verdict else ("ok" if code == 0 else f"exit {code}")
+    return Run(seconds, usage.ru_maxrss * 1024, code, status, stderr)
+
+
+FLOOR = """
+import os, sys, onnx
+src, dst, external = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+model = onnx.load(src)
+if external:
+    data = os.path.basename(dst) + ".data"
+    if os.path.exists(os.path.join(os.path.dirname(dst), data)):
+        os.unlink(os.path.join(os.path.dirname(dst), data))  # onnx appends to an existing data file
+    onnx.save(model, dst, save_as_external_data=True, all_tensors_to_one_file=True, location=data,
+              size_threshold=1024)
+else:
+    onnx.save(model, dst)
+"""
+
+
+def _remove(path: str) -> None:
+    for p in (path, path + ".data"):
+        if os.path.exists(p):
+            os.unlink(p)
+
+
+def _warm_cache(path: str) -> None:
+    """Read the model once so the first timed step does not pay for the disk alone."""
+    for p in (path, path + ".data"):
+        if os.path.exists(p):
+            with open(p, "rb") as f:
+                while f.read(64 * MIB):
+                    pass
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# onnxruntime latency, run as `bench.py --_latency ORIGINAL FIXED` in its own process
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _latency_main(original: str, fixed: str, runs: int) -> None:
+    import onnxruntime as ort
+
+    def session(path: str) -> tuple[Any, dict[str, np.ndarray], float]:
+        t0 = time.perf_counter()
+        sess = ort.InferenceSession(path, ort.SessionOptions(), providers=["CPUExecutionProvider"])
+        created = time.perf_counter() - t0
+        rng = np.random.default_rng(0)
+        feeds = {i.name: rng.standard_normal([d if isinstance(d, int) and d > 0 else 1 for d in i.shape])
+                 .astype(np.float32) for i in sess.get_inputs()}
+        for _ in range(2):  # warm-up: first runs allocate and pick kernels
+            sess.run(None, feeds)
+        return sess, feeds, created
+
+    def timed(sess: Any, feeds: dict[str, np.ndarray]) -> float:
+        t0 = time.perf_counter()
+        sess.run(None, feeds)
+        return time.perf_counter() - t0
+
+    big = model_size(original) + model_size(fixed) > GIB
+    result: dict[str, Any] = {}
+    if big:  # one session at a time: two sessions of a >2 GB model would double the memory
+        for key, path in (("original", original), ("fixed", fixed)):
+            sess, feeds, created = session(path)
+            result[key] = {"ms": 1e3 * statistics.median(timed(sess, feeds) for _ in range(runs)),
+                           "session_s": created}
+            del sess
+    else:  # interleaved, so drift on a shared machine hits both alike
+        s_o, f_o, c_o = session(original)
+        s_f, f_f, c_f = session(fixed)
+        t_o, t_f = [], []
+        for _ in range(runs):
+            t_o.append(timed(s_o, f_o))
+            t_f.append(timed(s_f, f_f))
+        result = {"original": {"ms": 1e3 * statistics.median(t_o), "session_s": c_o},
+                  "fixed": {"ms": 1e3 * statistics.median(t_f), "session_s": c_f}}
+    print(json.dumps(result))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The benchmark
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class CaseResult:
+    case: Case
+    path: str
+    stamp: dict[str, Any]
+    repeat: int
+    runs: dict[str, list[Run]]
+    latency: dict[str, Any] | None = None
+    latency_status: str = ""
+    fixed_from: str = ""
+
+
+def _median(runs: list[Run]) -> float | None:
+    ok = [r.seconds for r in runs if r.status in ("ok", "exit 1")]
+    return statistics.median(ok) if ok else None
+
+
+def run_case(case: Case, args: argparse.Namespace) -> CaseResult:
+    path, stamp = ensure_model(case, args.quick, args.workdir)
+    out_dir = os.path.join(args.workdir, "out", case.name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    external = "1" if stamp["external_data"] else "0"
+    repeat = args.repeat_huge if case.huge else args.repeat
+    py = sys.executable
+    npufix = [py, "-m", "onnx_npu_fix", path, *case.npufix_args]
+    outs = {k: os.path.join(out_dir, f"{k}.onnx") for k in "abcd"}
+    steps: dict[str, tuple[list[str], float, str | None]] = {
+        "a": ([py, "-c", FLOOR, path, outs["a"], external], args.step_timeout, None),
+        "b": ([*npufix, "-o", outs["b"], "--no-validate"], args.step_timeout, None),
+        "c": ([*npufix, "-o", outs["c"], *case.validate_args], args.step_timeout, None),
+    }
+    if not args.no_onnxsim:
+        cmd = [py, "-m", "onnxsim", path, outs["d"]]
+        if args.onnxsim_check:
+            cmd.append(str(args.onnxsim_check))
+        steps["d"] = (cmd, args.onnxsim_timeout, out_dir)
+    runs: dict[str, list[Run]] = {k: [] for k in steps}
+    _warm_cache(path)
+    _log(f"{case.name}: {stamp['size'] / MIB:.0f} MiB, {stamp['nodes']} nodes, {repeat} run(s) of "
+         f"{', '.join(steps)}")
+    for i in range(repeat):
+        for key, (cmd, timeout, cwd) in steps.items():
+            if runs[key] and (runs[key][-1].status == "timeout" or runs[key][-1].status.startswith("killed")):
+                continue  # once over a limit, not again
+            _remove(outs[key])
+            run = run_child(cmd, timeout=timeout, rss_limit=args.rss_limit, cwd=cwd)
+            runs[key].append(run)
+            _log(f"  {case.name} {key} #{i + 1}: {run.seconds:7.2f} s  RSS {run.peak_rss / GIB:5.2f} GiB  "
+                 f"{run.status}")
+            if run.status not in ("ok",) and key in "bc":
+                tail = run.stderr.strip().splitlines()[-3:]
+                _log("    " + "\n    ".join(tail))
+    result = CaseResult(case, path, stamp, repeat, runs)
+    for key in ("c", "b"):
+        if os.path.exists(outs[key]):
+            result.fixed_from = key
+            break
+    if not case.latency and not args.latency_all:
+        result.latency_status = "skipped"
+    elif not result.fixed_from:
+        result.latency_status = "no fixed model"
+    else:
+        cmd = [py, os.path.abspath(__file__), "--_latency", path, outs[result.fixed_from],
+               "--latency-runs", str(args.latency_runs)]
+        with tempfile.TemporaryFile() as out:
+            try:
+                done = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, timeout=args.latency_timeout)
+                out.seek(0)
+                text = out.read().decode()
+                if done.returncode == 0:
+                    result.latency = json.loads(text.strip().splitlines()[-1])
+                    result.latency_status = "ok"
+                else:
+                    result.latency_status = f"error: {done.stderr.decode().strip().splitlines()[-1:]}"
+            except subprocess.TimeoutExpired:
+                result.latency_status = "timeout"
+        _log(f"  {case.name} e: {result.latency_status} {json.dumps(result.latency) if result.latency else ''}")
+    if args.profile:
+        profile_npufix(case, path, out_dir, args)
+    if not args.keep_outputs:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return result
+
+
+def profile_npufix(case: Case, path: str, out_dir: str, args: argparse.Namespace) -> None:
+    """cProfile one npufix run (the validated one, (c)) and print the functions that take the time."""
+    prof = os.path.join(args.workdir, f"{case.name}.prof")
+    out = os.path.join(out_dir, "profiled.onnx")
+    cmd = [sys.executable, "-m", "cProfile", "-o", prof, "-m", "onnx_npu_fix", path, "-o", out,
+           *case.npufix_args, *(["--no-validate"] if args.profile == "b" else case.validate_args)]
+    run = run_child(cmd, timeout=args.step_timeout, rss_limit=args.rss_limit)
+    _log(f"  {case.name} profile ({args.profile}): {run.seconds:.2f} s {run.status}; {prof}")
+    import pstats
+
+    stats = pstats.Stats(prof, stream=sys.stderr)
+    stats.sort_stats("cumulative").print_stats(30)
+    stats.sort_stats("tottime").print_stats(15)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Output
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _fmt_s(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.2f} s" if value < 100 else f"{value:.0f} s"
+
+
+def _cell(runs: list[Run]) -> str:
+    """The median, or why there is none."""
+    med = _median(runs)
+    if med is None:
+        return runs[-1].status if runs else "–"
+    codes = {r.returncode for r in runs}
+    return _fmt_s(med) + (" (exit 1)" if 1 in codes else "")
+
+
+def _ratio(num: float | None, den: float | None) -> str:
+    return f"{num / den:.2f}" if num is not None and den else "–"
+
+
+def _rss(runs: list[Run], size: int) -> str:
+    if not runs:
+        return "–"
+    peak = max(r.peak_rss for r in runs)
+    return f"{peak / GIB:.2f} GiB ({peak / size:.1f}×)"
+
+
+def table(results: list[CaseResult]) -> str:
+    head = ("| model | size | nodes | (a) load+save | (b) npufix --no-validate | (c) npufix validated | "
+            "(d) onnxsim | b/a | c/a | c/d | peak RSS (b) | peak RSS (c) | (e) ORT latency fixed/orig |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in results:
+        a, b, c = (_median(r.runs.get(k, [])) for k in "abc")
+        d_runs = r.runs.get("d", [])
+        d = _median(d_runs)
+        if d is None and d_runs and d_runs[-1].status == "timeout":
+            cd = f"< {c / d_runs[-1].seconds:.2f}" if c else "–"
+            d_cell = f"timeout (> {d_runs[-1].seconds:.0f} s)"
+        else:
+            cd, d_cell = _ratio(c, d), _cell(d_runs) if d_runs else "not run"
+        size = r.stamp["size"]
+        if r.latency:
+            o, f = r.latency["original"]["ms"], r.latency["fixed"]["ms"]
+            lat = f"{f / o:.2f} ({o:.1f} → {f:.1f} ms)"
+        else:
+            lat = r.latency_status
+        c_label = _cell(r.runs.get("c", []))
+        if r.case.validate_args:
+            c_label += f" [{' '.join(r.case.validate_args)}]"
+        size_txt = f"{size / 1e9:.2f} GB" if size > 1e9 else f"{size / 1e6:.{0 if size > 1e7 else 1}f} MB"
+        lines.append(f"| {r.case.name} | {size_txt} | {r.stamp['nodes']:,} | {_cell(r.runs['a'])} | "
+                     f"{_cell(r.runs['b'])} | {c_label} | {d_cell} | {_ratio(b, a)} | {_ratio(c, a)} | {cd} | "
+                     f"{_rss(r.runs['b'], size)} | {_rss(r.runs['c'], size)} | {lat} |")
+    return "\n".join(lines)
+
+
+def _pass_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip() and not line.startswith("wrote ")]
+
+
+def details(results: list[CaseResult], quick: bool) -> str:
+    out = []
+    for r in results:
+        case = r.case
+        params = case.quick_params if quick else case.params
+        out.append(f"### {case.name}: {case.title}\n")
+        out.append(f"- built by `{case.build.__name__}({', '.join(f'{k}={v}' for k, v in params.items())})`: "
+                   f"{r.stamp['size'] / 1e6:.1f} MB, {r.stamp['nodes']:,} nodes, "
+                   f"{r.stamp['initializers']:,} initializers"
+                   + (", weights in external data" if r.stamp["external_data"] else ""))
+        flags = " ".join(case.npufix_args) or "(defaults)"
+        out.append(f"- npufix options: `{flags}`; (c) validation: "
+                   f"`{' '.join(case.validate_args) or '--validate each (default)'}`; runs per step: {r.repeat}")
+        if case.note:
+            out.append(f"- {case.note}")
+        for key, label in (("a", "floor"), ("b", "no-validate"), ("c", "validated"), ("d", "onnxsim")):
+            runs = r.runs.get(key, [])
+            if runs:
+                samples = ", ".join(f"{x.seconds:.2f}" for x in runs)
+                rss = ", ".join(f"{x.peak_rss / GIB:.2f}" for x in runs)
+                statuses = sorted({x.status for x in runs})
+                out.append(f"- ({key}) {label}: seconds [{samples}], peak RSS GiB [{rss}], status {statuses}")
+        if r.latency:
+            lo, lf = r.latency["original"], r.latency["fixed"]
+            out.append(f"- (e) latency of the fixed model from ({r.fixed_from}): {lo['ms']:.2f} ms → "
+                       f"{lf['ms']:.2f} ms; ORT_ENABLE_ALL session creation {lo['session_s']:.1f} s → "
+                       f"{lf['session_s']:.1f} s")
+        c_runs = r.runs.get("c", [])
+        if c_runs:
+            out.append("- npufix summary of the last validated run (c):\n")
+            out.append("  ```")
+            out.extend(f"  {line}" for line in _pass_lines(c_runs[-1].stderr)[-40:])
+            out.append("  ```")
+        out.append("")
+    return "\n".join(out)
+
+
+def machine_info() -> dict[str, str]:
+    info: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+    except OSError:
+        info["cpu"] = platform.processor() or "?"
+    info["cores"] = str(os.cpu_count())
+    try:
+        with open("/proc/meminfo") as f:
+            kib = int(next(line.split()[1] for line in f if line.startswith("MemTotal")))
+        info["ram"] = f"{kib / (1 << 20):.1f} GiB"
+    except (OSError, StopIteration):
+        info["ram"] = "?"
+    info["os"] = platform.platform()
+    info["python"] = platform.python_version()
+    versions = []
+    for mod in ("onnx", "onnxruntime", "numpy", "onnxsim"):
+        try:
+            versions.append(f"{mod} {__import__(mod).__version__}")
+        except Exception:  # noqa: BLE001 - a missing optional tool is reported, not fatal
+            versions.append(f"{mod} not installed")
+    info["versions"] = ", ".join(versions)
+    try:
+        from onnx_npu_fix import __version__
+
+        info["npufix"] = __version__
+    except ImportError:
+        info["npufix"] = "not importable"
+    try:
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        info["commit"] = (commit or "?") + (" + uncommitted changes" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        info["commit"] = "?"
+    listed = subprocess.run([sys.executable, "-c", "from onnx_npu_fix.passes import DEFAULT_ORDER as d; "
+                             "print(' '.join(c.name for c in d))"], capture_output=True, text=True, timeout=60)
+    default = listed.stdout.split()
+    info["passes"] = ", ".join(default) or "?"
+    return info
+
+
+def report(results: list[CaseResult], info: dict[str, str], args: argparse.Namespace, seconds: float) -> str:
+    load, start = os.getloadavg(), args.load_at_start
+    lines = [
+        "# npufix benchmark results" + (" (--quick)" if args.quick else ""),
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M %Z')} by `python bench/bench.py"
+        + (" " + " ".join(args.argv) if args.argv else "") + f"` in {seconds / 60:.1f} min.",
+        "",
+        f"Machine: {info['cpu']}, {info['cores']} cores, {info['ram']} RAM; {info['os']}; Python {info['python']};"
+        f" {info['versions']}. npufix {info['npufix']} at {info['commit']}; default passes: {info['passes']}. "
+        f"Load average (1 min) at the start {start:.1f}, at the end {load[0]:.1f}: other work on the machine "
+        f"shows up in the times.",
+        "",
+        table(results),
+        "",
+        "Times are whole-process wall times (interpreter start and imports included), medians of the runs listed "
+        "below; ratios are of medians. Peak RSS is the largest of the runs, also as a multiple of the model's size "
+        "on disk. (e) is the median of the fixed model's onnxruntime latency over the original's, default session "
+        "options (ORT_ENABLE_ALL). `(exit 1)`: npufix wrote the model but reported constraints it could not fix. "
+        "onnxsim ran as `onnxsim IN OUT" + (f" {args.onnxsim_check}" if args.onnxsim_check else "") + "`"
+        + (" (its default: no output check)" if not args.onnxsim_check else "") + ".",
+        "",
+        "Targets (issue 7): b/a ≤ 2 on all four models; c/d < 1 on the TCN and the U-Net.",
+        "",
+        "## Per model",
+        "",
+        details(results, args.quick),
+    ]
+    return "\n".join(lines)
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    names = [c.name for c in CASES]
+    parser.add_argument("--quick", action="store_true", help="small models: a smoke test in about a minute")
+    parser.add_argument("--only", help=f"comma-separated subset of {', '.join(names)}")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per step (default 3; 1 with --quick)")
+    parser.add_argument("--repeat-huge", type=int, default=1,
+                        help="runs per step for the 100k-node and the >2 GB models (default 1)")
+    parser.add_argument("--workdir", default=os.path.join(ROOT, "build", "bench"),
+                        help="scratch directory for the models and outputs (default build/bench)")
+    parser.add_argument("--results", help="write the Markdown report here (default: bench/results.md for a "
+                        "full run of all models; nothing for --quick or --only)")
+    parser.add_argument("--onnxsim-timeout", type=float, default=300, help="seconds (default 300)")
+    parser.add_argument("--onnxsim-check", type=int, default=0,
+                        help="onnxsim's check_n argument (default 0, onnxsim's own default)")
+    parser.add_argument("--no-onnxsim", action="store_true", help="skip (d)")
+    parser.add_argument("--step-timeout", type=float, default=1800, help="seconds per npufix / floor run")
+    parser.add_argument("--rss-limit", type=float, default=20, help="GiB; a child above it is killed (default 20)")
+    parser.add_argument("--latency-runs", type=int, default=10, help="timed onnxruntime runs per model in (e)")
+    parser.add_argument("--latency-timeout", type=float, default=600, help="seconds for (e) per model")
+    parser.add_argument("--latency-all", action="store_true", help="also measure (e) on the 100k-node graph")
+    parser.add_argument("--profile", nargs="?", const="c", choices=["b", "c"],
+                        help="also run npufix (c, or b) under cProfile per model and print the top functions")
+    parser.add_argument("--keep-outputs", action="store_true", help="keep the fixed models in the workdir")
+    parser.add_argument("--_latency", nargs=2, metavar=("ORIGINAL", "FIXED"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args._latency:
+        _latency_main(*args._latency, args.latency_runs)
+        return 0
+    args.argv = argv
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
+    args.rss_limit = int(args.rss_limit * GIB)
+    if args.quick:
+        args.latency_runs = min(args.latency_runs, 5)
+    chosen = names if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = sorted(set(chosen) - set(names))
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(names)}")
+    if not args.no_onnxsim:
+        try:
+            import onnxsim  # noqa: F401
+        except ImportError:
+            _log("onnxsim is not installed (pip install -e '.[bench]'): column (d) says 'not installed'")
+            args.no_onnxsim = True
+    args.workdir = os.path.abspath(args.workdir)
+    os.makedirs(args.workdir, exist_ok=True)
+    free = shutil.disk_usage(args.workdir).free
+    if "external2g" in chosen and not args.quick and free < 16 * GIB:
+        _log(f"warning: {free / GIB:.0f} GiB free in {args.workdir}; the >2 GB case needs about 15 GiB")
+    started = time.perf_counter()
+    args.load_at_start = os.getloadavg()[0]
+    info = machine_info()
+    results = []
+    for case in CASES:
+        if case.name in chosen:
+            results.append(run_case(case, args))
+    seconds = time.perf_counter() - started
+    text = report(results, info, args, seconds)
+    if args.no_onnxsim:
+        text = text.replace("| not run |", "| not installed |")
+    print(table(results).replace("| not run |", "| not installed |") if args.no_onnxsim else table(results))
+    target = args.results
+    if target is None and not args.quick and not args.only:
+        target = os.path.join(HERE, "results.md")
+    if target:
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        _log(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
