@@ -200,7 +200,8 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
     else:
         from onnx_npu_fix.constraints import check_model
 
-        checked = check_model(result.model, options, shapes=dump_shapes, prepared=True)
+        checked = check_model(result.model, options, shapes=dump_shapes, prepared=True,
+                              memory=bool(report_path) or output_format == "json")
         try:
             api.save_model(result.model, output, external_data=external or None)
         except OSError as exc:

@@ -193,12 +193,14 @@ def find_violations(model: onnx.ModelProto, options: FixOptions) -> list[Violati
 
 
 def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = False,
-                prepared: bool = False) -> CheckReport:
+                prepared: bool = False, memory: bool = True) -> CheckReport:
     """Violations plus the activation-memory estimate (and the shape listing when ``shapes``), all from one
     analysis copy with inferred shapes. ``options.input_shapes`` is applied to the copy, as a fixing run would.
 
     ``prepared``: ``model`` comes out of the pass manager (named nodes, frozen inputs, fresh inferred shapes),
     so it is read as is instead of copied and inferred again — it is still not modified.
+    ``memory=False`` skips the activation estimate (a second of work at 100k nodes) unless an SRAM budget
+    needs it for a verdict.
     """
     if prepared:
         light, inference_error = model, None
@@ -215,10 +217,12 @@ def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = F
     for node in light.graph.node:
         _check_node(ctx, node)
     _check_graph_outputs(ctx)
-    memory = estimate_index(index, options.act_bytes, options.sram_bytes, constants=ctx.const)
-    if memory.sram_bytes is not None and not memory.fits:
-        ctx.found.append(_memory_violation(memory))
-    return CheckReport(ctx.found, memory, _listing(index, ctx.const) if shapes else None, ctx.exempt)
+    estimate = None
+    if memory or options.sram_bytes is not None:
+        estimate = estimate_index(index, options.act_bytes, options.sram_bytes, constants=ctx.const)
+        if estimate.sram_bytes is not None and not estimate.fits:
+            ctx.found.append(_memory_violation(estimate))
+    return CheckReport(ctx.found, estimate, _listing(index, ctx.const) if shapes else None, ctx.exempt)
 
 
 @dataclass
