@@ -261,15 +261,9 @@ def _backward_target(index: GraphIndex, bn: onnx.NodeProto,
     readers = len(index.consumers_of(x))
     if readers != 1:
         return None, f"{where} output {x} also feeds {readers - 1} other node(s)"
-    if len(layer.input) < 2:
-        return None, f"{where} has no weight input"
-    problem = _const_problem(index, layer.input[1], f"{where} weight")
+    problem = _weights_problem(index, layer, where)
     if problem:
         return None, problem
-    if len(layer.input) > 2 and layer.input[2]:
-        problem = _const_problem(index, layer.input[2], f"{where} bias")
-        if problem:
-            return None, problem
     w_shape = _const_shape(index, layer.input[1])
     c = affine.channels
     if layer.op_type == "Conv":
@@ -293,6 +287,16 @@ def _backward_target(index: GraphIndex, bn: onnx.NodeProto,
     return layer, ""
 
 
+def _weights_problem(index: GraphIndex, layer: onnx.NodeProto, where: str) -> str | None:
+    """Why ``layer``'s weight (and bias, when present) cannot be folded into, or None when both are constants."""
+    if len(layer.input) < 2:
+        return f"{where} has no weight input"
+    problem = _const_problem(index, layer.input[1], f"{where} weight")
+    if not problem and len(layer.input) > 2 and layer.input[2]:
+        problem = _const_problem(index, layer.input[2], f"{where} bias")
+    return problem
+
+
 def _forward_target(index: GraphIndex, bn: onnx.NodeProto,
                     affine: _Affine) -> tuple[onnx.NodeProto | None, str]:
     """The Conv the BN folds into from the front (rule 2), or None and why not."""
@@ -310,15 +314,9 @@ def _forward_target(index: GraphIndex, bn: onnx.NodeProto,
         return None, f"its output feeds {where}, not a Conv"
     if conv.input[0] != y or y in list(conv.input[1:]):
         return None, f"its output is not only the data input of {where}"
-    if len(conv.input) < 2:
-        return None, f"{where} has no weight input"
-    problem = _const_problem(index, conv.input[1], f"{where} weight")
+    problem = _weights_problem(index, conv, where)
     if problem:
         return None, problem
-    if len(conv.input) > 2 and conv.input[2]:
-        problem = _const_problem(index, conv.input[2], f"{where} bias")
-        if problem:
-            return None, problem
     w_shape = _const_shape(index, conv.input[1])
     group = int(get_attr(conv, "group", 1))
     if not w_shape or len(w_shape) < 3 or w_shape[1] * group != affine.channels:
