@@ -52,7 +52,10 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
     if os.path.getsize(path) == 0:
         raise InputError(f"{path}: empty file, expected an ONNX model")
     try:
-        model = onnx.load(path, load_external_data=False)
+        with open(path, "rb") as f:
+            raw = f.read()
+        model = onnx.ModelProto()
+        model.ParseFromString(raw)
     except DecodeError as exc:
         raise InputError(f"{path}: not an ONNX model (protobuf decode failed: {exc}); "
                          f"was the file truncated?") from None
@@ -74,11 +77,14 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
             onnx.external_data_helper.load_external_data_for_model(model, base_dir)
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{path}: cannot read external data ({type(exc).__name__}: {_first_line(exc)})") from None
+    sparse = len(model.graph.sparse_initializer) > 0
     densify_sparse_initializers(model)
     if not model.graph.output:
         raise InputError(f"{path}: the graph has no outputs; nothing to validate or fix")
     try:
-        if approx_model_bytes(model) < _TWO_GB:
+        if not external and not sparse:
+            onnx.checker.check_model(raw)  # the bytes just read: no re-serialization of the model
+        elif approx_model_bytes(model) < _TWO_GB:
             onnx.checker.check_model(model)
         else:
             onnx.checker.check_model(path)

@@ -162,8 +162,8 @@ class _Validator:
             return
         self.current = self.original
 
-    def _run(self, model: onnx.ModelProto) -> list[Outputs]:
-        runner = Runner(model)
+    def _run(self, model: onnx.ModelProto, data: bytes | None = None) -> list[Outputs]:
+        runner = Runner(model, data=data)
         try:
             return runner.run_all(self.feeds)
         finally:
@@ -171,9 +171,12 @@ class _Validator:
 
     def after_pass(self, model: onnx.ModelProto, record: PassRecord) -> str | None:
         """Check and validate the model after ``record``'s pass; a one-line problem, or None when it passed."""
+        data = None
         try:
             if self.options.validate == "each":
-                problem = check_structure(model)
+                # Serialized once for both the checker and the onnxruntime session.
+                data = model.SerializeToString() if approx_model_bytes(model) < _TWO_GB else None
+                problem = check_structure(model, data)
                 if problem:
                     return f"the model fails the onnx checker after this pass: {problem}"
             infer_shapes(model)  # strict: also catches a pass that broke types or shapes
@@ -184,7 +187,7 @@ class _Validator:
             self._accept(record)
             return None
         try:
-            outputs = self._run(model)
+            outputs = self._run(model, data)
         except runtime_errors() as exc:
             if self.current is None:
                 record.status = "not validated"
@@ -233,13 +236,16 @@ class _Validator:
                        max_approx_error=self.options.max_approx_error)
 
 
-def check_structure(model: onnx.ModelProto) -> str | None:
-    """The onnx checker's complaint about ``model`` (one line), or None. Above 2 GB the checker cannot take
+def check_structure(model: onnx.ModelProto, data: bytes | None = None) -> str | None:
+    """The onnx checker's complaint about ``model`` (one line), or None. ``data``: the model already
+    serialized (checking bytes skips the checker's own re-serialization). Above 2 GB the checker cannot take
     the in-memory proto; strict shape inference and onnxruntime still check those models."""
-    if approx_model_bytes(model) >= _TWO_GB:
-        return None
+    if data is None:
+        if approx_model_bytes(model) >= _TWO_GB:
+            return None
+        data = model.SerializeToString()
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(data)
     except Exception as exc:  # noqa: BLE001
         return _first_line(exc)
     return None

@@ -105,7 +105,7 @@ def runtime_errors() -> tuple[type[BaseException], ...]:
 class Runner:
     """One onnxruntime session for one model; reused for every input set."""
 
-    def __init__(self, model: onnx.ModelProto, *, model_path: str | None = None) -> None:
+    def __init__(self, model: onnx.ModelProto, *, model_path: str | None = None, data: bytes | None = None) -> None:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -116,6 +116,8 @@ class Runner:
         self._tmpdir = None
         if model_path is not None:
             source: Any = model_path
+        elif data is not None:  # the caller serialized it already
+            source = data
         elif approx_model_bytes(model) < _TWO_GB:
             source = model.SerializeToString()
         else:
