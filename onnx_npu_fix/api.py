@@ -158,13 +158,15 @@ def check_output_path(output: str | os.PathLike, input_path: str | os.PathLike |
         raise InputError(f"{what} {output}: not writable")
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None) -> None:
+def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None,
+               serialized: bytes | None = None) -> None:
     """Write ``model`` atomically: temporary files in the target directory, then renames.
 
     Models above 2 GB, or when ``external_data`` is True, keep every initializer of 1 KiB or more in
     ``<name>.data`` next to the output, written fresh (onnx's own writer appends to an existing data file and
     checks for it relative to the working directory). In that case the written tensors' data moves out of the
     in-memory ``model`` (it then refers to the data file), which saves a copy of the weights.
+    ``serialized``: ``model`` already serialized (FixResult.serialized), written as is.
     """
     path = os.path.abspath(os.fspath(path))
     directory = os.path.dirname(path)
@@ -182,7 +184,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
             write_with_external_data(model, tmp, tmp_data, os.path.basename(path) + ".data", in_place=True)
         else:
             with open(tmp, "wb") as f:
-                f.write(model.SerializeToString())
+                f.write(serialized if serialized is not None else model.SerializeToString())
         if tmp_data is not None:
             os.replace(tmp_data, os.path.join(directory, os.path.basename(path) + ".data"))
             tmp_data = None

@@ -203,7 +203,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
         checked = check_model(result.model, options, shapes=dump_shapes, prepared=True,
                               memory=bool(report_path) or output_format == "json")
         try:
-            api.save_model(result.model, output, external_data=external or None)
+            api.save_model(result.model, output, external_data=external or None, serialized=result.serialized)
         except OSError as exc:
             raise _InputProblem(f"cannot write {output}: {exc.strerror or exc}; nothing written") from None
         written = output

@@ -43,6 +43,8 @@ _TWO_GB = 2**31 - 1
 class FixResult:
     model: onnx.ModelProto
     report: FixReport
+    serialized: bytes | None = None
+    """``model`` as checked bytes, when the final check produced them (save_model then writes these)."""
 
     @property
     def ok(self) -> bool:
@@ -79,6 +81,7 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     """
     started = time.perf_counter()
     report = FixReport()
+    data: bytes | None = None
     validator = _Validator(model, options, report)
     for pass_ in passes:
         record = PassRecord(name=pass_.name, exact=pass_.exact)
@@ -122,12 +125,14 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     if report.failed_pass is None or options.keep_going:
         report.final = validator.final(model)
         if options.validate != "each" and validator.changed:
-            # Without per-pass validation the checker still runs once, before anything is written.
-            problem = check_structure(model)
+            # Without per-pass validation the checker still runs once, before anything is written; the bytes
+            # it checked are handed to save_model so the model is not serialized twice.
+            data = model.SerializeToString() if approx_model_bytes(model) < _TWO_GB else None
+            problem = check_structure(model, data)
             if problem:
                 report.final = Comparison(error=f"the output fails the onnx checker: {problem}")
     report.seconds = time.perf_counter() - started
-    return FixResult(model=model, report=report)
+    return FixResult(model=model, report=report, serialized=data)
 
 
 def _rollback(model: onnx.ModelProto, snapshot: onnx.ModelProto | None, record: PassRecord) -> bool:
