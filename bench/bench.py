@@ -42,6 +42,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures"))
+from build_fixtures import Builder as FixtureBuilder  # noqa: E402 - the fixtures' builder, extended below
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 OPSET = 17
@@ -55,20 +58,13 @@ BUILDER_VERSION = 2  # bump when a builder changes, so cached models in the work
 # ----------------------------------------------------------------------------------------------------------------
 
 
-class Builder:
+class Builder(FixtureBuilder):
     """Nodes and initializers with readable unique names; large tensors can go to an external data file."""
 
     def __init__(self, seed: int, data_path: str | None = None) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[TensorProto] = []
-        self.count = 0
+        super().__init__(seed)
         self.data_path = data_path
         self._data = open(data_path, "wb") if data_path else None
-
-    def name(self, base: str) -> str:
-        self.count += 1
-        return f"{base}_{self.count}"
 
     def const(self, base: str, value: np.ndarray) -> str:
         name = self.name(base)
@@ -89,12 +85,6 @@ class Builder:
         else:
             self.inits.append(numpy_helper.from_array(value, name))
         return name
-
-    def node(self, op: str, inputs: list[str], base: str, **attrs: Any) -> str:
-        node_name = self.name(base)
-        out = f"{node_name}_out"
-        self.nodes.append(helper.make_node(op, inputs, [out], name=node_name, **attrs))
-        return out
 
     def weight(self, shape: tuple[int, ...], fan_in: int, gain: float = 1.0) -> np.ndarray:
         w = self.rng.standard_normal(shape, dtype=np.float32)
@@ -129,23 +119,6 @@ class Builder:
         names = [self.const(f"{base}.{n}", v.astype(np.float32))
                  for n, v in (("gamma", scale), ("beta", shift), ("mean", mean), ("var", var))]
         return self.node("BatchNormalization", [x, *names], base, epsilon=1e-5)
-
-    def prelu(self, x: str, c: int, base: str) -> str:
-        slope = (0.25 + 0.05 * self.rng.standard_normal((c, 1))).astype(np.float32)
-        return self.node("PRelu", [x, self.const(f"{base}.slope", slope)], base)
-
-    def global_layer_norm(self, x: str, c: int, base: str) -> str:
-        """ConvTasNet's gLN from primitive ops: normalise over (C, L), per-channel gamma and beta."""
-        mean = self.node("ReduceMean", [x], f"{base}.mean", axes=[1, 2], keepdims=1)
-        centered = self.node("Sub", [x, mean], f"{base}.center")
-        var = self.node("ReduceMean", [self.node("Mul", [centered, centered], f"{base}.square")], f"{base}.var",
-                        axes=[1, 2], keepdims=1)
-        eps = self.const(f"{base}.eps", np.array(1e-8, dtype=np.float32))
-        std = self.node("Sqrt", [self.node("Add", [var, eps], f"{base}.add_eps")], f"{base}.std")
-        normed = self.node("Div", [centered, std], f"{base}.div")
-        gamma = self.const(f"{base}.gamma", (1 + 0.1 * self.rng.standard_normal((c, 1))).astype(np.float32))
-        beta = self.const(f"{base}.beta", (0.1 * self.rng.standard_normal((c, 1))).astype(np.float32))
-        return self.node("Add", [self.node("Mul", [normed, gamma], f"{base}.scale"), beta], f"{base}.shift")
 
     def save(self, path: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
              graph_name: str) -> None:
@@ -182,13 +155,13 @@ def build_tcn(path: str, *, bottleneck: int, hidden: int, repeats: int, frames: 
         for i in range(8):
             d, p = 2 ** i, f"r{r}b{i}"
             h = b.conv(x, bottleneck, hidden, (1,), f"{p}.in_conv")
-            h = b.global_layer_norm(b.prelu(h, hidden, f"{p}.prelu1"), hidden, f"{p}.norm1")
+            h = b.global_layer_norm(b.prelu(h, hidden, 3, f"{p}.prelu1"), hidden, f"{p}.norm1")
             h = b.conv(h, hidden, hidden, (kernel,), f"{p}.depth_conv", group=hidden, dilation=d, pads=[d, d])
-            h = b.global_layer_norm(b.prelu(h, hidden, f"{p}.prelu2"), hidden, f"{p}.norm2")
+            h = b.global_layer_norm(b.prelu(h, hidden, 3, f"{p}.prelu2"), hidden, f"{p}.norm2")
             h = b.conv(h, hidden, bottleneck, (1,), f"{p}.res_conv", weight=b.weight(
                 (bottleneck, hidden, 1), hidden, 0.3))
             x = b.node("Add", [x, h], f"{p}.residual")
-    mask = b.node("Sigmoid", [b.conv(b.prelu(x, bottleneck, "mask.prelu"), bottleneck, n_filters, (1,),
+    mask = b.node("Sigmoid", [b.conv(b.prelu(x, bottleneck, 3, "mask.prelu"), bottleneck, n_filters, (1,),
                                      "mask.conv")], "mask.sigmoid")
     masked = b.node("Mul", [enc, mask], "masked")
     dec_w = b.const("decoder.weight", b.weight((n_filters, 1, 16), n_filters))
