@@ -53,6 +53,8 @@ class ModelDraw:
         draw = self.draw
         k = [draw(st.integers(1, 5)) for _ in range(self.rank)]
         d = [draw(st.sampled_from([1, 1, 2, 3, 4, 5, 8, 9, 16, 32])) for _ in range(self.rank)]
+        if self.rank == 2 and spatial[0] == 1:  # a 1-D conv exported as 2-D: [B,C,1,L], kernel [1,K]
+            k[0], d[0] = 1, 1
         group_kind = draw(st.sampled_from(["dense", "depthwise", "grouped"]))
         if group_kind == "depthwise":
             group = c
@@ -152,6 +154,8 @@ def random_model(draw):
     batch = draw(st.sampled_from([1, 1, 1, 2]))
     channels = draw(st.integers(1, 24))
     spatial = tuple(draw(st.integers(6, 40 if rank == 1 else 14)) for _ in range(rank))
+    if rank == 2 and draw(st.booleans()):
+        spatial = (1, draw(st.integers(6, 40)))  # audio models exported as [B,C,1,L]
     m = ModelDraw(draw, rank)
     tensors = [("x", channels, spatial)]
     for _ in range(draw(st.integers(2, 9))):
