@@ -216,10 +216,29 @@ class AlignChannelsPass(Pass):
                                                    "align-channels (convert the model to opset 11+)",
                                                    blocking=True))
             return result
+        if _all_convs_aligned(model, options.align):
+            return result  # one cheap scan of weight dims instead of planning over the whole graph
         aligner = _Aligner(model, options, result)
         aligner.find()
         aligner.rewrite()
         return result
+
+
+def _all_convs_aligned(model: onnx.ModelProto, align: int) -> bool:
+    """True when every Conv / ConvTranspose has constant weights whose channel counts are already aligned."""
+    dims = {t.name: t.dims for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "ConvTranspose"):
+            continue
+        shape = dims.get(node.input[1]) if len(node.input) > 1 else None
+        if shape is None or len(shape) < 3:
+            return False
+        group = int(get_attr(node, "group", 1))
+        transpose = node.op_type == "ConvTranspose"
+        c_in, c_out = (shape[0], shape[1] * group) if transpose else (shape[1] * group, shape[0])
+        if not _conv_aligned(align, group, c_in, c_out):
+            return False
+    return True
 
 
 class _Aligner:

@@ -33,6 +33,16 @@ class CleanupPass(Pass):
     def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         result = PassResult()
         graph = model.graph
+        if any(n.op_type in ("Identity", "Dropout") for n in graph.node):
+            self._remove_no_ops(model, result)
+        for node in remove_dead_nodes(model):
+            result.changes.append(Change(node.name, node.op_type, "removed dead node"))
+        for name in remove_unused_initializers(graph):
+            result.changes.append(Change(name, "initializer", "removed unused initializer"))
+        return result
+
+    def _remove_no_ops(self, model: onnx.ModelProto, result: PassResult) -> None:
+        graph = model.graph
         index = GraphIndex(model)
         rename: dict[str, str] = {}  # tensor name -> the name its readers should use instead
 
@@ -86,12 +96,6 @@ class CleanupPass(Pass):
                 if id(node) in removed:
                     editor.remove(node)
             editor.commit()
-
-        for node in remove_dead_nodes(model):
-            result.changes.append(Change(node.name, node.op_type, "removed dead node"))
-        for name in remove_unused_initializers(graph):
-            result.changes.append(Change(name, "initializer", "removed unused initializer"))
-        return result
 
     @staticmethod
     def _why_kept(index: GraphIndex, node: onnx.NodeProto) -> str | None:

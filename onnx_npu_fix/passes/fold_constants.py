@@ -41,6 +41,8 @@ class FoldConstantsPass(Pass):
 
     def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         result = PassResult()
+        if not _has_candidates(model):
+            return result  # the usual case on a clean graph: no index, no inference
         opsets = list(model.opset_import)
         for _ in range(_MAX_ROUNDS):
             folded = self._fold_round(model, opsets, options.large_tensor_bytes, result)
@@ -107,6 +109,22 @@ class FoldConstantsPass(Pass):
         if not inputs:
             return None
         return _run_reference(node, inputs, opsets)
+
+
+def _has_candidates(model: onnx.ModelProto) -> bool:
+    """Whether any node could fold: a Shape/Size, or a node whose inputs are all constants. One cheap scan."""
+    graph = model.graph
+    overridable = {i.name for i in graph.input}
+    const = {t.name for t in graph.initializer if t.name not in overridable}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            const.update(node.output)
+            continue
+        if node.domain not in ("", "ai.onnx") or node.op_type in _NEVER_FOLD:
+            continue
+        if node.op_type in ("Shape", "Size") or (node.input and all(not i or i in const for i in node.input)):
+            return True
+    return False
 
 
 def _attr_int(node: onnx.NodeProto, name: str, default):
