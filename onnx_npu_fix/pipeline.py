@@ -123,14 +123,16 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
         if not _rollback(model, snapshot, record):
             break
     if report.failed_pass is None or options.keep_going:
-        report.final = validator.final(model)
+        problem = None
         if options.validate != "each" and validator.changed:
-            # Without per-pass validation the checker still runs once, before anything is written; the bytes
-            # it checked are handed to save_model so the model is not serialized twice.
+            # Without per-pass validation the checker still runs once, before anything is written. The model
+            # is serialized once: for the checker, the final onnxruntime session and save_model.
             data = model.SerializeToString() if approx_model_bytes(model) < _TWO_GB else None
             problem = check_structure(model, data)
-            if problem:
-                report.final = Comparison(error=f"the output fails the onnx checker: {problem}")
+        if problem:
+            report.final = Comparison(error=f"the output fails the onnx checker: {problem}")
+        else:
+            report.final = validator.final(model, data)
     report.seconds = time.perf_counter() - started
     return FixResult(model=model, report=report, serialized=data)
 
@@ -223,15 +225,16 @@ class _Validator:
         self.changed = True
         self.all_exact = self.all_exact and record.exact
 
-    def final(self, model: onnx.ModelProto) -> Comparison | None:
-        """The output model against the original (reusing the last pass's outputs when every pass ran)."""
+    def final(self, model: onnx.ModelProto, data: bytes | None = None) -> Comparison | None:
+        """The output model against the original (reusing the last pass's outputs when every pass ran);
+        ``data``: the model already serialized."""
         if not self.changed or self.original is None or self.options.validate == "none":
             return None
         if self.options.validate == "each" and self.current is not None:
             outputs = self.current
         else:
             try:
-                outputs = self._run(model)
+                outputs = self._run(model, data)
             except runtime_errors() as exc:
                 return Comparison(error=f"onnxruntime cannot run the output model: {_first_line(exc)}")
         return self._compare(self.original, outputs, exact=self.all_exact)
