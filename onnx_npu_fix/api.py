@@ -19,14 +19,12 @@ import onnx
 import onnx.external_data_helper
 from google.protobuf.message import DecodeError
 
-from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.graph import approx_model_bytes, write_with_external_data
+from onnx_npu_fix.errors import InputError, first_line
+from onnx_npu_fix.graph import TWO_GB, approx_model_bytes, write_with_external_data
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.pipeline import FixResult, prepare, run_passes
-
-_TWO_GB = 2**31 - 1
 
 
 @dataclass
@@ -63,7 +61,7 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
         raise InputError(f"{path}: external data file missing ({exc.filename or exc}); "
                          f"keep the .data file next to the model") from None
     except Exception as exc:  # noqa: BLE001 - onnx raises many types for unreadable files
-        raise InputError(f"{path}: cannot load as ONNX ({type(exc).__name__}: {_first_line(exc)})") from None
+        raise InputError(f"{path}: cannot load as ONNX ({type(exc).__name__}: {first_line(exc)})") from None
     if not model.HasField("graph") or model.ir_version <= 0 or not model.opset_import:
         raise InputError(f"{path}: not an ONNX model (no graph, IR version or opset); is it another protobuf?")
     base_dir = os.path.dirname(os.path.abspath(path))
@@ -76,7 +74,7 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
         if external:
             onnx.external_data_helper.load_external_data_for_model(model, base_dir)
     except Exception as exc:  # noqa: BLE001
-        raise InputError(f"{path}: cannot read external data ({type(exc).__name__}: {_first_line(exc)})") from None
+        raise InputError(f"{path}: cannot read external data ({type(exc).__name__}: {first_line(exc)})") from None
     sparse = len(model.graph.sparse_initializer) > 0
     densify_sparse_initializers(model)
     if not model.graph.output:
@@ -84,12 +82,12 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
     try:
         if not external and not sparse:
             onnx.checker.check_model(raw)  # the bytes just read: no re-serialization of the model
-        elif approx_model_bytes(model) < _TWO_GB:
+        elif approx_model_bytes(model) < TWO_GB:
             onnx.checker.check_model(model)
         else:
             onnx.checker.check_model(path)
     except Exception as exc:  # noqa: BLE001
-        raise InputError(f"{path}: the model fails the onnx checker: {_first_line(exc)}") from None
+        raise InputError(f"{path}: the model fails the onnx checker: {first_line(exc)}") from None
     return LoadedModel(model, path, external)
 
 
@@ -171,7 +169,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
     path = os.path.abspath(os.fspath(path))
     directory = os.path.dirname(path)
     if external_data is None:
-        external_data = approx_model_bytes(model) >= _TWO_GB or _uses_external_data(model)
+        external_data = approx_model_bytes(model) >= TWO_GB or _uses_external_data(model)
     fd, tmp = tempfile.mkstemp(prefix=".npufix-", suffix=".tmp", dir=directory)
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())
@@ -227,8 +225,3 @@ def fix(model: onnx.ModelProto, options: FixOptions | None = None,
     options = options or FixOptions()
     prepare(model, options)
     return run_passes(model, options, list(passes) if passes is not None else select_passes())
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]

@@ -23,3 +23,10 @@ class PassFailed(NpufixError):
     def __init__(self, message: str, *, pass_name: str) -> None:
         super().__init__(message)
         self.pass_name = pass_name
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when empty), at most 300 characters: the form
+    every one-line error of npufix quotes a library's complaint in."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]

@@ -452,6 +452,9 @@ def _numel(t: onnx.TensorProto) -> int:
     return n
 
 
+TWO_GB = 2**31 - 1  # protobuf's limit: larger models cannot be serialized as one message
+
+
 def approx_model_bytes(model: onnx.ModelProto) -> int:
     """Serialized size, estimated from the initializers' payload without encoding the model.
 

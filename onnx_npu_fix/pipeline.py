@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.errors import InputError, first_line
 from onnx_npu_fix.graph import (
+    TWO_GB,
     approx_model_bytes,
     infer_shapes,
     name_unnamed_nodes,
@@ -36,7 +37,6 @@ from onnx_npu_fix.validate import Comparison, Feeds, Outputs, Runner, compare, m
 
 log = logging.getLogger("onnx_npu_fix")
 
-_TWO_GB = 2**31 - 1
 
 
 @dataclass
@@ -69,7 +69,7 @@ def prepare(model: onnx.ModelProto, options: FixOptions) -> None:
     try:
         infer_shapes(model)
     except Exception as exc:  # noqa: BLE001 - onnx raises several types; all mean the same to the user
-        raise InputError(f"shape inference fails on the input model: {_first_line(exc)}; "
+        raise InputError(f"shape inference fails on the input model: {first_line(exc)}; "
                          f"fix the model or freeze its inputs with --input-shape") from None
 
 
@@ -95,7 +95,7 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
         except Exception as exc:  # noqa: BLE001 - a crashing pass is a failed pass, reported, never a traceback
             record.seconds = time.perf_counter() - t0
             record.status = "error"
-            record.error = f"{type(exc).__name__}: {_first_line(exc)}"
+            record.error = f"{type(exc).__name__}: {first_line(exc)}"
             report.warnings.append(f"pass {pass_.name} crashed:\n{traceback.format_exc()}")
             if not _rollback(model, snapshot, record):
                 break
@@ -127,7 +127,7 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
         if options.validate != "each" and validator.changed:
             # Without per-pass validation the checker still runs once, before anything is written. The model
             # is serialized once: for the checker, the final onnxruntime session and save_model.
-            data = model.SerializeToString() if approx_model_bytes(model) < _TWO_GB else None
+            data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
             problem = check_structure(model, data)
         if problem:
             report.final = Comparison(error=f"the output fails the onnx checker: {problem}")
@@ -164,7 +164,7 @@ class _Validator:
         try:
             self.original = self._run(model)
         except runtime_errors() as exc:  # the runtime's refusal is information, not a crash
-            report.validation_note = (f"onnxruntime cannot run the original model ({_first_line(exc)}); "
+            report.validation_note = (f"onnxruntime cannot run the original model ({first_line(exc)}); "
                                       f"passes are validated from the first model it can run")
             return
         self.current = self.original
@@ -182,13 +182,13 @@ class _Validator:
         try:
             if self.options.validate == "each":
                 # Serialized once for both the checker and the onnxruntime session.
-                data = model.SerializeToString() if approx_model_bytes(model) < _TWO_GB else None
+                data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
                 problem = check_structure(model, data)
                 if problem:
                     return f"the model fails the onnx checker after this pass: {problem}"
             infer_shapes(model)  # strict: also catches a pass that broke types or shapes
         except Exception as exc:  # noqa: BLE001
-            return f"shape inference fails after this pass: {_first_line(exc)}"
+            return f"shape inference fails after this pass: {first_line(exc)}"
         if self.options.validate != "each":
             record.status = "not validated"
             self._accept(record)
@@ -200,7 +200,7 @@ class _Validator:
                 record.status = "not validated"
                 self._accept(record)
                 return None
-            return f"onnxruntime cannot run the model after this pass: {_first_line(exc)}"
+            return f"onnxruntime cannot run the model after this pass: {first_line(exc)}"
         if self.current is None:
             # The first model the runtime accepts becomes the reference for every later pass.
             record.status = "not validated"
@@ -236,7 +236,7 @@ class _Validator:
             try:
                 outputs = self._run(model, data)
             except runtime_errors() as exc:
-                return Comparison(error=f"onnxruntime cannot run the output model: {_first_line(exc)}")
+                return Comparison(error=f"onnxruntime cannot run the output model: {first_line(exc)}")
         return self._compare(self.original, outputs, exact=self.all_exact)
 
     def _compare(self, reference: list[Outputs], outputs: list[Outputs], *, exact: bool) -> Comparison:
@@ -249,13 +249,13 @@ def check_structure(model: onnx.ModelProto, data: bytes | None = None) -> str | 
     serialized (checking bytes skips the checker's own re-serialization). Above 2 GB the checker cannot take
     the in-memory proto; strict shape inference and onnxruntime still check those models."""
     if data is None:
-        if approx_model_bytes(model) >= _TWO_GB:
+        if approx_model_bytes(model) >= TWO_GB:
             return None
         data = model.SerializeToString()
     try:
         onnx.checker.check_model(data)
     except Exception as exc:  # noqa: BLE001
-        return _first_line(exc)
+        return first_line(exc)
     return None
 
 
@@ -263,8 +263,3 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     return copy
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]

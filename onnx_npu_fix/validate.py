@@ -17,6 +17,7 @@ import onnx
 
 from onnx_npu_fix.errors import InputError
 from onnx_npu_fix.graph import (
+    TWO_GB,
     approx_model_bytes,
     dynamic_inputs,
     format_shape,
@@ -27,7 +28,6 @@ from onnx_npu_fix.graph import (
 Feeds = dict[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
 
-_TWO_GB = 2**31 - 1
 _MAX_INPUT_BYTES = 4 << 30  # random validation inputs above this are refused (the machine would swap or die)
 
 _NUMPY_OF_ONNX = {
@@ -118,7 +118,7 @@ class Runner:
             source: Any = model_path
         elif data is not None:  # the caller serialized it already
             source = data
-        elif approx_model_bytes(model) < _TWO_GB:
+        elif approx_model_bytes(model) < TWO_GB:
             source = model.SerializeToString()
         else:
             # Too large to pass as bytes: a scratch copy whose weights live in a data file; the model in
