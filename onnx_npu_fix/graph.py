@@ -9,7 +9,7 @@ rebuilds the node list once. Every helper is O(size of the graph) at most; nothi
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -97,13 +97,11 @@ class GraphIndex:
     def const_value(self, name: str) -> np.ndarray | None:
         """The value of ``name`` if it is an initializer (not overridable by a graph input) or a Constant."""
         if name in self.initializers and name not in self.overridable:
-            return numpy_helper.to_array(self.initializers[name], base_dir=self.base_dir)
+            return numpy_helper.to_array(self.initializers[name])
         node = self.producer.get(name)
         if node is not None and node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             return constant_node_value(node)
         return None
-
-    base_dir: str = ""
 
     def is_const(self, name: str) -> bool:
         if name in self.initializers and name not in self.overridable:
@@ -231,14 +229,13 @@ def has_subgraphs(node: onnx.NodeProto) -> bool:
 class GraphEditor:
     """Collects node replacements and new initializers, then rebuilds ``graph.node`` once.
 
-    New nodes take the position of the node they replace (or sit just before/after it), so a graph that was
+    New nodes take the position of the node they replace (or sit just after it), so a graph that was
     topologically sorted stays sorted as long as the new nodes only read tensors available at that position.
     """
 
     def __init__(self, index: GraphIndex) -> None:
         self.index = index
         self._replace: dict[int, list[onnx.NodeProto]] = {}
-        self._before: dict[int, list[onnx.NodeProto]] = {}
         self._after: dict[int, list[onnx.NodeProto]] = {}
         self._prepend: list[onnx.NodeProto] = []
         self._new_initializers: list[onnx.TensorProto] = []
@@ -248,9 +245,6 @@ class GraphEditor:
 
     def remove(self, node: onnx.NodeProto) -> None:
         self._replace[id(node)] = []
-
-    def insert_before(self, node: onnx.NodeProto, new_nodes: Sequence[onnx.NodeProto]) -> None:
-        self._before.setdefault(id(node), []).extend(new_nodes)
 
     def insert_after(self, node: onnx.NodeProto, new_nodes: Sequence[onnx.NodeProto]) -> None:
         self._after.setdefault(id(node), []).extend(new_nodes)
@@ -270,17 +264,12 @@ class GraphEditor:
                   **attrs: Any) -> onnx.NodeProto:
         return helper.make_node(op_type, list(inputs), list(outputs), name=self.index.unique_name(name), **attrs)
 
-    @property
-    def changed(self) -> bool:
-        return bool(self._replace or self._before or self._after or self._prepend or self._new_initializers)
-
     def commit(self) -> None:
         graph = self.index.graph
-        if self._replace or self._before or self._after or self._prepend:
+        if self._replace or self._after or self._prepend:
             new_nodes: list[onnx.NodeProto] = list(self._prepend)
             for node in graph.node:
                 key = id(node)
-                new_nodes.extend(self._before.get(key, ()))
                 new_nodes.extend(self._replace.get(key, (node,)))
                 new_nodes.extend(self._after.get(key, ()))
             # Copy before clearing: the repeated field owns the old messages.
@@ -290,7 +279,6 @@ class GraphEditor:
         if self._new_initializers:
             graph.initializer.extend(self._new_initializers)
         self._replace.clear()
-        self._before.clear()
         self._after.clear()
         self._prepend.clear()
         self._new_initializers.clear()
@@ -580,13 +568,6 @@ def node_macs(index: GraphIndex, node: onnx.NodeProto) -> int:
         return 0
     # ConvTranspose: every input element scatters into (M / group) * prod(kernel) outputs; W is [C, M/group, k...]
     return int(np.prod(in_shape, dtype=np.int64)) * int(np.prod(w_shape[1:], dtype=np.int64))
-
-
-def op_histogram(nodes: Iterable[onnx.NodeProto]) -> dict[str, int]:
-    hist: dict[str, int] = {}
-    for node in nodes:
-        hist[node.op_type] = hist.get(node.op_type, 0) + 1
-    return hist
 
 
 def opset_version(model: onnx.ModelProto, domain: str = "") -> int:
