@@ -208,7 +208,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
             raise _InputProblem(f"cannot write {output}: {exc.strerror or exc}; nothing written") from None
         written = output
         if report.final is not None:
-            kind = "exact" if report.final.criterion.startswith("|a-b|") else "approximate"
+            kind = "exact" if report.final.exact else "approximate"
             _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
                         f"max rel {report.final.max_rel:.2e}")
         if checked.violations:

@@ -161,6 +161,8 @@ class OutputDiff:
 class Comparison:
     outputs: list[OutputDiff] = field(default_factory=list)
     criterion: str = ""
+    exact: bool = True
+    """Whether the exact tolerance applied (False: the approximate bound)."""
     error: str | None = None
     """Set when the outputs could not be compared at all (missing output, shape or dtype mismatch)."""
 
@@ -204,7 +206,7 @@ def compare(reference: Sequence[Outputs], candidate: Sequence[Outputs], *, exact
     """
     criterion = (f"|a-b| <= {atol:g}*max(1,max|ref|) + {rtol:g}*|ref|" if exact
                  else f"relative L2 error <= {max_approx_error:g}")
-    result = Comparison(criterion=criterion)
+    result = Comparison(criterion=criterion, exact=exact)
     names = list(reference[0].keys()) if reference else []
     for name in names:
         stats = _Accumulator()
