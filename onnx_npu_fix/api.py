@@ -220,8 +220,12 @@ def select_passes(only: Sequence[str] | None = None, skip: Sequence[str] = ()) -
 
 
 def fix(model: onnx.ModelProto, options: FixOptions | None = None,
-        passes: Sequence[Pass] | None = None) -> FixResult:
-    """Run the passes (default order unless given) over a copy-free ``model``; see :class:`FixResult`."""
+        passes: Sequence[Pass] | None = None, *, source: str | os.PathLike | None = None) -> FixResult:
+    """Run the passes (default order unless given) over a copy-free ``model``; see :class:`FixResult`.
+
+    ``source``: the file ``model`` was read from (unchanged since): validation then runs the original from that
+    file, concurrently with the passes, instead of serializing ``model`` first."""
     options = options or FixOptions()
     prepare(model, options)
-    return run_passes(model, options, list(passes) if passes is not None else select_passes())
+    return run_passes(model, options, list(passes) if passes is not None else select_passes(),
+                      source=os.fspath(source) if source is not None else None)

@@ -179,7 +179,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
         if report_path:
             _check_report_path(report_path, model, output, loaded.external_files)
         external = bool(loaded.external_files)
-        result = api.fix(loaded.model, options, passes)
+        result = api.fix(loaded.model, options, passes, source=loaded.path)
     except InputError as exc:
         raise _InputProblem(str(exc)) from None
 

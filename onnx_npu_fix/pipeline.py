@@ -1,17 +1,21 @@
-"""The pass manager: runs passes in order, checks and validates each, rolls back or stops, and times it all.
+"""The pass manager: runs passes in order, checks and validates them, rolls back or stops, and times it all.
 
-For every pass that changed the graph (``validate="each"``, the default):
-  1. onnx checker and strict shape inference on the new model;
-  2. onnxruntime on the run's seeded inputs, every graph output compared with the outputs of the model *before*
-     the pass (computed once and carried forward, so one session is built per changed pass);
+After every pass that changed the graph: strict shape inference (fresh shapes for the next pass; it also catches a
+pass that broke types or shapes). Then, with ``validate="each"`` (the default):
+  1. onnx checker on the new model;
+  2. onnxruntime on the run's seeded inputs, every graph output compared with the outputs of the model before;
   3. exact passes must meet rtol/atol, approximate ones their relative-L2 bound (``--max-approx-error``).
-Finally the output model is compared with the original (reusing the last outputs: no extra session).
-A failing pass stops the run (nothing is written) unless ``keep_going`` is set, which restores the model as it
-was before that pass and continues with the next one.
+Consecutive exact passes are validated as one group (one session after the last of them); an approximate pass
+is always measured alone; a failing group is replayed pass by pass so the failing pass is named (see _Run).
+The original's outputs are computed once, in the background while the passes run, and the outputs of the last
+validated model are carried forward. Finally the output model is compared with the original (reusing the last
+outputs: no extra session). A failing pass stops the run (nothing is written) unless ``keep_going`` is set,
+which restores the model as it was before that pass and continues with the next one.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 import traceback
@@ -73,153 +77,343 @@ def prepare(model: onnx.ModelProto, options: FixOptions) -> None:
                          f"fix the model or freeze its inputs with --input-shape") from None
 
 
-def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pass]) -> FixResult:
+def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pass], *,
+               source: str | None = None) -> FixResult:
     """Run ``passes`` over ``model`` (edited in place) and return it with the report.
 
     Call :func:`prepare` first. Never raises for a failing pass: the report says which pass failed and why.
     Raises InputError when validation needs inputs it cannot generate (dynamic input shapes).
+    ``source``: the file ``model`` was read from; the original's reference outputs are then computed from that
+    file, in the background while the passes run.
     """
     started = time.perf_counter()
     report = FixReport()
-    data: bytes | None = None
-    validator = _Validator(model, options, report)
-    for pass_ in passes:
-        record = PassRecord(name=pass_.name, exact=pass_.exact)
-        report.passes.append(record)
-        snapshot = _copy(model) if options.keep_going else None
-        t0 = time.perf_counter()
-        try:
-            result = pass_.run(model, options)
-        except InputError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a crashing pass is a failed pass, reported, never a traceback
-            record.seconds = time.perf_counter() - t0
-            record.status = "error"
-            record.error = f"{type(exc).__name__}: {first_line(exc)}"
-            report.warnings.append(f"pass {pass_.name} crashed:\n{traceback.format_exc()}")
-            if not _rollback(model, snapshot, record):
-                break
-            continue
-        record.seconds = time.perf_counter() - t0
-        record.changes, record.rejections = result.changes, result.rejections
-        record.metrics, record.warnings = result.metrics, result.warnings
-        if "exact" in result.metrics:  # a pass whose rewrites this run were all exact says so
-            record.exact = bool(result.metrics["exact"])
-        if not result.changed:
-            continue
-        # What a rewrite left unused (old weights, Constant producers of replaced inputs) is dropped here,
-        # once, instead of in every pass.
-        for node in remove_dead_nodes(model):
-            record.changes.append(Change(node.name, node.op_type, "removed dead node"))
-        for name in remove_unused_initializers(model.graph):
-            record.changes.append(Change(name, "initializer", "removed unused initializer"))
-        t1 = time.perf_counter()
-        problem = validator.after_pass(model, record)
-        record.validate_seconds = time.perf_counter() - t1
-        if problem is None:
-            continue
-        record.status = "failed"
-        record.error = problem
-        if not _rollback(model, snapshot, record):
-            break
-    if report.failed_pass is None or options.keep_going:
-        problem = None
-        if options.validate != "each" and validator.changed:
-            # Without per-pass validation the checker still runs once, before anything is written. The model
-            # is serialized once: for the checker, the final onnxruntime session and save_model.
-            data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
-            problem = check_structure(model, data)
-        if problem:
-            report.final = Comparison(error=f"the output fails the onnx checker: {problem}")
-        else:
-            report.final = validator.final(model, data)
+    validator = _Validator(model, options, report, source=source)
+    try:
+        data = _Run(model, options, list(passes), report, validator).run()
+    finally:
+        validator.close()
     report.seconds = time.perf_counter() - started
     return FixResult(model=model, report=report, serialized=data)
 
 
-def _rollback(model: onnx.ModelProto, snapshot: onnx.ModelProto | None, record: PassRecord) -> bool:
-    """Restore ``model`` from ``snapshot`` (keep-going mode); False when the run must stop instead."""
-    if snapshot is None:
-        return False
-    model.CopyFrom(snapshot)
-    record.status = "rolled back"
-    return True
+@dataclass
+class _Pending:
+    index: int
+    pass_: Pass
+    record: PassRecord
+
+
+class _Run:
+    """One run of the pass list: the loop, grouped validation, replay and rollback.
+
+    With ``validate="each"``, consecutive *exact* passes that changed the graph are validated together, with one
+    onnxruntime session after the last of them: a composite of exact rewrites is exact exactly when each is, and a
+    session per pass costs as much as the passes themselves on a large model. A pass declared approximate is
+    always measured on its own (what precedes it is validated first). When a group of several passes fails, the
+    model is restored to where the group started and its passes are run again one by one, each validated alone,
+    so the failing pass is still named (and, with ``keep_going``, rolled back alone).
+    """
+
+    def __init__(self, model: onnx.ModelProto, options: FixOptions, passes: list[Pass], report: FixReport,
+                 validator: _Validator) -> None:
+        self.model, self.options, self.passes = model, options, passes
+        self.report, self.validator = report, validator
+        self.each = options.validate == "each"
+        self.group: list[_Pending] = []
+        self.solo_until = -1
+        """Passes up to this index are validated alone (a replay after a failed group)."""
+        self.point: onnx.ModelProto | bytes | None = None
+        """The model before the current group (or pass): what a replay or a rollback restores."""
+        self.point_at = (0, 0)
+        """(pass index, number of records) where ``point`` was taken."""
+        self.data: bytes | None = None
+        """The model serialized by the last validation, while nothing changed it since."""
+
+    def run(self) -> bytes | None:
+        i = 0
+        while True:
+            at_end = i >= len(self.passes)
+            if self.group and (at_end or not self.passes[i].exact):
+                # Validate the pending group at the end, and before a pass declared approximate (measured alone).
+                outcome = self._flush()
+                if outcome == "stop":
+                    return None
+                if outcome == "replay":
+                    i = self.point_at[0]
+                    continue
+            if at_end:
+                return self._finish()
+            pass_ = self.passes[i]
+            if not self.group:
+                self._take_point(i)
+            record = PassRecord(name=pass_.name, exact=pass_.exact)
+            self.report.passes.append(record)
+            t0 = time.perf_counter()
+            try:
+                result = pass_.run(self.model, self.options)
+            except InputError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a crashing pass is a failed pass, reported, never a traceback
+                record.seconds = time.perf_counter() - t0
+                record.status = "error"
+                record.error = f"{type(exc).__name__}: {first_line(exc)}"
+                self.report.warnings.append(f"pass {pass_.name} crashed:\n{traceback.format_exc()}")
+                outcome = self._go_on(i, record)
+                if outcome == "stop":
+                    return None
+                i = self.point_at[0] if outcome == "replay" else i + 1
+                continue
+            record.seconds = time.perf_counter() - t0
+            record.changes, record.rejections = result.changes, result.rejections
+            record.metrics, record.warnings = result.metrics, result.warnings
+            if "exact" in result.metrics:  # a pass whose rewrites this run were all exact says so
+                record.exact = bool(result.metrics["exact"])
+            if not result.changed:
+                i += 1
+                continue
+            self.data = None
+            # What a rewrite left unused (old weights, Constant producers of replaced inputs) is dropped here,
+            # once, instead of in every pass.
+            for node in remove_dead_nodes(self.model):
+                record.changes.append(Change(node.name, node.op_type, "removed dead node"))
+            for name in remove_unused_initializers(self.model.graph):
+                record.changes.append(Change(name, "initializer", "removed unused initializer"))
+            t1 = time.perf_counter()
+            problem = self.validator.refresh_shapes(self.model)
+            record.validate_seconds = time.perf_counter() - t1
+            if problem is not None:
+                record.status, record.error = "failed", problem
+                outcome = self._go_on(i, record)
+                if outcome == "stop":
+                    return None
+                i = self.point_at[0] if outcome == "replay" else i + 1
+                continue
+            if not self.each:
+                self.validator.accept_unvalidated(record)
+                i += 1
+                continue
+            self.group.append(_Pending(i, pass_, record))
+            if i <= self.solo_until or not record.exact:
+                outcome = self._flush()
+                if outcome == "stop":
+                    return None
+                if outcome == "replay":
+                    i = self.point_at[0]
+                    continue
+            i += 1
+
+    def _go_on(self, i: int, record: PassRecord) -> str:
+        """After pass ``i`` crashed or broke shape inference: "stop" ends the run; with keep_going the model is
+        restored: "rolled back" (the pass alone) or "replay" (its unvalidated group, to run again pass by pass)."""
+        if not self.options.keep_going or self.point is None:
+            self._abandon()
+            return "stop"
+        if self.group:  # the passes before it in its group are not validated yet: run them again, alone
+            self._replay(i)
+            return "replay"
+        self._restore()
+        record.status = "rolled back"
+        return "rolled back"
+
+    def _abandon(self) -> None:
+        """The run stops: the group's passes were never validated, and the report says so."""
+        for pending in self.group:
+            pending.record.status = "not validated"
+        self.group.clear()
+
+    def _finish(self) -> bytes | None:
+        report, validator, data = self.report, self.validator, self.data
+        if report.failed_pass is not None and not self.options.keep_going:
+            return None
+        problem = None
+        if not self.each and validator.changed:
+            # Without per-pass validation the checker still runs once, before anything is written. The model
+            # is serialized once: for the checker, the final onnxruntime session and save_model.
+            data = self.model.SerializeToString() if approx_model_bytes(self.model) < TWO_GB else None
+            problem = check_structure(self.model, data)
+        if problem:
+            report.final = Comparison(error=f"the output fails the onnx checker: {problem}")
+        else:
+            report.final = validator.final(self.model, data)
+        return data
+
+    # --- restore points ---------------------------------------------------------------------------------
+    def _take_point(self, i: int) -> None:
+        """Remember the model as it is before pass ``i`` (free when the last validation serialized it)."""
+        if not self.each and not self.options.keep_going:
+            self.point = None
+        elif self.data is not None:
+            self.point = self.data
+        else:
+            self.point = _copy(self.model)
+        self.point_at = (i, len(self.report.passes))
+
+    def _restore(self) -> None:
+        point = self.point
+        if isinstance(point, bytes):
+            self.model.Clear()
+            self.model.ParseFromString(point)
+        elif point is not None:
+            self.model.CopyFrom(point)
+
+    def _replay(self, until: int) -> None:
+        """Undo the current group; its passes (up to pass ``until``) then run again, each validated alone."""
+        self.solo_until = max(self.solo_until, until)
+        self.group.clear()
+        self._restore()
+        del self.report.passes[self.point_at[1]:]
+        self.data = self.point if isinstance(self.point, bytes) else None
+
+    # --- validation ---------------------------------------------------------------------------------------
+    def _flush(self) -> str:
+        """Validate the pending group: "ok", "stop" (failed, the run ends), "replay" (restored: run again from
+        the group's first pass) or "rolled back" (keep_going: the one pass undone)."""
+        group = self.group
+        records = [p.record for p in group]
+        t0 = time.perf_counter()
+        problem, data = self.validator.validate(self.model, records)
+        records[-1].validate_seconds += time.perf_counter() - t0
+        if problem is None:
+            self.group = []
+            self.data = data
+            return "ok"
+        if len(group) > 1:
+            self._replay(group[-1].index)
+            return "replay"
+        self.group = []
+        record = records[0]
+        record.status, record.error = "failed", problem
+        if not self.options.keep_going or self.point is None:
+            return "stop"
+        self._restore()
+        record.status = "rolled back"
+        self.data = self.point if isinstance(self.point, bytes) else None
+        return "rolled back"
 
 
 class _Validator:
-    """Holds the seeded inputs and the outputs of the last accepted model, so each is computed once."""
+    """Holds the seeded inputs and the outputs of the last accepted model, so each is computed once.
 
-    def __init__(self, model: onnx.ModelProto, options: FixOptions, report: FixReport) -> None:
+    The original's outputs are computed on a background thread (onnxruntime releases the GIL while it runs)
+    while the passes work; the first validation waits for them.
+    """
+
+    def __init__(self, model: onnx.ModelProto, options: FixOptions, report: FixReport, *,
+                 source: str | None = None) -> None:
         self.options = options
         self.report = report
         self.feeds: list[Feeds] = []
-        self.original: list[Outputs] | None = None
-        self.current: list[Outputs] | None = None
+        self._original: list[Outputs] | None = None
+        self._current: list[Outputs] | None = None
+        self._pending: concurrent.futures.Future | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.all_exact = True
         self.changed = False
         if options.validate == "none":
             report.validation_note = "validation disabled (--no-validate)"
             return
         self.feeds = make_inputs(model, options.n_inputs, options.seed)
-        try:
-            self.original = self._run(model)
-        except runtime_errors() as exc:  # the runtime's refusal is information, not a crash
-            report.validation_note = (f"onnxruntime cannot run the original model ({first_line(exc)}); "
-                                      f"passes are validated from the first model it can run")
+        if source is not None and not options.input_shapes:
+            reference: tuple[str | None, bytes | None] = (source, None)
+        elif approx_model_bytes(model) < TWO_GB:
+            reference = (None, model.SerializeToString())
+        else:  # the scratch copy must be written now, before the passes change the model
+            self._settle(lambda: self._run(model))
             return
-        self.current = self.original
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="npufix-ref")
+        path, data = reference
+        self._pending = self._executor.submit(self._run, model, data, path)
 
-    def _run(self, model: onnx.ModelProto, data: bytes | None = None) -> list[Outputs]:
-        runner = Runner(model, data=data)
+    def _settle(self, compute) -> None:  # noqa: ANN001 - a zero-argument callable returning the outputs
+        try:
+            self._original = compute()
+        except runtime_errors() as exc:  # the runtime's refusal is information, not a crash
+            self.report.validation_note = (f"onnxruntime cannot run the original model ({first_line(exc)}); "
+                                           f"passes are validated from the first model it can run")
+            self._original = None
+        self._current = self._original
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._settle(pending.result)
+
+    @property
+    def original(self) -> list[Outputs] | None:
+        self._wait()
+        return self._original
+
+    @property
+    def current(self) -> list[Outputs] | None:
+        self._wait()
+        return self._current
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def _run(self, model: onnx.ModelProto, data: bytes | None = None, path: str | None = None) -> list[Outputs]:
+        runner = Runner(model, data=data, model_path=path)
         try:
             return runner.run_all(self.feeds)
         finally:
             runner.close()
 
-    def after_pass(self, model: onnx.ModelProto, record: PassRecord) -> str | None:
-        """Check and validate the model after ``record``'s pass; a one-line problem, or None when it passed."""
-        data = None
+    def refresh_shapes(self, model: onnx.ModelProto) -> str | None:
+        """Strict shape inference after a pass (fresh shapes for the next pass; catches broken types)."""
         try:
-            if self.options.validate == "each":
-                # Serialized once for both the checker and the onnxruntime session.
-                data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
-                problem = check_structure(model, data)
-                if problem:
-                    return f"the model fails the onnx checker after this pass: {problem}"
-            infer_shapes(model)  # strict: also catches a pass that broke types or shapes
+            infer_shapes(model)
         except Exception as exc:  # noqa: BLE001
             return f"shape inference fails after this pass: {first_line(exc)}"
-        if self.options.validate != "each":
-            record.status = "not validated"
-            self._accept(record)
-            return None
+        return None
+
+    def accept_unvalidated(self, record: PassRecord) -> None:
+        record.status = "not validated"
+        self._accept(record)
+
+    def validate(self, model: onnx.ModelProto, records: list[PassRecord]) -> tuple[str | None, bytes | None]:
+        """Check and run the model after ``records``' passes (one group); a one-line problem or None, and the
+        serialized model (reused by a later replay or by save_model)."""
+        data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
+        problem = check_structure(model, data)
+        if problem:
+            return f"the model fails the onnx checker after this pass: {problem}", data
+        self._wait()  # two sessions computing at once would only fight over the cores
         try:
             outputs = self._run(model, data)
         except runtime_errors() as exc:
             if self.current is None:
-                record.status = "not validated"
-                self._accept(record)
-                return None
-            return f"onnxruntime cannot run the model after this pass: {first_line(exc)}"
+                for record in records:
+                    self.accept_unvalidated(record)
+                return None, data
+            return f"onnxruntime cannot run the model after this pass: {first_line(exc)}", data
         if self.current is None:
             # The first model the runtime accepts becomes the reference for every later pass.
-            record.status = "not validated"
-            record.warnings.append("first model onnxruntime can run: later passes are validated against it")
-            self.current = outputs
-            self._accept(record)
-            return None
-        comparison = self._compare(self.current, outputs, exact=record.exact)
-        record.validation = comparison
+            for record in records:
+                record.status = "not validated"
+                self._accept(record)
+            records[-1].warnings.append("first model onnxruntime can run: later passes are validated against it")
+            self._current = outputs
+            return None, data
+        exact = all(r.exact for r in records)
+        comparison = self._compare(self.current, outputs, exact=exact)
+        for record in records:
+            record.validation = comparison
+            if len(records) > 1:
+                record.validated_with = [r.name for r in records]
         if not comparison.passed:
             worst = comparison.worst
             where = f"output '{worst.name}'" if worst else "outputs"
             detail = comparison.error or (f"{where}: max abs error {worst.max_abs:.3g}, rel L2 {worst.rel_l2:.3g} "
                                           f"({comparison.criterion})")
-            return f"validation failed on {detail}"
-        record.status = "validated"
-        self.current = outputs
-        self._accept(record)
-        return None
+            return f"validation failed on {detail}", data
+        for record in records:
+            record.status = "validated"
+            self._accept(record)
+        self._current = outputs
+        return None, data
 
     def _accept(self, record: PassRecord) -> None:
         self.changed = True
@@ -228,7 +422,7 @@ class _Validator:
     def final(self, model: onnx.ModelProto, data: bytes | None = None) -> Comparison | None:
         """The output model against the original (reusing the last pass's outputs when every pass ran);
         ``data``: the model already serialized."""
-        if not self.changed or self.original is None or self.options.validate == "none":
+        if not self.changed or self.options.validate == "none" or self.original is None:
             return None
         if self.options.validate == "each" and self.current is not None:
             outputs = self.current

@@ -26,6 +26,8 @@ class PassRecord:
     metrics: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     validation: Comparison | None = None
+    validated_with: list[str] = field(default_factory=list)
+    """The passes validated together in one group with this one (empty: validated alone)."""
     error: str | None = None
     seconds: float = 0.0
     validate_seconds: float = 0.0
@@ -54,6 +56,7 @@ class PassRecord:
             "metrics": self.metrics,
             "warnings": self.warnings,
             "validation": self.validation.to_json() if self.validation else None,
+            "validated_with": self.validated_with,
             "error": self.error,
             "seconds": round(self.seconds, 4),
             "validate_seconds": round(self.validate_seconds, 4),
@@ -111,6 +114,9 @@ def render_pass_line(record: PassRecord) -> str:
         if not record.exact and record.validation.outputs:
             worst = max(record.validation.outputs, key=lambda o: o.rel_l2)
             tail += f", rel L2 {worst.rel_l2:.3f}, cosine {worst.cosine:.4f}"
+        others = [name for name in record.validated_with if name != record.name]
+        if others:
+            tail += f" (checked together with {', '.join(others)})"
     elif record.status in ("failed", "rolled back"):
         tail = _fmt_err(record.validation) if record.validation else f"  FAILED: {record.error}"
         if record.status == "rolled back":

@@ -112,6 +112,8 @@ class Runner:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         opts.log_severity_level = 3
         opts.intra_op_num_threads = min(2, os.cpu_count() or 1)
+        # Idle worker threads must not spin: the reference outputs are computed while the passes run.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.output_names = [o.name for o in model.graph.output]
         self._tmpdir = None
         if model_path is not None:

@@ -236,3 +236,114 @@ def test_unrunnable_original_is_said_not_hidden():
     result = run(model, [ScaleWeights()])
     assert "cannot run the original" in result.report.validation_note
     assert result.report.passes[0].status == "not validated"
+
+
+class AddZero(Pass):
+    """A correct pass: appends `+ 0` after the output's producer (exact)."""
+
+    name = "add-zero"
+    summary = "test pass"
+
+    def run(self, model, options):
+        index = GraphIndex(model)
+        out = model.graph.output[0].name
+        node = index.producer[out]
+        tmp = index.unique_name("pre_zero")
+        node.output[0] = tmp
+        c = index.unique_name("zero_c")
+        model.graph.initializer.append(numpy_helper.from_array(np.array(0.0, np.float32), c))
+        model.graph.node.append(helper.make_node("Add", [tmp, c], [out], name=index.unique_name("add_zero")))
+        return PassResult(changes=[Change("add_zero", "Add", "added")])
+
+
+class BreakShapes(Pass):
+    """Makes the graph inconsistent for shape inference (MatMul of incompatible shapes)."""
+
+    name = "break-shapes"
+    summary = "test pass"
+
+    def run(self, model, options):
+        for t in model.graph.initializer:
+            if t.name == "w":
+                t.CopyFrom(numpy_helper.from_array(np.zeros((5, 4), np.float32), "w"))
+        return PassResult(changes=[Change("w", "initializer", "reshaped")])
+
+
+@pytest.fixture
+def sessions(monkeypatch):
+    """Counts the onnxruntime sessions the pass manager builds."""
+    import onnx_npu_fix.pipeline as pipeline
+
+    built = []
+
+    class Counting(pipeline.Runner):
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "Runner", Counting)
+    return built
+
+
+def test_consecutive_exact_passes_share_one_session(sessions):
+    original = small_model()
+    model = small_model()
+    result = run(model, [RenameRelu(), AddZero()])
+    assert result.ok
+    assert [p.status for p in result.report.passes] == ["validated", "validated"]
+    assert [p.validated_with for p in result.report.passes] == [["relu-to-max", "add-zero"]] * 2
+    assert len(sessions) == 2  # the original and the model after both passes
+    assert result.serialized is not None  # the validated bytes are what save_model writes
+    reread = onnx.ModelProto()
+    reread.ParseFromString(result.serialized)
+    assert reread == model
+    assert_equivalent(original, model)
+
+
+def test_failing_group_is_replayed_and_the_wrong_pass_named(sessions):
+    result = run(small_model(), [RenameRelu(), ScaleWeights(), AddZero()])
+    assert not result.ok
+    assert [(p.name, p.status) for p in result.report.passes] == [("relu-to-max", "validated"),
+                                                                   ("scale-weights", "failed")]
+    assert result.report.passes[0].validated_with == []  # validated alone in the replay
+    assert "output 'out'" in result.report.failed_pass.error
+
+
+def test_keep_going_in_a_group_rolls_back_only_the_wrong_pass():
+    original = small_model()
+    model = small_model()
+    result = run(model, [RenameRelu(), ScaleWeights(), AddZero()], keep_going=True)
+    assert result.ok
+    assert [p.status for p in result.report.passes] == ["validated", "rolled back", "validated"]
+    assert "Max" in [n.op_type for n in model.graph.node] and "Add" in [n.op_type for n in model.graph.node]
+    assert_equivalent(original, model)
+
+
+def test_crash_inside_a_group_with_keep_going_replays_the_group():
+    original = small_model()
+    model = small_model()
+    result = run(model, [RenameRelu(), Crash(), AddZero()], keep_going=True)
+    assert result.ok
+    assert [(p.name, p.status) for p in result.report.passes] == [
+        ("relu-to-max", "validated"), ("crash", "rolled back"), ("add-zero", "validated")]
+    assert_equivalent(original, model)
+
+
+def test_pass_that_breaks_shape_inference_is_named_not_its_group():
+    result = run(small_model(), [RenameRelu(), BreakShapes()])
+    assert [(p.name, p.status) for p in result.report.passes] == [("relu-to-max", "not validated"),
+                                                                   ("break-shapes", "failed")]
+    assert "shape inference fails" in result.report.failed_pass.error
+    kept = run(small_model(), [RenameRelu(), BreakShapes(), AddZero()], keep_going=True)
+    assert kept.ok
+    assert [p.status for p in kept.report.passes] == ["validated", "rolled back", "validated"]
+
+
+def test_an_approximate_pass_is_measured_alone(sessions):
+    result = run(small_model(), [RenameRelu(), Approximate(0.01), AddZero()])
+    assert result.ok
+    records = result.report.passes
+    assert [p.validated_with for p in records] == [[], [], []]
+    assert not records[1].exact and records[1].validation.max_abs <= 0.0101
+    assert records[0].validation.max_abs == 0.0 and records[2].validation.max_abs == 0.0
+    assert len(sessions) == 4
