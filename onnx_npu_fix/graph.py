@@ -401,11 +401,36 @@ def infer_shapes(model: onnx.ModelProto) -> None:
                 out.type.CopyFrom(new.type)
 
 
+def keep_inferred_shapes(graph: onnx.GraphProto) -> bool:
+    """After a pass that keeps every surviving tensor's shape (``Pass.keeps_shapes``): drop the value_info of
+    tensors that no longer exist and say whether every node output still has its shape on record — if so, the
+    shapes need no fresh inference (a second of work at 100k nodes)."""
+    described = {vi.name for vi in graph.value_info}
+    described.update(o.name for o in graph.output)
+    produced: set[str] = set()
+    for node in graph.node:
+        produced.update(node.output)
+    produced.discard("")
+    if not produced <= described:
+        return False
+    if any(vi.name not in produced for vi in graph.value_info):
+        kept = [vi for vi in graph.value_info if vi.name in produced]
+        del graph.value_info[:]
+        graph.value_info.extend(kept)
+    return True
+
+
 _LIGHT_LIMIT = 1024  # elements; initializers above this are replaced by data-less stand-ins for inference
+# Floating-point initializers feed shape computations only as Resize/Upsample scales or Range bounds (a handful of
+# values); larger ones are weights, stubbed too: 33k 576-element conv weights are most of a 100k-node chain.
+_LIGHT_FLOAT_LIMIT = 64
+_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+                          onnx.TensorProto.BFLOAT16})
 
 
 def shape_only_copy(model: onnx.ModelProto, *, keep_value_info: bool = False) -> onnx.ModelProto:
-    """A copy of ``model`` whose initializers above ``_LIGHT_LIMIT`` elements carry dims but no data.
+    """A copy of ``model`` whose initializers above ``_LIGHT_LIMIT`` elements (``_LIGHT_FLOAT_LIMIT`` for floating
+    point) carry dims but no data.
 
     For shape inference and read-only analysis: cheap on a 100 MB model, possible above 2 GB. Sized by element
     count, not ByteSize (a 5000-character name must not turn a 3-element shape constant into a stub).
@@ -423,7 +448,9 @@ def shape_only_copy(model: onnx.ModelProto, *, keep_value_info: bool = False) ->
         graph.value_info.extend(model.graph.value_info)
     graph.sparse_initializer.extend(model.graph.sparse_initializer)
     for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL or _numel(t) > _LIGHT_LIMIT:
+        numel = _numel(t)
+        if (t.data_location == onnx.TensorProto.EXTERNAL or numel > _LIGHT_LIMIT
+                or (numel > _LIGHT_FLOAT_LIMIT and t.data_type in _FLOAT_TYPES)):
             stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
             stub.data_location = onnx.TensorProto.EXTERNAL
             stub.external_data.add(key="location", value="__npufix_shape_only__")

@@ -347,3 +347,56 @@ def test_an_approximate_pass_is_measured_alone(sessions):
     assert not records[1].exact and records[1].validation.max_abs <= 0.0101
     assert records[0].validation.max_abs == 0.0 and records[2].validation.max_abs == 0.0
     assert len(sessions) == 4
+
+
+def _identity_and_batchnorm_model() -> onnx.ModelProto:
+    """Conv -> BN (folds) -> Identity -> out, and Relu -> BN (cannot fold: lowered to Mul+Add) -> out2."""
+    r = np.random.default_rng(3)
+    c = 4
+    inits = [numpy_helper.from_array(r.standard_normal((c, 2, 3, 3)).astype(np.float32), "w")]
+    for prefix in ("bn1", "bn2"):
+        inits += [numpy_helper.from_array(r.uniform(0.5, 1.5, c).astype(np.float32), f"{prefix}_s"),
+                  numpy_helper.from_array(r.standard_normal(c).astype(np.float32), f"{prefix}_b"),
+                  numpy_helper.from_array(r.standard_normal(c).astype(np.float32), f"{prefix}_m"),
+                  numpy_helper.from_array(r.uniform(0.5, 1.5, c).astype(np.float32), f"{prefix}_v")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["y", "bn1_s", "bn1_b", "bn1_m", "bn1_v"], ["z"], name="bn1"),
+        helper.make_node("Identity", ["z"], ["out"], name="id"),
+        helper.make_node("Relu", ["y"], ["r"], name="relu"),
+        helper.make_node("BatchNormalization", ["r", "bn2_s", "bn2_b", "bn2_m", "bn2_v"], ["out2"], name="bn2"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 6, 6])],
+        [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [1, c, 6, 6]),
+         helper.make_tensor_value_info("out2", onnx.TensorProto.FLOAT, [1, c, 6, 6])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("source", ["identity-bn", "unet.onnx", "torch_unet.onnx", "lraspp.onnx", "tcn.onnx"])
+@pytest.mark.parametrize("cls", [cls for cls in PASSES.values() if cls.keeps_shapes], ids=lambda c: c.name)
+def test_passes_that_keep_shapes_do(cls, source):
+    """The Pass.keeps_shapes claim: after the pass, every recorded shape equals a fresh inference's."""
+    import os
+
+    from onnx_npu_fix.graph import infer_shapes, keep_inferred_shapes
+
+    if source == "identity-bn":
+        model = _identity_and_batchnorm_model()
+    else:
+        model = onnx.load(os.path.join(os.path.dirname(__file__), "..", "fixtures", source))
+    options = FixOptions()
+    prepare(model, options)
+    result = cls().run(model, options)
+    if not keep_inferred_shapes(model.graph):
+        assert result.changed  # only new tensors may lack a shape, and only a changing pass makes them
+        return
+    recorded = {vi.name: vi for vi in model.graph.value_info}
+    fresh = onnx.ModelProto()
+    fresh.CopyFrom(model)
+    infer_shapes(fresh)
+    inferred = {vi.name: vi for vi in fresh.graph.value_info}
+    assert set(recorded) <= set(inferred) | {o.name for o in model.graph.output}
+    for name, vi in recorded.items():
+        if name in inferred:
+            assert vi.type == inferred[name].type, name

@@ -71,6 +71,10 @@ class Pass:
     summary: ClassVar[str]
     exact: ClassVar[bool] = True
     """False for approximate rewrites: validated against ``--max-approx-error`` instead of rtol/atol."""
+    keeps_shapes: ClassVar[bool] = False
+    """True when every tensor that survives the pass keeps its type and shape (removals and renames only, e.g.
+    a BatchNorm folded into its Conv): the manager then reuses the recorded shapes instead of inferring them
+    again, unless the pass created a tensor without one. tests/test_pipeline.py checks the claim."""
 
     def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:  # pragma: no cover - abstract
         raise NotImplementedError

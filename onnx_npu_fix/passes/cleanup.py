@@ -29,6 +29,7 @@ class CleanupPass(Pass):
     name = "cleanup"
     summary = "remove Identity / inference Dropout, dead nodes and unused initializers"
     exact = True
+    keeps_shapes = True
 
     def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         result = PassResult()

@@ -115,6 +115,7 @@ class FoldBatchNormPass(Pass):
     summary = ("fold BatchNormalization into the adjacent Conv/ConvTranspose/Gemm/MatMul, "
                "else lower it to Mul+Add")
     exact = True
+    keeps_shapes = True
 
     def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         result = PassResult()
