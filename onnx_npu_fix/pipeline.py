@@ -109,11 +109,12 @@ class _Run:
     """One run of the pass list: the loop, grouped validation, replay and rollback.
 
     With ``validate="each"``, consecutive *exact* passes that changed the graph are validated together, with one
-    onnxruntime session after the last of them: a composite of exact rewrites is exact exactly when each is, and a
-    session per pass costs as much as the passes themselves on a large model. A pass declared approximate is
-    always measured on its own (what precedes it is validated first). When a group of several passes fails, the
-    model is restored to where the group started and its passes are run again one by one, each validated alone,
-    so the failing pass is still named (and, with ``keep_going``, rolled back alone).
+    onnxruntime session after the last of them: a composite of exact rewrites is exact when each is, a wrong one
+    shows in the composite's outputs, and a session per pass costs as much as the passes themselves on a large
+    model. A pass declared approximate is always measured on its own (what precedes it is validated first). When
+    a group of several passes fails, the model is restored to where the group started and its passes are run
+    again one by one, each validated alone, so the failing pass is still named (and, with ``keep_going``, rolled
+    back alone).
     """
 
     def __init__(self, model: onnx.ModelProto, options: FixOptions, passes: list[Pass], report: FixReport,
