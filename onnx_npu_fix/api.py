@@ -25,6 +25,7 @@ from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.pipeline import FixResult, prepare, run_passes
+from onnx_npu_fix.validate import Reference
 
 
 @dataclass
@@ -219,13 +220,21 @@ def select_passes(only: Sequence[str] | None = None, skip: Sequence[str] = ()) -
     return chosen + extra
 
 
+def start_reference(path: str | os.PathLike, options: FixOptions) -> Reference | None:
+    """Start computing the original's outputs from the file at ``path`` on a worker thread, before the model
+    is even parsed (pass the result to :func:`fix`, and close it when done). None when the run will not validate,
+    or when ``--input-shape`` overrides make the file's own shapes the wrong ones to run."""
+    if options.validate == "none" or options.input_shapes:
+        return None
+    return Reference(os.fspath(path))
+
+
 def fix(model: onnx.ModelProto, options: FixOptions | None = None,
-        passes: Sequence[Pass] | None = None, *, source: str | os.PathLike | None = None) -> FixResult:
+        passes: Sequence[Pass] | None = None, *, reference: Reference | None = None) -> FixResult:
     """Run the passes (default order unless given) over a copy-free ``model``; see :class:`FixResult`.
 
-    ``source``: the file ``model`` was read from (unchanged since): validation then runs the original from that
-    file, concurrently with the passes, instead of serializing ``model`` first."""
+    ``reference``: from :func:`start_reference` on the file ``model`` was read from (unchanged since)."""
     options = options or FixOptions()
     prepare(model, options)
     return run_passes(model, options, list(passes) if passes is not None else select_passes(),
-                      source=os.fspath(source) if source is not None else None)
+                      reference=reference)

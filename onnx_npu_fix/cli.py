@@ -174,12 +174,17 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
             ctx.exit(exit_code)
         passes = api.select_passes(_split_names(only), _split_names(skip) or ())
         api.check_output_path(output, model)
-        loaded = api.read_model(model)
-        api.check_output_path(output, model, protected=loaded.external_files)
-        if report_path:
-            _check_report_path(report_path, model, output, loaded.external_files)
-        external = bool(loaded.external_files)
-        result = api.fix(loaded.model, options, passes, source=loaded.path)
+        reference = api.start_reference(model, options) if os.path.isfile(model) else None
+        try:
+            loaded = api.read_model(model)
+            api.check_output_path(output, model, protected=loaded.external_files)
+            if report_path:
+                _check_report_path(report_path, model, output, loaded.external_files)
+            external = bool(loaded.external_files)
+            result = api.fix(loaded.model, options, passes, reference=reference)
+        finally:
+            if reference is not None:
+                reference.close()
     except InputError as exc:
         raise _InputProblem(str(exc)) from None
 

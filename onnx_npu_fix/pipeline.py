@@ -15,7 +15,6 @@ which restores the model as it was before that pass and continues with the next 
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import time
 import traceback
@@ -38,7 +37,16 @@ from onnx_npu_fix.graph import (
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass
 from onnx_npu_fix.report import FixReport, PassRecord
-from onnx_npu_fix.validate import Comparison, Feeds, Outputs, Runner, compare, make_inputs, runtime_errors
+from onnx_npu_fix.validate import (
+    Comparison,
+    Feeds,
+    Outputs,
+    Reference,
+    Runner,
+    compare,
+    make_inputs,
+    runtime_errors,
+)
 
 log = logging.getLogger("onnx_npu_fix")
 
@@ -79,17 +87,17 @@ def prepare(model: onnx.ModelProto, options: FixOptions) -> None:
 
 
 def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pass], *,
-               source: str | None = None) -> FixResult:
+               reference: Reference | None = None) -> FixResult:
     """Run ``passes`` over ``model`` (edited in place) and return it with the report.
 
     Call :func:`prepare` first. Never raises for a failing pass: the report says which pass failed and why.
     Raises InputError when validation needs inputs it cannot generate (dynamic input shapes).
-    ``source``: the file ``model`` was read from; the original's reference outputs are then computed from that
-    file, in the background while the passes run.
+    ``reference``: the original's outputs already under way (api.start_reference), else they are computed from
+    ``model`` as it is now, in the background while the passes run.
     """
     started = time.perf_counter()
     report = FixReport()
-    validator = _Validator(model, options, report, source=source)
+    validator = _Validator(model, options, report, reference=reference)
     try:
         data = _Run(model, options, list(passes), report, validator).run()
     finally:
@@ -299,35 +307,31 @@ class _Run:
 class _Validator:
     """Holds the seeded inputs and the outputs of the last accepted model, so each is computed once.
 
-    The original's outputs are computed on a background thread (onnxruntime releases the GIL while it runs)
-    while the passes work; the first validation waits for them.
+    The original's outputs are computed on a background thread (validate.Reference) while the passes work; the
+    first validation waits for them.
     """
 
     def __init__(self, model: onnx.ModelProto, options: FixOptions, report: FixReport, *,
-                 source: str | None = None) -> None:
+                 reference: Reference | None = None) -> None:
         self.options = options
         self.report = report
         self.feeds: list[Feeds] = []
         self._original: list[Outputs] | None = None
         self._current: list[Outputs] | None = None
-        self._pending: concurrent.futures.Future | None = None
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._reference: Reference | None = None
         self.all_exact = True
         self.changed = False
         if options.validate == "none":
             report.validation_note = "validation disabled (--no-validate)"
             return
         self.feeds = make_inputs(model, options.n_inputs, options.seed)
-        if source is not None and not options.input_shapes:
-            reference: tuple[str | None, bytes | None] = (source, None)
-        elif approx_model_bytes(model) < TWO_GB:
-            reference = (None, model.SerializeToString())
-        else:  # the scratch copy must be written now, before the passes change the model
+        if reference is None and approx_model_bytes(model) >= TWO_GB:
+            # No file to start from and too large for bytes: the scratch copy must be written now, before the
+            # passes change the model, so this one is computed here.
             self._settle(lambda: self._run(model))
             return
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="npufix-ref")
-        path, data = reference
-        self._pending = self._executor.submit(self._run, model, data, path)
+        self._reference = reference or Reference(model.SerializeToString())
+        self._reference.run(self.feeds)
 
     def _settle(self, compute) -> None:  # noqa: ANN001 - a zero-argument callable returning the outputs
         try:
@@ -339,9 +343,9 @@ class _Validator:
         self._current = self._original
 
     def _wait(self) -> None:
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            self._settle(pending.result)
+        if self._reference is not None:
+            reference, self._reference = self._reference, None
+            self._settle(reference.outputs)
 
     @property
     def original(self) -> list[Outputs] | None:
@@ -354,9 +358,8 @@ class _Validator:
         return self._current
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        if self._reference is not None:
+            self._reference.close()
 
     def _run(self, model: onnx.ModelProto, data: bytes | None = None, path: str | None = None) -> list[Outputs]:
         runner = Runner(model, data=data, model_path=path)

@@ -6,6 +6,7 @@ would make an original and a wrongly folded model look alike, and session creati
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import tempfile
 from collections.abc import Sequence
@@ -103,9 +104,10 @@ def runtime_errors() -> tuple[type[BaseException], ...]:
 
 
 class Runner:
-    """One onnxruntime session for one model; reused for every input set."""
+    """One onnxruntime session for one model (given as a proto, a file or bytes); reused for every input set."""
 
-    def __init__(self, model: onnx.ModelProto, *, model_path: str | None = None, data: bytes | None = None) -> None:
+    def __init__(self, model: onnx.ModelProto | None, *, model_path: str | None = None,
+                 data: bytes | None = None) -> None:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -114,12 +116,13 @@ class Runner:
         opts.intra_op_num_threads = min(2, os.cpu_count() or 1)
         # Idle worker threads must not spin: the reference outputs are computed while the passes run.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.output_names = [o.name for o in model.graph.output]
         self._tmpdir = None
         if model_path is not None:
             source: Any = model_path
         elif data is not None:  # the caller serialized it already
             source = data
+        elif model is None:
+            raise ValueError("Runner needs a model, a model_path or data")
         elif approx_model_bytes(model) < TWO_GB:
             source = model.SerializeToString()
         else:
@@ -130,6 +133,7 @@ class Runner:
             write_with_external_data(model, source, os.path.join(self._tmpdir.name, "weights.data"),
                                      "weights.data", in_place=False)
         self.session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+        self.output_names = [o.name for o in self.session.get_outputs()]  # the graph's outputs, in order
 
     def run(self, feeds: Feeds) -> Outputs:
         values = self.session.run(self.output_names, feeds)
@@ -142,6 +146,52 @@ class Runner:
         self.session = None
         if self._tmpdir is not None:
             self._tmpdir.cleanup()
+
+
+class Reference:
+    """The original model's outputs, computed on a worker thread so that they cost (almost) no wall time.
+
+    The session is built as soon as the model file is known, while npufix parses, checks and rewrites it; the
+    runs start when :meth:`run` hands over the inputs. onnxruntime releases the GIL while it works, and its idle
+    workers do not spin (see Runner), so the passes keep a core. ``source``: a file path or serialized bytes.
+    """
+
+    def __init__(self, source: str | bytes) -> None:
+        self._feeds: concurrent.futures.Future = concurrent.futures.Future()
+        self._closing = False
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="npufix-reference")
+        self._outputs = self._executor.submit(self._work, source)
+
+    def _work(self, source: str | bytes) -> list[Outputs]:
+        runner = Runner(None, model_path=source) if isinstance(source, str) else Runner(None, data=source)
+        try:
+            outputs = []
+            for feeds in self._feeds.result():
+                if self._closing:  # nobody will read them (no pass changed the model): stop between runs
+                    break
+                outputs.append(runner.run(feeds))
+            return outputs
+        finally:
+            runner.close()
+
+    def run(self, feeds: Sequence[Feeds]) -> None:
+        """Start the runs on ``feeds`` (once)."""
+        self._feeds.set_result(list(feeds))
+
+    def outputs(self) -> list[Outputs]:
+        """Wait for the outputs; raises what onnxruntime raised (see runtime_errors)."""
+        return self._outputs.result()
+
+    def close(self) -> None:
+        """Stop waiting for inputs that will not come (or running those nobody will read), join the worker."""
+        self._closing = True
+        if not self._feeds.done():
+            self._feeds.set_exception(_NotNeeded())
+        self._executor.shutdown(wait=True)
+
+
+class _NotNeeded(Exception):
+    """The run ended before validation started (e.g. the input was refused)."""
 
 
 @dataclass

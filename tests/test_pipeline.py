@@ -273,15 +273,17 @@ class BreakShapes(Pass):
 def sessions(monkeypatch):
     """Counts the onnxruntime sessions the pass manager builds."""
     import onnx_npu_fix.pipeline as pipeline
+    import onnx_npu_fix.validate as validate
 
     built = []
 
-    class Counting(pipeline.Runner):
+    class Counting(validate.Runner):
         def __init__(self, *args, **kwargs):
             built.append(1)
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(pipeline, "Runner", Counting)
+    monkeypatch.setattr(validate, "Runner", Counting)  # the original's, built on the reference thread
     return built
 
 
@@ -400,3 +402,34 @@ def test_passes_that_keep_shapes_do(cls, source):
     for name, vi in recorded.items():
         if name in inferred:
             assert vi.type == inferred[name].type, name
+
+
+def test_reference_started_from_the_file_before_parsing(tmp_path, sessions):
+    path = tmp_path / "m.onnx"
+    onnx.save(small_model(), path)
+    options = FixOptions()
+    reference = api.start_reference(path, options)
+    try:
+        model = api.load_model(path)
+        result = api.fix(model, options, [RenameRelu()], reference=reference)
+    finally:
+        reference.close()
+    assert result.ok and result.report.passes[0].status == "validated"
+    assert result.report.final.passed
+    assert len(sessions) == 2  # the file's session and the rewritten model's; the original was not serialized
+    assert api.start_reference(path, FixOptions(validate="none")) is None
+    assert api.start_reference(path, FixOptions(input_shapes={"x": (3, 2)})) is None
+
+
+def test_an_unused_or_broken_reference_closes_without_hanging(tmp_path):
+    from onnx_npu_fix.validate import Reference, runtime_errors
+
+    never_fed = Reference(str(tmp_path / "missing.onnx"))
+    never_fed.close()
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    reference = Reference(str(broken))
+    reference.run([{}])
+    with pytest.raises(runtime_errors()):
+        reference.outputs()
+    reference.close()
