@@ -130,6 +130,9 @@ class _Run:
         self.model, self.options, self.passes = model, options, passes
         self.report, self.validator = report, validator
         self.each = options.validate == "each"
+        # Above 2 GB a restore point is a second copy of the weights: there, every pass is validated alone, as
+        # a replay would need that copy.
+        self.grouping = self.each and approx_model_bytes(model) < TWO_GB
         self.group: list[_Pending] = []
         self.solo_until = -1
         """Passes up to this index are validated alone (a replay after a failed group)."""
@@ -206,7 +209,7 @@ class _Run:
                 i += 1
                 continue
             self.group.append(_Pending(i, pass_, record))
-            if i <= self.solo_until or not record.exact:
+            if i <= self.solo_until or not record.exact or not self.grouping:
                 outcome = self._flush()
                 if outcome == "stop":
                     return None
@@ -253,12 +256,12 @@ class _Run:
     # --- restore points ---------------------------------------------------------------------------------
     def _take_point(self, i: int) -> None:
         """Remember the model as it is before pass ``i`` (free when the last validation serialized it)."""
-        if not self.each and not self.options.keep_going:
-            self.point = None
-        elif self.data is not None:
+        if self.data is not None:
             self.point = self.data
-        else:
+        elif self.grouping or self.options.keep_going:
             self.point = _copy(self.model)
+        else:
+            self.point = None
         self.point_at = (i, len(self.report.passes))
 
     def _restore(self) -> None:
