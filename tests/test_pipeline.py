@@ -433,3 +433,16 @@ def test_an_unused_or_broken_reference_closes_without_hanging(tmp_path):
     with pytest.raises(runtime_errors()):
         reference.outputs()
     reference.close()
+
+
+def test_models_above_two_gb_validate_each_pass_alone(monkeypatch, sessions):
+    import onnx_npu_fix.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "TWO_GB", 16)  # every model counts as "above 2 GB" here
+    original = small_model()
+    model = small_model()
+    result = run(model, [RenameRelu(), AddZero()])
+    assert result.ok
+    assert [p.validated_with for p in result.report.passes] == [[], []]
+    assert len(sessions) == 3
+    assert_equivalent(original, model)
