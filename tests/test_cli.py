@@ -219,3 +219,13 @@ def test_check_json_and_dump_shapes(fixture_path):
     assert data["memory"]["sram"] == {"bytes": 102400, "fits": False,
                                       "miss_bytes": data["memory"]["peak"]["bytes"] - 102400}
     assert len(data["shapes"]) == len(onnx.load(fixture_path("unet.onnx")).graph.node)
+
+
+def test_garbage_collector_is_back_on_after_an_in_process_run(tmp_path, fixture_path):
+    import gc
+
+    assert gc.isenabled()
+    assert invoke(fixture_path("tcn.onnx"), "-o", tmp_path / "o.onnx", "-q").exit_code == 0
+    assert gc.isenabled()
+    assert invoke(tmp_path / "missing.onnx", "-o", tmp_path / "p.onnx").exit_code == 2
+    assert gc.isenabled()
