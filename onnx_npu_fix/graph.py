@@ -203,8 +203,14 @@ def shape_of_value_info(vi: onnx.ValueInfoProto) -> Shape | None:
     tensor_type = vi.type.tensor_type
     if not tensor_type.HasField("shape"):
         return None
+    # A non-zero dim_value can only be a set dim_value (the oneof's other member leaves it 0), so the usual
+    # all-static shape needs one read per dim; only a 0 needs the oneof told apart (100k shapes per check).
+    fields = tensor_type.shape.dim
+    values = [dim.dim_value for dim in fields]
+    if all(values):
+        return tuple(values)
     dims: list[int | str | None] = []
-    for dim in tensor_type.shape.dim:
+    for dim in fields:
         if dim.HasField("dim_value"):
             dims.append(int(dim.dim_value))
         elif dim.HasField("dim_param"):
@@ -312,7 +318,10 @@ class GraphEditor:
 
     def commit(self) -> None:
         graph = self.index.graph
-        if self._replace or self._after or self._prepend:
+        if not self._after and not self._prepend and not any(self._replace.values()):
+            if self._replace:  # removals only, the common edit: one stable sort, no position map
+                _drop_nodes(graph.node, set(self._replace))
+        elif self._replace or self._after or self._prepend:
             old = list(graph.node)
             new_nodes: list[onnx.NodeProto] = list(self._prepend)
             for node in old:
@@ -326,6 +335,17 @@ class GraphEditor:
         self._after.clear()
         self._prepend.clear()
         self._new_initializers.clear()
+
+
+def _drop_nodes(field: Any, dropped: set[int]) -> None:
+    """Remove the nodes whose ids are in ``dropped`` from the repeated node field, keeping the others' order.
+
+    A stable sort moves them to the end without copying a node (see :func:`_reorder`), then they are cut off.
+    """
+    present = sum(1 for n in field if id(n) in dropped)  # a caller may name a node twice or one not here
+    if present:
+        field.sort(key=lambda n: id(n) in dropped)
+        del field[len(field) - present:]
 
 
 def _reorder(field: Any, old: list[onnx.NodeProto], wanted: list[onnx.NodeProto]) -> None:
@@ -409,6 +429,10 @@ def remove_unused_initializers(graph: onnx.GraphProto) -> list[str]:
         update(node.input)
         if may_hold_subgraphs(node):
             update(subgraph_outer_inputs(node))
+    return _drop_initializers(graph, used)
+
+
+def _drop_initializers(graph: onnx.GraphProto, used: set[str]) -> list[str]:
     removed = [name for name in (t.name for t in graph.initializer) if name not in used]
     if removed:
         # A stable sort moves the unused ones to the end without copying a tensor (copies cost seconds and
@@ -420,7 +444,31 @@ def remove_unused_initializers(graph: onnx.GraphProto) -> list[str]:
 
 def remove_dead_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """Remove nodes none of whose outputs reaches a graph output; return the removed nodes."""
+    nodes, dead, _ = _find_dead(model.graph)
+    if not dead:
+        return []
+    _drop_nodes(model.graph.node, dead)
+    return [n for n in nodes if id(n) in dead]
+
+
+def remove_unused(model: onnx.ModelProto) -> tuple[list[onnx.NodeProto], list[str]]:
+    """:func:`remove_dead_nodes` then :func:`remove_unused_initializers`, with one walk over the nodes instead
+    of two (each walk is 0.1-0.2 s at 100k nodes): the tensors the live nodes read are what the dead-node walk
+    collects anyway."""
     graph = model.graph
+    nodes, dead, needed = _find_dead(graph)
+    if any(not t.name for t in graph.initializer):
+        # An unnamed initializer is "used" by any absent optional input, which the walk does not record.
+        return remove_dead_nodes(model), remove_unused_initializers(graph)
+    if dead:
+        _drop_nodes(graph.node, dead)
+    needed.update(i.name for i in graph.input)  # the model's interface: never removed
+    return [n for n in nodes if id(n) in dead], _drop_initializers(graph, needed)
+
+
+def _find_dead(graph: onnx.GraphProto) -> tuple[list[onnx.NodeProto], set[int], set[str]]:
+    """The nodes, the ids of those none of whose outputs reaches a graph output, and the names the others
+    read (plus the graph outputs)."""
     needed = {o.name for o in graph.output}
     nodes = list(graph.node)
     dead: set[int] = set()
@@ -433,12 +481,7 @@ def remove_dead_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
         needed.discard("")  # an absent optional input
         if may_hold_subgraphs(node):
             update(subgraph_outer_inputs(node))
-    if not dead:
-        return []
-    # A stable sort moves the dead to the end without copying a node (see _reorder); then they are cut off.
-    graph.node.sort(key=lambda n: id(n) in dead)
-    del graph.node[len(nodes) - len(dead):]
-    return [n for n in nodes if id(n) in dead]
+    return nodes, dead, needed
 
 
 def name_unnamed_nodes(graph: onnx.GraphProto) -> int:

@@ -11,6 +11,7 @@ from onnx_npu_fix.graph import (
     GraphIndex,
     name_unnamed_nodes,
     remove_dead_nodes,
+    remove_unused,
     remove_unused_initializers,
     tensor_from_array,
 )
@@ -88,3 +89,22 @@ def test_tensor_from_array_matches_numpy_helper():
         for name in ("t", ""):
             expected = numpy_helper.from_array(np.ascontiguousarray(value), name)
             assert tensor_from_array(value, name).SerializeToString() == expected.SerializeToString()
+
+
+def _with_dead_parts() -> onnx.ModelProto:
+    model = _chain(3)
+    graph = model.graph
+    for name in ("w_live", "w_dead", "unused", "interface"):
+        graph.initializer.append(numpy_helper.from_array(np.ones(1, np.float32), name))
+    graph.input.append(helper.make_tensor_value_info("interface", TensorProto.FLOAT, [1]))
+    graph.node[1].input.append("w_live")
+    graph.node.extend([helper.make_node("Add", ["t1", "w_dead"], ["d"], name="dead")])
+    return model
+
+
+def test_remove_unused_equals_the_two_steps():
+    one, two = _with_dead_parts(), _with_dead_parts()
+    dead, unused = remove_unused(one)
+    assert [n.name for n in dead] == [n.name for n in remove_dead_nodes(two)] == ["dead"]
+    assert unused == remove_unused_initializers(two.graph) == ["w_dead", "unused"]
+    assert one.SerializeToString() == two.SerializeToString()

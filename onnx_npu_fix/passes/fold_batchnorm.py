@@ -60,6 +60,7 @@ from onnx_npu_fix.graph import (
     get_attr,
     may_hold_subgraphs,
     opset_version,
+    paused_gc,
     private_initializer,
     set_attr,
     subgraphs,
@@ -121,6 +122,12 @@ class FoldBatchNormPass(Pass):
     exact = True
 
     def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+        # Tens of thousands of small arrays, records and protobuf wrappers, none of them garbage before the
+        # pass ends: full collections over them cost a fifth of the pass on a 100k-node graph.
+        with paused_gc():
+            return self._run(model, options)
+
+    def _run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         result = PassResult()
         index = GraphIndex(model)
         opset = opset_version(model)
