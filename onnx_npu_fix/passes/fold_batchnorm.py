@@ -47,6 +47,7 @@ with another node gets a private copy. The BN's own parameter initializers are l
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -275,25 +276,26 @@ def _bn_params(index: GraphIndex, bn: onnx.NodeProto, opset: int) -> tuple[_Para
     if opset < 7:
         return None, (f"BatchNormalization at opset {opset} (is_test / consumed_inputs form) is not handled; "
                       "convert the model to opset >= 9 first (onnx.version_converter)")
-    if len(bn.input) < 5 or not all(bn.input[:5]):
+    inputs, outputs = bn.input[:], bn.output[:]  # plain lists: each field access builds a Python object
+    if len(inputs) < 5 or not all(inputs[:5]):
         return None, "it does not have its five inputs"
     if get_attr(bn, "training_mode", 0):
         return None, "training_mode=1: it normalises with batch statistics, which no constant map reproduces"
-    if opset < 14 and len(bn.output) > 1:
+    if opset < 14 and len(outputs) > 1:
         # Before opset 14 the output count selects the mode: extra outputs mean training (batch statistics),
         # which is also how onnxruntime reads it, even when nothing reads them.
-        return None, (f"it has training outputs {list(bn.output[1:])}: before opset 14 that form normalises "
+        return None, (f"it has training outputs {outputs[1:]}: before opset 14 that form normalises "
                       "with batch statistics")
-    extra = [o for o in bn.output[1:] if o]
+    extra = [o for o in outputs[1:] if o]
     if extra:
         return None, f"it has running-statistics outputs {extra}, which only training mode defines"
-    raws = [_raw_float(index, name) for name in bn.input[1:5]]
+    raws = [_raw_float(index, name) for name in inputs[1:5]]
     params: list[np.ndarray] | None = None
     if all(raw is not None for raw in raws):
         shapes = [raw.shape for raw in raws]  # type: ignore[union-attr]
     else:
         params = []
-        for role, name in zip(_PARAM_ROLES, bn.input[1:5]):
+        for role, name in zip(_PARAM_ROLES, inputs[1:5]):
             value = _const(index, name)
             if value is None:
                 return None, f"its {role} {name} is not constant"
@@ -638,13 +640,20 @@ def _store(index: GraphIndex, editor: GraphEditor, node: onnx.NodeProto, slot: i
 
 def _overwrite(tensor: onnx.TensorProto, value: np.ndarray) -> None:
     """Replace a tensor's data with ``value`` (same dtype) with one copy into the protobuf."""
-    for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
+    # ClearField on every field, repeated ones included: ``del tensor.dims[:]`` would first build a Python
+    # wrapper of the field (33k weights per run).
+    for field in _DATA_FIELDS:
         tensor.ClearField(field)
-    del tensor.external_data[:]
     tensor.data_location = onnx.TensorProto.DEFAULT
-    del tensor.dims[:]
     tensor.dims.extend(value.shape)
-    tensor.raw_data = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()
+    if not (value.dtype.isnative and _LITTLE_ENDIAN):
+        value = value.astype(value.dtype.newbyteorder("<"))
+    tensor.raw_data = value.tobytes()  # C order, whatever the array's strides
+
+
+_DATA_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data",
+                "external_data", "dims")
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def _lower(index: GraphIndex, editor: GraphEditor, low: _Lowering, conv_mode: bool) -> Change:
