@@ -342,9 +342,15 @@ def _input_fixed(index: GraphIndex, const: set[str]) -> set[str]:
     for node in index.graph.node:
         if node.op_type in _WEIGHTED:
             continue
-        data = [i for i in node.input if i and i not in const]
-        if data and all(i in fixed for i in data):
-            fixed.update(o for o in node.output if o)
+        reads_data = False
+        for i in node.input:  # a plain loop that stops at the first data input no graph input fixes
+            if i and i not in const:
+                if i not in fixed:
+                    break
+                reads_data = True
+        else:
+            if reads_data:
+                fixed.update(o for o in node.output if o)
     return fixed
 
 
@@ -355,8 +361,11 @@ def _check_conv(ctx: _Context, node: onnx.NodeProto) -> None:
         return  # unknown weight shape: reported as unknown-shape where it matters
     assert w_shape is not None
     kernel = list(w_shape[2:])
-    dilations = list(get_attr(node, "dilations") or [1] * len(kernel))
-    strides = list(get_attr(node, "strides") or [1] * len(kernel))
+    # Attributes are read only for the limits that are set (most runs set none): 33k reads each otherwise.
+    dilations = (list(get_attr(node, "dilations") or [1] * len(kernel))
+                 if options.max_dilation is not None or options.allowed_dilations is not None
+                 or options.max_kernel is not None else [])
+    strides = list(get_attr(node, "strides") or [1] * len(kernel)) if options.max_stride is not None else []
     group = int(get_attr(node, "group", 1) or 1)
     fixer = "dilated-conv" if op == "Conv" else None
     if options.max_dilation is not None and max(dilations, default=1) > options.max_dilation:

@@ -12,7 +12,7 @@ import contextlib
 import gc
 import itertools
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -273,6 +273,17 @@ def subgraph_outer_inputs(node: onnx.NodeProto) -> set[str]:
 
 def has_subgraphs(node: onnx.NodeProto) -> bool:
     return bool(subgraphs(node))
+
+
+def all_known(names: Iterable[str], known: set[str]) -> bool:
+    """Whether every non-empty name in ``names`` is in ``known`` (empty names are absent optional inputs).
+
+    A plain loop that stops at the first unknown name: in the per-node scans the first input (the data) usually
+    decides, and a generator expression costs more than the test."""
+    for name in names:
+        if name and name not in known:
+            return False
+    return True
 
 
 # --- editing ----------------------------------------------------------------------------------------

@@ -12,8 +12,6 @@ larger than ``--large-tensor`` bytes (onnxsim's ``--no-large-tensor``) are left 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 import onnx
 from onnx import helper
@@ -21,6 +19,7 @@ from onnx import helper
 from onnx_npu_fix.graph import (
     GraphEditor,
     GraphIndex,
+    all_known,
     has_subgraphs,
     infer_shapes,
     remove_dead_nodes,
@@ -128,16 +127,9 @@ def _has_candidates(model: onnx.ModelProto) -> bool:
         if op in ("Shape", "Size"):
             return True
         inputs = node.input
-        if inputs and _all_const(inputs, const):
+        if inputs and all_known(inputs, const):
             return True
     return False
-
-
-def _all_const(inputs: Iterable[str], const: set[str]) -> bool:
-    for name in inputs:  # a plain loop: the first input (the data) usually decides
-        if name and name not in const:
-            return False
-    return True
 
 
 def _attr_int(node: onnx.NodeProto, name: str, default):
