@@ -381,6 +381,21 @@ def test_opset7_spatial0_per_activation_is_lowered():
     assert init_value(fixed, fixed.graph.node[0].input[1]).shape == shape
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_opset8_spatial0_per_channel_on_nc_input(batch):
+    # spatial=0 with [C] parameters on an [N, C] input is the per-channel form: the input's shape is only
+    # checked, the constants stay [C] (whatever N is).
+    b = Builder(32)
+    b.node("Gemm", ["x", b.weight("w", (3, 4)), b.weight("c", (4,))], ["g"], "gemm")  # opset 8: C required
+    b.bn("bn_fold", "g", "h", 4, spatial=0)
+    b.bn("bn_low", "h", "y", 4, spatial=0)
+    model = b.model({"x": [batch, 3]}, ["y"], opset=8)
+    fixed, result = check(model, ["Gemm", "Mul", "Add"])
+    assert [(c.node, c.action) for c in result.changes] == [("bn_fold", "folded into Gemm"),
+                                                            ("bn_low", "lowered to Mul+Add")]
+    assert init_value(fixed, fixed.graph.node[1].input[1]).shape == (4,)
+
+
 def test_opset6_is_rejected_with_reason():
     b = Builder(32)
     b.node("Conv", ["x", b.weight("w", (4, 3, 1, 1))], ["c"], "conv")

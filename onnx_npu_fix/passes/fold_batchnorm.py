@@ -291,7 +291,7 @@ def _bn_params(index: GraphIndex, bn: onnx.NodeProto, opset: int) -> tuple[_Para
         return None, f"it has running-statistics outputs {extra}, which only training mode defines"
     raws = [_raw_float(index, name) for name in inputs[1:5]]
     params: list[np.ndarray] | None = None
-    if all(raw is not None for raw in raws):
+    if None not in raws:
         shapes = [raw.shape for raw in raws]  # type: ignore[union-attr]
     else:
         params = []
@@ -311,16 +311,16 @@ def _bn_params(index: GraphIndex, bn: onnx.NodeProto, opset: int) -> tuple[_Para
         if len(shape) >= 2:
             per_activation = True
         else:
-            shape = index.shape(bn.input[0]) or index.shape(bn.output[0])
-            if shape is None or len(shape) != 2:
+            x_shape = index.shape(inputs[0]) or index.shape(outputs[0])
+            if x_shape is None or len(x_shape) != 2:
                 return None, ("spatial=0 with per-channel parameters on an input that is not [N, C] "
                               "(per-activation parameters [C, D1, ...] expected)")
     elif len(shape) != 1:
         return None, f"its parameters have shape {list(shape)}, not [C]"
     eps = float(get_attr(bn, "epsilon", 1e-5))
     if params is None:
-        return _Params((shape, tuple(raw.dtype for raw in raws)), eps, per_activation,  # type: ignore[union-attr]
-                       raw=tuple(raw.data for raw in raws)), ""  # type: ignore[union-attr]
+        return _Params((shape, tuple([raw.dtype for raw in raws])), eps, per_activation,  # type: ignore[union-attr]
+                       raw=tuple([raw.data for raw in raws])), ""  # type: ignore[union-attr]
     return _Params((shape, None), eps, per_activation, values=params), ""
 
 
