@@ -9,6 +9,7 @@ from helpers import apply_pass, assert_equivalent, ops
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.graph import infer_shapes
+from onnx_npu_fix.passes import fold_batchnorm
 from onnx_npu_fix.passes.fold_batchnorm import FoldBatchNormPass
 
 SEEDS = (0, 1, 2)
@@ -530,7 +531,10 @@ def _same_bits(x: np.ndarray, y: np.ndarray) -> bool:
     return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
 
 
-def test_many_folds_in_one_graph_are_each_exact():
+@pytest.mark.parametrize("batch_bytes", [None, 1, 2 * 4 * 4 * 9 * 4])  # default, one Conv, two Convs a batch
+def test_many_folds_in_one_graph_are_each_exact(batch_bytes, monkeypatch):
+    if batch_bytes is not None:
+        monkeypatch.setattr(fold_batchnorm, "_BATCH_BYTES", batch_bytes)
     b = Builder(50)
     inputs: dict[str, list[int]] = {}
     outputs: list[str] = []

@@ -184,9 +184,9 @@ class FoldBatchNormPass(Pass):
 
         # --- rewrite ----------------------------------------------------------------------------------
         editor = GraphEditor(index)
-        computed = _conv_folds(index, list(edits.values()))
+        batches = _ConvBatches(index, list(edits.values()))
         for edit in edits.values():
-            result.changes.extend(_apply_fold(index, editor, edit, computed.get(id(edit))))
+            result.changes.extend(_apply_fold(index, editor, edit, batches.take(edit)))
         for low in lowerings:
             result.changes.append(_lower(index, editor, low, conv_mode))
         editor.commit()
@@ -473,30 +473,61 @@ def _const_shape(index: GraphIndex, name: str) -> tuple[int, ...] | None:
 _Folded = tuple[np.ndarray, "np.ndarray | None"]  # (new weight, new float64 bias or None)
 
 
-def _conv_folds(index: GraphIndex, edits: list[_LayerEdit]) -> dict[int, _Folded]:
-    """The new weight and bias of every plain rule-1 Conv fold (``Conv -> BN`` with raw float initializers),
-    by edit id, computed for all Convs of the same weight shape and dtypes at once.
+class _ConvBatches:
+    """The new weight and bias of plain rule-1 Conv folds (``Conv -> BN``, raw float initializers), computed for
+    a batch of Convs with the same weight shape and dtypes at once.
 
     At 33k folds one numpy call per array costs more than the arithmetic; the arithmetic is :func:`_fold_conv`'s,
-    elementwise, so each Conv gets bit for bit what it would get alone. Reading every value before any write is
-    safe: a tensor is only ever overwritten in place when its one reader is the layer being folded.
+    elementwise, so each Conv gets bit for bit what it would get alone. A batch is computed when its first Conv
+    is written and handed out in edit order, so at most one batch per weight shape is held (``_BATCH_BYTES``
+    each), never a copy of every weight. Reading a batch ahead of earlier writes is safe: a tensor is only
+    overwritten in place when its one reader is the layer being folded.
     """
-    groups: dict[tuple[Any, ...], list[tuple[_LayerEdit, bytes, bytes | None]]] = {}
-    for edit in edits:
-        node = edit.node
-        if node.op_type != "Conv" or edit.inp is not None or edit.out is None:
-            continue  # the other folds are rare: _apply_fold computes them one by one
-        weight = _raw_float(index, node.input[1])
-        bias_name = node.input[2] if len(node.input) > 2 else ""
-        bias = _raw_float(index, bias_name) if bias_name else None
-        if weight is None or len(weight.shape) < 2 or (bias_name and bias is None):
-            continue
-        if bias is not None and math.prod(bias.shape) != weight.shape[0]:
-            continue  # malformed: _bias64's reshape raises, as it always did
-        key = (weight.shape, weight.dtype, bias.dtype if bias is not None else None)
-        groups.setdefault(key, []).append((edit, weight.data, bias.data if bias is not None else None))
-    folded: dict[int, _Folded] = {}
-    for (shape, dtype, bias_dtype), members in groups.items():
+
+    def __init__(self, index: GraphIndex, edits: list[_LayerEdit]) -> None:
+        self.index = index
+        groups: dict[tuple[Any, ...], list[_LayerEdit]] = {}
+        for edit in edits:
+            node = edit.node
+            if node.op_type != "Conv" or edit.inp is not None or edit.out is None:
+                continue  # the other folds are rare: _apply_fold computes them one by one
+            weight = _raw_meta(index, node.input[1])
+            bias_name = node.input[2] if len(node.input) > 2 else ""
+            bias = _raw_meta(index, bias_name) if bias_name else None
+            if weight is None or len(weight[1]) < 2 or (bias_name and bias is None):
+                continue
+            if bias is not None and math.prod(bias[1]) != weight[1][0]:
+                continue  # malformed: _bias64's reshape raises, as it always did
+            groups.setdefault((weight[1], weight[2], bias[2] if bias is not None else None), []).append(edit)
+        self._batch: dict[int, tuple[list[_LayerEdit], tuple[Any, ...]]] = {}
+        for key, group in groups.items():
+            size = max(1, _BATCH_BYTES // max(1, math.prod(key[0]) * key[1].itemsize))
+            for i in range(0, len(group), size):
+                batch = group[i:i + size], key
+                self._batch.update((id(edit), batch) for edit in batch[0])
+        self._ready: dict[int, _Folded] = {}
+
+    def take(self, edit: _LayerEdit) -> _Folded | None:
+        """``edit``'s new weight and float64 bias, or None when it is not a batched fold."""
+        batch = self._batch.pop(id(edit), None)
+        if batch is not None and id(edit) not in self._ready:
+            self._ready.update(self._compute(*batch))
+        return self._ready.pop(id(edit), None)
+
+    def _compute(self, edits: list[_LayerEdit], key: tuple[Any, ...]) -> dict[int, _Folded]:
+        shape, dtype, bias_dtype = key
+        index = self.index
+        size = math.prod(shape) * dtype.itemsize
+        members = []
+        for edit in edits:
+            node = edit.node
+            weight = index.initializers[node.input[1]].raw_data
+            bias = index.initializers[node.input[2]].raw_data if bias_dtype is not None else b""
+            if len(weight) == size and (bias_dtype is None or len(bias) == shape[0] * bias_dtype.itemsize):
+                members.append((edit, weight, bias))
+            # else malformed: left to _apply_fold, whose reshape raises at that Conv, as it always did
+        if not members:
+            return {}
         n, m = len(members), shape[0]
         weights = np.frombuffer(b"".join(w for _, w, _ in members), dtype=dtype).reshape((n,) + shape)
         a = np.stack([edit.out.a for edit, _, _ in members])  # type: ignore[union-attr]
@@ -508,9 +539,12 @@ def _conv_folds(index: GraphIndex, edits: list[_LayerEdit]) -> dict[int, _Folded
             bias = bias.astype(np.float64)
         bias = bias * a + b
         new_weights = _scaled(weights, a.reshape((n, m) + (1,) * (len(shape) - 1)))
-        for i, (edit, _, _) in enumerate(members):
-            folded[id(edit)] = new_weights[i], bias[i]
-    return folded
+        return {id(edit): (new_weights[i], bias[i]) for i, (edit, _, _) in enumerate(members)}
+
+
+_BATCH_BYTES = 4 << 20
+"""Weights computed together take at most this much (plus as much again for the result): batching is for
+many small layers, where numpy's per-call cost dominates; big weights still go one by one."""
 
 
 def _apply_fold(index: GraphIndex, editor: GraphEditor, edit: _LayerEdit,
@@ -697,10 +731,9 @@ class _Raw:
     dtype: np.dtype
 
 
-def _raw_float(index: GraphIndex, name: str) -> _Raw | None:
-    """The bytes of ``name`` when it is a raw float initializer whose byte count matches its dims, else None.
-
-    The same tensors :func:`_const` reads through its fast path; ordered cheapest test first (33k BNs)."""
+def _raw_meta(index: GraphIndex, name: str) -> tuple[onnx.TensorProto, tuple[int, ...], np.dtype] | None:
+    """``(tensor, shape, little-endian dtype)`` when ``name`` is a raw float initializer, else None: the tensors
+    :func:`_const` reads through its fast path. Ordered cheapest test first (33k BNs); the bytes are not read."""
     tensor = index.initializers.get(name)
     if tensor is None:
         return None
@@ -708,8 +741,16 @@ def _raw_float(index: GraphIndex, name: str) -> _Raw | None:
     if (dtype is None or tensor.data_location == onnx.TensorProto.EXTERNAL or not tensor.HasField("raw_data")
             or name in index.graph_inputs):
         return None
+    return tensor, tuple(tensor.dims[:]), dtype  # a slice reads the repeated field in one call
+
+
+def _raw_float(index: GraphIndex, name: str) -> _Raw | None:
+    """The bytes of ``name`` when it is a raw float initializer whose byte count matches its dims, else None."""
+    meta = _raw_meta(index, name)
+    if meta is None:
+        return None
+    tensor, shape, dtype = meta
     data = tensor.raw_data
-    shape = tuple(tensor.dims[:])  # a slice reads the repeated field in one call, half the cost of iterating it
     if math.prod(shape) * dtype.itemsize != len(data):
         return None  # malformed: _const's reshape raises, as it always did
     return _Raw(data, shape, dtype)
