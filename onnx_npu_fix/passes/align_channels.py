@@ -226,11 +226,10 @@ class AlignChannelsPass(Pass):
 
 def _all_convs_aligned(model: onnx.ModelProto, align: int) -> bool:
     """True when every Conv / ConvTranspose has constant weights whose channel counts are already aligned."""
-    convs = [n for n in model.graph.node if n.op_type in ("Conv", "ConvTranspose")]
-    weights = {n.input[1] for n in convs if len(n.input) > 1}
-    # Dims only for the weights: reading a repeated field builds a Python object (166k tensors at 100k nodes).
-    dims = {t.name: t.dims[:] for t in model.graph.initializer if t.name in weights}
-    for node in convs:
+    dims = {t.name: t.dims for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "ConvTranspose"):
+            continue
         shape = dims.get(node.input[1]) if len(node.input) > 1 else None
         if shape is None or len(shape) < 3:
             return False
