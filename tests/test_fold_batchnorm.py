@@ -9,6 +9,7 @@ from helpers import apply_pass, assert_equivalent, ops
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.graph import infer_shapes
+from onnx_npu_fix.passes import fold_batchnorm
 from onnx_npu_fix.passes.fold_batchnorm import FoldBatchNormPass
 
 SEEDS = (0, 1, 2)
@@ -381,6 +382,21 @@ def test_opset7_spatial0_per_activation_is_lowered():
     assert init_value(fixed, fixed.graph.node[0].input[1]).shape == shape
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_opset8_spatial0_per_channel_on_nc_input(batch):
+    # spatial=0 with [C] parameters on an [N, C] input is the per-channel form: the input's shape is only
+    # checked, the constants stay [C] (whatever N is).
+    b = Builder(32)
+    b.node("Gemm", ["x", b.weight("w", (3, 4)), b.weight("c", (4,))], ["g"], "gemm")  # opset 8: C required
+    b.bn("bn_fold", "g", "h", 4, spatial=0)
+    b.bn("bn_low", "h", "y", 4, spatial=0)
+    model = b.model({"x": [batch, 3]}, ["y"], opset=8)
+    fixed, result = check(model, ["Gemm", "Mul", "Add"])
+    assert [(c.node, c.action) for c in result.changes] == [("bn_fold", "folded into Gemm"),
+                                                            ("bn_low", "lowered to Mul+Add")]
+    assert init_value(fixed, fixed.graph.node[1].input[1]).shape == (4,)
+
+
 def test_opset6_is_rejected_with_reason():
     b = Builder(32)
     b.node("Conv", ["x", b.weight("w", (4, 3, 1, 1))], ["c"], "conv")
@@ -493,3 +509,108 @@ def test_bn_parameters_from_constant_nodes():
     b.node("Conv", ["x", b.weight("w", (3, 2, 3))], ["c"], "conv")
     b.node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["y"], "bn", epsilon=1e-3)
     check(b.model({"x": [2, 2, 9]}, ["y"]), ["Constant"] * 4 + ["Conv"])
+
+
+# --- exactness when many BNs are folded together ------------------------------------------------------
+# The pass computes (a, b) for all BNs with the same parameter shape and dtypes in one array, and the new
+# weights of all plain Conv -> BN folds of the same weight shape in one array. Every fold must still be bit for
+# bit the documented math done for that BN alone, whatever else the graph holds.
+
+
+def _reference_fold(w, bias, params, eps):
+    """W' and bias' of Conv(W, bias) -> BN, computed alone in float64 and rounded once (the module docstring)."""
+    scale, beta, mean, var = (p.astype(np.float64) for p in params)
+    a = scale / np.sqrt(var + float(np.float32(eps)))  # the attribute is stored as float32
+    b = beta - mean * a
+    new_w = (w.astype(np.float64) * a.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+    old_bias = bias.astype(np.float64) if bias is not None else np.zeros(len(a))
+    return new_w, (old_bias * a + b).astype(w.dtype)
+
+
+def _same_bits(x: np.ndarray, y: np.ndarray) -> bool:
+    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+@pytest.mark.parametrize("batch_bytes", [None, 1, 2 * 4 * 4 * 9 * 4])  # default, one Conv, two Convs a batch
+def test_many_folds_in_one_graph_are_each_exact(batch_bytes, monkeypatch):
+    if batch_bytes is not None:
+        monkeypatch.setattr(fold_batchnorm, "_BATCH_BYTES", batch_bytes)
+    b = Builder(50)
+    inputs: dict[str, list[int]] = {}
+    outputs: list[str] = []
+    expected: dict[str, tuple] = {}  # conv name -> (W, bias or None, BN params, eps)
+    elem = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16, np.float64: TensorProto.DOUBLE}
+
+    def branch(tag, dtype=np.float32, *, bias=False, weight=None, params=None, eps=1e-5):
+        x = f"x_{tag}"
+        inputs[x] = [1, 4, 5, 5]
+        w = weight or b.weight(f"w_{tag}", (4, 4, 3, 3), dtype)
+        conv_in = [x, w] + ([b.weight(f"bias_{tag}", (4,), dtype)] if bias else [])
+        b.node("Conv", conv_in, [f"c_{tag}"], f"conv_{tag}")
+        if params is None:
+            bn = b.bn(f"bn_{tag}", f"c_{tag}", f"y_{tag}", 4, eps=eps, dtype=dtype)
+        else:
+            bn = b.node("BatchNormalization", [f"c_{tag}", *params], [f"y_{tag}"], f"bn_{tag}", epsilon=eps)
+        outputs.append(f"y_{tag}")
+        return bn
+
+    for tag in ("a1", "a2", "a3"):  # one batch: same weight shape and dtype, no bias
+        branch(tag)
+    branch("b1", bias=True)
+    branch("b2", bias=True, eps=1e-3)
+    branch("half", np.float16, bias=True)
+    branch("double", np.float64, bias=True)
+    shared = list(branch("s1").input[1:])  # BN parameters read by two BNs
+    branch("s2", params=shared, eps=1e-3)
+    branch("w1", weight="w_a1")  # a Conv weight read by two Convs: each gets a private copy
+    for k, v in {"cs": b.rng.uniform(0.5, 2, 4), "cb": b.rng.standard_normal(4),
+                 "cm": b.rng.standard_normal(4), "cv": b.rng.uniform(0.1, 2, 4)}.items():
+        b.node("Constant", [], [k], f"const_{k}", value=numpy_helper.from_array(v.astype(np.float32)))
+    branch("const", params=["cs", "cb", "cm", "cv"])
+    mixed = [b.const("m_s", b.rng.uniform(0.5, 2, 4).astype(np.float16)),
+             b.const("m_b", b.rng.standard_normal(4).astype(np.float16)), *branch("m0").input[3:]]
+    branch("mixed", params=mixed)  # float16 scale and B with float32 statistics: a batch of its own
+    bad = [*shared[:3], b.const("neg_var", np.array([1.0, -2.0, 1.0, 1.0], np.float32))]
+    branch("neg", params=bad)
+    inf = [b.const("inf_scale", np.array([1.0, np.inf, 1.0, 1.0], np.float32)), *shared[1:]]
+    branch("inf", params=inf)
+
+    def elem_of(tensor: str) -> int:  # each branch's input and output take its dtype
+        return elem[{"half": np.float16, "double": np.float64}.get(tensor[2:], np.float32)]
+
+    graph = helper.make_graph(
+        b.nodes, "many", [helper.make_tensor_value_info(x, elem_of(x), s) for x, s in inputs.items()],
+        [helper.make_tensor_value_info(y, elem_of(y), None) for y in outputs], initializer=b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    infer_shapes(model)
+    onnx.checker.check_model(model)
+    original = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            original[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    bns = {n.name: n for n in model.graph.node if n.op_type == "BatchNormalization"}
+    convs = {n.name: n for n in model.graph.node if n.op_type == "Conv"}
+    for name, conv in convs.items():
+        bn = bns["bn_" + name[5:]]
+        eps = next(a.f for a in bn.attribute if a.name == "epsilon")
+        bias = original[conv.input[2]] if len(conv.input) > 2 else None
+        expected[name] = (original[conv.input[1]], bias, [original[p] for p in bn.input[1:]], eps)
+
+    fixed, result = fold(model)
+    reasons = {r.node: r.reason for r in result.rejections}
+    assert reasons == {"bn_neg": "var + epsilon <= 0 for some channel (the original output is NaN/inf there)",
+                       "bn_inf": "its parameters are not finite"}
+    assert result.metrics == {"batchnorm_before": 15, "folded": 13, "lowered": 0, "batchnorm_after": 2}
+    values = {t.name: numpy_helper.to_array(t) for t in fixed.graph.initializer}
+    folded = {n.name: n for n in fixed.graph.node if n.op_type == "Conv"}
+    for name, (w, bias, params, eps) in expected.items():
+        conv = folded[name]
+        if name in ("conv_neg", "conv_inf"):
+            assert _same_bits(values[conv.input[1]], w)
+            continue
+        new_w, new_bias = _reference_fold(w, bias, params, eps)
+        assert _same_bits(values[conv.input[1]], new_w), name
+        assert _same_bits(values[conv.input[2]], new_bias), name
+    # The shared weight was copied for each reader, never rewritten under its own name.
+    assert folded["conv_a1"].input[1] != folded["conv_w1"].input[1]
+    assert "w_a1" not in values or _same_bits(values["w_a1"], original["w_a1"])

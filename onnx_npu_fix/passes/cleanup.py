@@ -18,8 +18,7 @@ from onnx_npu_fix.graph import (
     GraphEditor,
     GraphIndex,
     has_subgraphs,
-    remove_dead_nodes,
-    remove_unused_initializers,
+    remove_unused,
 )
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
@@ -36,9 +35,10 @@ class CleanupPass(Pass):
         graph = model.graph
         if any(n.op_type in ("Identity", "Dropout") for n in graph.node):
             self._remove_no_ops(model, result)
-        for node in remove_dead_nodes(model):
+        dead, unused = remove_unused(model)
+        for node in dead:
             result.changes.append(Change(node.name, node.op_type, "removed dead node"))
-        for name in remove_unused_initializers(graph):
+        for name in unused:
             result.changes.append(Change(name, "initializer", "removed unused initializer"))
         return result
 

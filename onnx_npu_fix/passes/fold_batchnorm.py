@@ -42,11 +42,18 @@ that shape.
 Weights are rewritten in place when this layer is their only reader (one read, one float64-computed
 multiply into a buffer of the weight's dtype, one write: no full float64 copy of a weight); a weight shared
 with another node gets a private copy. The BN's own parameter initializers are left for ``cleanup`` to drop.
+
+Graphs with thousands of small layers: ``(a, b)`` of every BN with the same parameter shape and dtypes, and the
+new weights of plain ``Conv -> BN`` folds with the same weight shape (at most 4 MiB of weights at a time), are
+computed in one numpy call each. The math is elementwise, so every layer gets bit for bit what it would alone.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -56,7 +63,9 @@ from onnx_npu_fix.graph import (
     GraphIndex,
     conv_geometry,
     get_attr,
+    may_hold_subgraphs,
     opset_version,
+    paused_gc,
     private_initializer,
     set_attr,
     subgraphs,
@@ -70,6 +79,7 @@ _FLOAT_TYPES: dict[int, type] = {
     onnx.TensorProto.FLOAT16: np.float16,
     onnx.TensorProto.DOUBLE: np.float64,
 }
+_LE_DTYPES = {elem: np.dtype(t).newbyteorder("<") for elem, t in _FLOAT_TYPES.items()}
 _PARAM_ROLES = ("scale", "B", "input_mean", "input_var")
 _PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
@@ -118,6 +128,12 @@ class FoldBatchNormPass(Pass):
     keeps_shapes = True
 
     def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+        # Tens of thousands of small arrays, records and protobuf wrappers, none of them garbage before the
+        # pass ends: full collections over them cost a fifth of the pass on a 100k-node graph.
+        with paused_gc():
+            return self._run(model, options)
+
+    def _run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         result = PassResult()
         index = GraphIndex(model)
         opset = opset_version(model)
@@ -132,7 +148,11 @@ class FoldBatchNormPass(Pass):
         lowerings: list[_Lowering] = []
         bn_names: list[str] = []
         total = left = 0
-        for node in model.graph.node:
+        # The BNs' (a, b) are computed for all of them at once (per-BN numpy calls dominate at 33k BNs), so the
+        # nodes that matter are listed first; the loop below then keeps the report in graph order.
+        nodes = [n for n in model.graph.node if _is_batchnorm(n) or may_hold_subgraphs(n)]
+        affines = _affines(index, [n for n in nodes if _is_batchnorm(n)], opset)
+        for node in nodes:
             nested = _nested_batchnorms(node)
             if nested:
                 total += nested
@@ -140,11 +160,11 @@ class FoldBatchNormPass(Pass):
                 result.rejections.append(Rejection(
                     node.name, node.op_type,
                     f"{nested} BatchNormalization node(s) inside its subgraph(s) are not handled", blocking))
-            if node.op_type != "BatchNormalization" or node.domain not in _DEFAULT_DOMAINS:
+            if not _is_batchnorm(node):
                 continue
             total += 1
             bn_names.append(node.name)
-            affine, problem = _bn_affine(index, node, opset)
+            affine, problem = affines[id(node)]
             if affine is None:
                 left += 1
                 result.rejections.append(Rejection(node.name, node.op_type, problem, blocking))
@@ -169,8 +189,9 @@ class FoldBatchNormPass(Pass):
 
         # --- rewrite ----------------------------------------------------------------------------------
         editor = GraphEditor(index)
+        batches = _ConvBatches(index, list(edits.values()))
         for edit in edits.values():
-            result.changes.extend(_apply_fold(index, editor, edit))
+            result.changes.extend(_apply_fold(index, editor, edit, batches.take(edit)))
         for low in lowerings:
             result.changes.append(_lower(index, editor, low, conv_mode))
         editor.commit()
@@ -190,54 +211,122 @@ class FoldBatchNormPass(Pass):
 # --- the BN itself ----------------------------------------------------------------------------------
 
 
-def _bn_affine(index: GraphIndex, bn: onnx.NodeProto, opset: int) -> tuple[_Affine | None, str]:
-    """``(a, b)`` of an inference-mode BN, or None and the reason it must stay."""
+def _is_batchnorm(node: onnx.NodeProto) -> bool:
+    return node.op_type == "BatchNormalization" and node.domain in _DEFAULT_DOMAINS
+
+
+@dataclass
+class _Params:
+    """A BN's checked parameters before its ``(a, b)`` is computed, together with every BN of the same ``key``
+    (parameter shape and dtypes). Either ``raw`` (the four raw initializers' bytes: read without a numpy call
+    per tensor) or ``values`` (float64 arrays from any other kind of constant)."""
+
+    key: tuple[Any, ...]
+    eps: float
+    per_activation: bool
+    raw: tuple[bytes, ...] | None = None
+    values: list[np.ndarray] | None = None
+
+
+def _affines(index: GraphIndex, bns: list[onnx.NodeProto],
+             opset: int) -> dict[int, tuple[_Affine | None, str]]:
+    """``(a, b)`` of every inference-mode BN in ``bns`` (by node id), or None and the reason it must stay.
+
+    The math is the one in the module docstring, elementwise in float64, so computing every BN with the same
+    parameter shape and dtypes in one array gives each BN bit for bit what it would get alone.
+    """
+    found: dict[int, tuple[_Affine | None, str]] = {}
+    groups: dict[tuple[Any, ...], list[tuple[int, _Params]]] = {}
+    for bn in bns:
+        params, problem = _bn_params(index, bn, opset)
+        if params is None:
+            found[id(bn)] = None, problem
+        else:
+            groups.setdefault(params.key, []).append((id(bn), params))
+    for key, members in groups.items():
+        shape = key[0]
+        n = len(members)
+        if key[1] is None:
+            scale, beta, mean, var = (np.stack([p.values[r] for _, p in members]) for r in range(4))
+        else:
+            scale, beta, mean, var = (
+                np.frombuffer(b"".join(p.raw[r] for _, p in members), dtype=dtype).reshape((n,) + shape)
+                .astype(np.float64) for r, dtype in enumerate(key[1]))
+        eps = np.array([p.eps for _, p in members]).reshape((n,) + (1,) * len(shape))
+        denom = var + eps
+        axes = tuple(range(1, len(shape) + 1))
+        valid = np.all(denom > 0, axis=axes)
+        rows = np.arange(n)
+        if not valid.all():
+            # Only the valid rows go on: the others would take the square root of a negative number.
+            rows = np.flatnonzero(valid)
+            scale, beta, mean, denom = scale[rows], beta[rows], mean[rows], denom[rows]
+        a = scale / np.sqrt(denom)
+        b = beta - mean * a
+        finite = np.all(np.isfinite(a), axis=axes) & np.all(np.isfinite(b), axis=axes)
+        for (node_id, _), ok in zip(members, valid):
+            if not ok:
+                found[node_id] = None, "var + epsilon <= 0 for some channel (the original output is NaN/inf there)"
+        for i, row in enumerate(rows):
+            node_id, params = members[row]
+            if finite[i]:
+                found[node_id] = _Affine(a[i], b[i], params.per_activation), ""
+            else:
+                found[node_id] = None, "its parameters are not finite"
+    return found
+
+
+def _bn_params(index: GraphIndex, bn: onnx.NodeProto, opset: int) -> tuple[_Params | None, str]:
+    """The parameters of an inference-mode BN, or None and the reason it must stay."""
     if opset < 7:
         return None, (f"BatchNormalization at opset {opset} (is_test / consumed_inputs form) is not handled; "
                       "convert the model to opset >= 9 first (onnx.version_converter)")
-    if len(bn.input) < 5 or not all(bn.input[:5]):
+    inputs, outputs = bn.input[:], bn.output[:]  # plain lists: each field access builds a Python object
+    if len(inputs) < 5 or not all(inputs[:5]):
         return None, "it does not have its five inputs"
     if get_attr(bn, "training_mode", 0):
         return None, "training_mode=1: it normalises with batch statistics, which no constant map reproduces"
-    if opset < 14 and len(bn.output) > 1:
+    if opset < 14 and len(outputs) > 1:
         # Before opset 14 the output count selects the mode: extra outputs mean training (batch statistics),
         # which is also how onnxruntime reads it, even when nothing reads them.
-        return None, (f"it has training outputs {list(bn.output[1:])}: before opset 14 that form normalises "
+        return None, (f"it has training outputs {outputs[1:]}: before opset 14 that form normalises "
                       "with batch statistics")
-    extra = [o for o in bn.output[1:] if o]
+    extra = [o for o in outputs[1:] if o]
     if extra:
         return None, f"it has running-statistics outputs {extra}, which only training mode defines"
-    params = []
-    for role, name in zip(_PARAM_ROLES, bn.input[1:5]):
-        value = _const(index, name)
-        if value is None:
-            return None, f"its {role} {name} is not constant"
-        if value.dtype not in (np.float16, np.float32, np.float64):
-            return None, f"its {role} {name} has dtype {value.dtype}, not a float type this pass handles"
-        params.append(value.astype(np.float64))
-    scale, beta, mean, var = params
-    if not (scale.shape == beta.shape == mean.shape == var.shape) or scale.ndim == 0:
-        return None, f"its parameters have inconsistent shapes {[list(p.shape) for p in params]}"
+    raws = [_raw_float(index, name) for name in inputs[1:5]]
+    params: list[np.ndarray] | None = None
+    if None not in raws:
+        shapes = [raw.shape for raw in raws]  # type: ignore[union-attr]
+    else:
+        params = []
+        for role, name in zip(_PARAM_ROLES, inputs[1:5]):
+            value = _const(index, name)
+            if value is None:
+                return None, f"its {role} {name} is not constant"
+            if value.dtype not in (np.float16, np.float32, np.float64):
+                return None, f"its {role} {name} has dtype {value.dtype}, not a float type this pass handles"
+            params.append(value.astype(np.float64))
+        shapes = [p.shape for p in params]
+    shape = shapes[0]
+    if not all(s == shape for s in shapes) or len(shape) == 0:
+        return None, f"its parameters have inconsistent shapes {[list(s) for s in shapes]}"
     per_activation = False
     if opset < 9 and get_attr(bn, "spatial", 1) == 0:
-        if scale.ndim >= 2:
+        if len(shape) >= 2:
             per_activation = True
         else:
-            shape = index.shape(bn.input[0]) or index.shape(bn.output[0])
-            if shape is None or len(shape) != 2:
+            x_shape = index.shape(inputs[0]) or index.shape(outputs[0])
+            if x_shape is None or len(x_shape) != 2:
                 return None, ("spatial=0 with per-channel parameters on an input that is not [N, C] "
                               "(per-activation parameters [C, D1, ...] expected)")
-    elif scale.ndim != 1:
-        return None, f"its parameters have shape {list(scale.shape)}, not [C]"
+    elif len(shape) != 1:
+        return None, f"its parameters have shape {list(shape)}, not [C]"
     eps = float(get_attr(bn, "epsilon", 1e-5))
-    denom = var + eps
-    if not np.all(denom > 0):
-        return None, "var + epsilon <= 0 for some channel (the original output is NaN/inf there)"
-    a = scale / np.sqrt(denom)
-    b = beta - mean * a
-    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
-        return None, "its parameters are not finite"
-    return _Affine(a, b, per_activation), ""
+    if params is None:
+        return _Params((shape, tuple([raw.dtype for raw in raws])), eps, per_activation,  # type: ignore[union-attr]
+                       raw=tuple([raw.data for raw in raws])), ""  # type: ignore[union-attr]
+    return _Params((shape, None), eps, per_activation, values=params), ""
 
 
 # --- finding targets ----------------------------------------------------------------------------------
@@ -378,7 +467,7 @@ def _const_problem(index: GraphIndex, name: str, what: str) -> str | None:
 def _const_shape(index: GraphIndex, name: str) -> tuple[int, ...] | None:
     """Shape of a constant without reading its data when it is an initializer."""
     if name in index.initializers:
-        return tuple(index.initializers[name].dims)
+        return tuple(index.initializers[name].dims[:])  # a slice reads the repeated field in one call
     value = _const(index, name)  # a Constant node: small in practice
     return tuple(value.shape) if value is not None else None
 
@@ -386,25 +475,108 @@ def _const_shape(index: GraphIndex, name: str) -> tuple[int, ...] | None:
 # --- rewriting ----------------------------------------------------------------------------------------
 
 
-def _apply_fold(index: GraphIndex, editor: GraphEditor, edit: _LayerEdit) -> list[Change]:
+_Folded = tuple[np.ndarray, "np.ndarray | None"]  # (new weight, new float64 bias or None)
+
+
+class _ConvBatches:
+    """The new weight and bias of plain rule-1 Conv folds (``Conv -> BN``, raw float initializers), computed for
+    a batch of Convs with the same weight shape and dtypes at once.
+
+    At 33k folds one numpy call per array costs more than the arithmetic; the arithmetic is :func:`_fold_conv`'s,
+    elementwise, so each Conv gets bit for bit what it would get alone. A batch is computed when its first Conv
+    is written and handed out in edit order, so at most one batch per weight shape is held (``_BATCH_BYTES``
+    each), never a copy of every weight. Reading a batch ahead of earlier writes is safe: a tensor is only
+    overwritten in place when its one reader is the layer being folded.
+    """
+
+    def __init__(self, index: GraphIndex, edits: list[_LayerEdit]) -> None:
+        self.index = index
+        groups: dict[tuple[Any, ...], list[_LayerEdit]] = {}
+        for edit in edits:
+            node = edit.node
+            if node.op_type != "Conv" or edit.inp is not None or edit.out is None:
+                continue  # the other folds are rare: _apply_fold computes them one by one
+            weight = _raw_meta(index, node.input[1])
+            bias_name = node.input[2] if len(node.input) > 2 else ""
+            bias = _raw_meta(index, bias_name) if bias_name else None
+            if weight is None or len(weight[1]) < 2 or (bias_name and bias is None):
+                continue
+            if bias is not None and math.prod(bias[1]) != weight[1][0]:
+                continue  # malformed: _bias64's reshape raises, as it always did
+            groups.setdefault((weight[1], weight[2], bias[2] if bias is not None else None), []).append(edit)
+        self._batch: dict[int, tuple[list[_LayerEdit], tuple[Any, ...]]] = {}
+        for key, group in groups.items():
+            size = max(1, _BATCH_BYTES // max(1, math.prod(key[0]) * key[1].itemsize))
+            for i in range(0, len(group), size):
+                batch = group[i:i + size], key
+                self._batch.update((id(edit), batch) for edit in batch[0])
+        self._ready: dict[int, _Folded] = {}
+
+    def take(self, edit: _LayerEdit) -> _Folded | None:
+        """``edit``'s new weight and float64 bias, or None when it is not a batched fold."""
+        batch = self._batch.pop(id(edit), None)
+        if batch is not None and id(edit) not in self._ready:
+            self._ready.update(self._compute(*batch))
+        return self._ready.pop(id(edit), None)
+
+    def _compute(self, edits: list[_LayerEdit], key: tuple[Any, ...]) -> dict[int, _Folded]:
+        shape, dtype, bias_dtype = key
+        index = self.index
+        size = math.prod(shape) * dtype.itemsize
+        members = []
+        for edit in edits:
+            node = edit.node
+            weight = index.initializers[node.input[1]].raw_data
+            bias = index.initializers[node.input[2]].raw_data if bias_dtype is not None else b""
+            if len(weight) == size and (bias_dtype is None or len(bias) == shape[0] * bias_dtype.itemsize):
+                members.append((edit, weight, bias))
+            # else malformed: left to _apply_fold, whose reshape raises at that Conv, as it always did
+        if not members:
+            return {}
+        n, m = len(members), shape[0]
+        weights = np.frombuffer(b"".join(w for _, w, _ in members), dtype=dtype).reshape((n,) + shape)
+        a = np.stack([edit.out.a for edit, _, _ in members])  # type: ignore[union-attr]
+        b = np.stack([edit.out.b for edit, _, _ in members])  # type: ignore[union-attr]
+        if bias_dtype is None:
+            bias = np.zeros((n, m))
+        else:
+            bias = np.frombuffer(b"".join(c for _, _, c in members), dtype=bias_dtype).reshape(n, m)
+            bias = bias.astype(np.float64)
+        bias = bias * a + b
+        new_weights = _scaled(weights, a.reshape((n, m) + (1,) * (len(shape) - 1)))
+        return {id(edit): (new_weights[i], bias[i]) for i, (edit, _, _) in enumerate(members)}
+
+
+_BATCH_BYTES = 4 << 20
+"""Weights computed together take at most this much (plus as much again for the result): batching is for
+many small layers, where numpy's per-call cost dominates; big weights still go one by one."""
+
+
+def _apply_fold(index: GraphIndex, editor: GraphEditor, edit: _LayerEdit,
+                folded: _Folded | None = None) -> list[Change]:
+    """Write one layer's fold (``folded``: its new weight and bias when computed already) and rewire the BNs."""
     node = edit.node
     op = node.op_type
-    weight = _const(index, node.input[1])
-    assert weight is not None  # checked while finding
     old_weight_name = node.input[1]
     bias_slot = 2
-    if op == "Conv":
-        new_weight, bias = _fold_conv(index, node, weight, edit)
-    elif op == "ConvTranspose":
-        new_weight, bias = _fold_conv_transpose(index, node, weight, edit.out)
-    elif op == "Gemm":
-        new_weight, bias = _fold_gemm(index, node, weight, edit.out)
-    else:  # MatMul
-        new_weight = _scaled(weight, edit.out.a[None, :])
-        bias = None
+    if folded is not None:
+        new_weight, bias = folded
+    else:
+        weight = _const(index, node.input[1])
+        assert weight is not None  # checked while finding
+        if op == "Conv":
+            new_weight, bias = _fold_conv(index, node, weight, edit)
+        elif op == "ConvTranspose":
+            new_weight, bias = _fold_conv_transpose(index, node, weight, edit.out)
+        elif op == "Gemm":
+            new_weight, bias = _fold_gemm(index, node, weight, edit.out)
+        else:  # MatMul
+            new_weight = _scaled(weight, edit.out.a[None, :])
+            bias = None
+    dtype = new_weight.dtype  # the weight's own dtype (_scaled keeps it)
     _store(index, editor, node, 1, new_weight)
     if bias is not None:
-        _store(index, editor, node, bias_slot, bias.astype(weight.dtype), base=f"{node.name}_bias")
+        _store(index, editor, node, bias_slot, bias.astype(dtype), base=f"{node.name}_bias")
 
     changes = []
     if edit.inp is not None:
@@ -418,7 +590,7 @@ def _apply_fold(index: GraphIndex, editor: GraphEditor, edit: _LayerEdit) -> lis
         bn = edit.out_bn
         if op == "MatMul":
             # MatMul has no bias: the shift stays as an Add on the BN's place, writing the BN's output.
-            shift = editor.add_initializer(f"{bn.name}_shift", edit.out.b.astype(weight.dtype))
+            shift = editor.add_initializer(f"{bn.name}_shift", edit.out.b.astype(dtype))
             add = editor.make_node("Add", [bn.input[0], shift], [bn.output[0]], f"{bn.name}_add")
             editor.replace(bn, [add])
             action, new = f"folded into {op} (shift as Add)", [node.name, add.name]
@@ -507,13 +679,20 @@ def _store(index: GraphIndex, editor: GraphEditor, node: onnx.NodeProto, slot: i
 
 def _overwrite(tensor: onnx.TensorProto, value: np.ndarray) -> None:
     """Replace a tensor's data with ``value`` (same dtype) with one copy into the protobuf."""
-    for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
+    # ClearField on every field, repeated ones included: ``del tensor.dims[:]`` would first build a Python
+    # wrapper of the field (33k weights per run).
+    for field in _DATA_FIELDS:
         tensor.ClearField(field)
-    del tensor.external_data[:]
     tensor.data_location = onnx.TensorProto.DEFAULT
-    del tensor.dims[:]
     tensor.dims.extend(value.shape)
-    tensor.raw_data = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()
+    if not (value.dtype.isnative and _LITTLE_ENDIAN):
+        value = value.astype(value.dtype.newbyteorder("<"))
+    tensor.raw_data = value.tobytes()  # C order, whatever the array's strides
+
+
+_DATA_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data",
+                "external_data", "dims")
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def _lower(index: GraphIndex, editor: GraphEditor, low: _Lowering, conv_mode: bool) -> Change:
@@ -548,14 +727,47 @@ def _lower(index: GraphIndex, editor: GraphEditor, low: _Lowering, conv_mode: bo
 # --- small helpers ------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Raw:
+    """A raw float initializer's bytes, its shape and its little-endian dtype."""
+
+    data: bytes
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def _raw_meta(index: GraphIndex, name: str) -> tuple[onnx.TensorProto, tuple[int, ...], np.dtype] | None:
+    """``(tensor, shape, little-endian dtype)`` when ``name`` is a raw float initializer, else None: the tensors
+    :func:`_const` reads through its fast path. Ordered cheapest test first (33k BNs); the bytes are not read."""
+    tensor = index.initializers.get(name)
+    if tensor is None:
+        return None
+    dtype = _LE_DTYPES.get(tensor.data_type)
+    if (dtype is None or tensor.data_location == onnx.TensorProto.EXTERNAL or not tensor.HasField("raw_data")
+            or name in index.graph_inputs):
+        return None
+    return tensor, tuple(tensor.dims[:]), dtype  # a slice reads the repeated field in one call
+
+
+def _raw_float(index: GraphIndex, name: str) -> _Raw | None:
+    """The bytes of ``name`` when it is a raw float initializer whose byte count matches its dims, else None."""
+    meta = _raw_meta(index, name)
+    if meta is None:
+        return None
+    tensor, shape, dtype = meta
+    data = tensor.raw_data
+    if math.prod(shape) * dtype.itemsize != len(data):
+        return None  # malformed: _const's reshape raises, as it always did
+    return _Raw(data, shape, dtype)
+
+
 def _const(index: GraphIndex, name: str) -> np.ndarray | None:
     """``index.const_value`` with a fast path for the common raw float initializer (a read-only view of its
     bytes): at 100k nodes the generic converter costs more than the fold itself."""
     tensor = index.initializers.get(name)
     if (tensor is not None and tensor.data_type in _FLOAT_TYPES and tensor.HasField("raw_data")
             and tensor.data_location != onnx.TensorProto.EXTERNAL and name not in index.graph_inputs):
-        dtype = np.dtype(_FLOAT_TYPES[tensor.data_type]).newbyteorder("<")
-        return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(tuple(tensor.dims))
+        return np.frombuffer(tensor.raw_data, dtype=_LE_DTYPES[tensor.data_type]).reshape(tuple(tensor.dims))
     return index.const_value(name)
 
 

@@ -19,6 +19,7 @@ from onnx import helper
 from onnx_npu_fix.graph import (
     GraphEditor,
     GraphIndex,
+    all_known,
     has_subgraphs,
     infer_shapes,
     remove_dead_nodes,
@@ -117,12 +118,16 @@ def _has_candidates(model: onnx.ModelProto) -> bool:
     overridable = {i.name for i in graph.input}
     const = {t.name for t in graph.initializer if t.name not in overridable}
     for node in graph.node:
-        if node.op_type == "Constant":
+        op = node.op_type  # each field read builds a Python object: read once (100k nodes)
+        if op == "Constant":
             const.update(node.output)
             continue
-        if node.domain not in ("", "ai.onnx") or node.op_type in _NEVER_FOLD:
+        if op in _NEVER_FOLD or node.domain not in ("", "ai.onnx"):
             continue
-        if node.op_type in ("Shape", "Size") or (node.input and all(not i or i in const for i in node.input)):
+        if op in ("Shape", "Size"):
+            return True
+        inputs = node.input
+        if inputs and all_known(inputs, const):
             return True
     return False
 

@@ -87,7 +87,15 @@ import numpy as np
 import onnx
 from onnx import defs, helper
 
-from onnx_npu_fix.graph import GraphEditor, GraphIndex, get_attr, opset_version, set_attr, subgraphs
+from onnx_npu_fix.graph import (
+    GraphEditor,
+    GraphIndex,
+    get_attr,
+    may_hold_subgraphs,
+    opset_version,
+    set_attr,
+    subgraphs,
+)
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
 
@@ -492,6 +500,8 @@ class ResizeNearestPass(Pass):
         for node in model.graph.node:
             if node.op_type in _RESIZE_OPS:
                 candidates.append(node)
+            if not may_hold_subgraphs(node):
+                continue  # no graph attribute possible: skip the attribute walk (100k nodes)
             for attr in node.attribute:
                 if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
                     self._reject_in_subgraphs(node, options, result)

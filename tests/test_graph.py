@@ -1,0 +1,110 @@
+"""Tests for the shared graph helpers whose fast paths avoid copying nodes (graph.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_npu_fix.graph import (
+    GraphEditor,
+    GraphIndex,
+    name_unnamed_nodes,
+    remove_dead_nodes,
+    remove_unused,
+    remove_unused_initializers,
+    tensor_from_array,
+)
+
+
+def _chain(n: int) -> onnx.ModelProto:
+    nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"r{i}") for i in range(n)]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info(f"t{n}", TensorProto.FLOAT, [1])])
+    return helper.make_model(graph)
+
+
+def _names(model: onnx.ModelProto) -> list[str]:
+    return [n.name for n in model.graph.node]
+
+
+def test_editor_commit_orders_replacements_insertions_and_removals():
+    model = _chain(5)
+    index = GraphIndex(model)
+    editor = GraphEditor(index)
+    r = list(model.graph.node)
+    editor.remove(r[1])
+    editor.replace(r[2], [helper.make_node("Neg", ["t2"], ["a"], name="n2"),
+                          helper.make_node("Neg", ["a"], ["t3"], name="n2b")])
+    editor.insert_after(r[3], [helper.make_node("Relu", ["t4"], ["x"], name="after3")])
+    editor.prepend([helper.make_node("Relu", ["t0"], ["p"], name="first")])
+    editor.commit()
+    assert _names(model) == ["first", "r0", "n2", "n2b", "r3", "after3", "r4"]
+    # A kept node is edited in place, not copied: the index's wrapper still writes into the graph.
+    index.producer["t5"].name = "renamed"
+    assert _names(model)[-1] == "renamed"
+
+
+def test_editor_commit_with_removals_only_keeps_order():
+    model = _chain(6)
+    editor = GraphEditor(GraphIndex(model))
+    for node in list(model.graph.node)[::2]:
+        editor.remove(node)
+    editor.commit()
+    assert _names(model) == ["r1", "r3", "r5"]
+
+
+def test_remove_dead_nodes_returns_the_dead_in_graph_order():
+    model = _chain(3)
+    model.graph.node.extend([helper.make_node("Neg", ["t1"], ["d1"], name="dead1"),
+                             helper.make_node("Neg", ["d1"], ["d2"], name="dead2"),
+                             helper.make_node("Dropout", ["t2"], ["t9", ""], name="dead3")])
+    dead = remove_dead_nodes(model)
+    assert [n.name for n in dead] == ["dead1", "dead2", "dead3"]
+    assert _names(model) == ["r0", "r1", "r2"]
+    assert remove_dead_nodes(model) == []
+
+
+def test_remove_unused_initializers_keeps_interface_and_order():
+    model = _chain(2)
+    for name in ("u1", "t1b", "u2"):
+        model.graph.initializer.append(numpy_helper.from_array(np.zeros(1, np.float32), name))
+    model.graph.node[1].input.append("t1b")
+    assert remove_unused_initializers(model.graph) == ["u1", "u2"]
+    assert [t.name for t in model.graph.initializer] == ["t1b"]
+
+
+def test_name_unnamed_nodes_names_blanks_and_repeats():
+    model = _chain(3)
+    model.graph.node[0].name = ""
+    model.graph.node[2].name = "r1"
+    assert name_unnamed_nodes(model.graph) == 2
+    assert _names(model) == ["Relu_0", "r1", "Relu_2"]
+    assert name_unnamed_nodes(model.graph) == 0
+
+
+def test_tensor_from_array_matches_numpy_helper():
+    for value in (np.arange(6, dtype=np.float32).reshape(2, 3).T, np.float16(1.5), np.array([True, False]),
+                  np.arange(4, dtype=np.int64)[::-1], np.array(["a", "b"], dtype=object)):
+        for name in ("t", ""):
+            expected = numpy_helper.from_array(np.ascontiguousarray(value), name)
+            assert tensor_from_array(value, name).SerializeToString() == expected.SerializeToString()
+
+
+def _with_dead_parts() -> onnx.ModelProto:
+    model = _chain(3)
+    graph = model.graph
+    for name in ("w_live", "w_dead", "unused", "interface"):
+        graph.initializer.append(numpy_helper.from_array(np.ones(1, np.float32), name))
+    graph.input.append(helper.make_tensor_value_info("interface", TensorProto.FLOAT, [1]))
+    graph.node[1].input.append("w_live")
+    graph.node.extend([helper.make_node("Add", ["t1", "w_dead"], ["d"], name="dead")])
+    return model
+
+
+def test_remove_unused_equals_the_two_steps():
+    one, two = _with_dead_parts(), _with_dead_parts()
+    dead, unused = remove_unused(one)
+    assert [n.name for n in dead] == [n.name for n in remove_dead_nodes(two)] == ["dead"]
+    assert unused == remove_unused_initializers(two.graph) == ["w_dead", "unused"]
+    assert one.SerializeToString() == two.SerializeToString()
