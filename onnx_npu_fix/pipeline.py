@@ -30,8 +30,7 @@ from onnx_npu_fix.graph import (
     infer_shapes,
     keep_inferred_shapes,
     name_unnamed_nodes,
-    remove_dead_nodes,
-    remove_unused_initializers,
+    remove_unused,
     set_input_shapes,
 )
 from onnx_npu_fix.options import FixOptions
@@ -188,9 +187,10 @@ class _Run:
             self.data = None
             # What a rewrite left unused (old weights, Constant producers of replaced inputs) is dropped here,
             # once, instead of in every pass.
-            for node in remove_dead_nodes(self.model):
+            dead, unused = remove_unused(self.model)
+            for node in dead:
                 record.changes.append(Change(node.name, node.op_type, "removed dead node"))
-            for name in remove_unused_initializers(self.model.graph):
+            for name in unused:
                 record.changes.append(Change(name, "initializer", "removed unused initializer"))
             t1 = time.perf_counter()
             problem = None
