@@ -161,6 +161,11 @@ class _Conv:
                 .reshape(self.c_out, self.cg, *kernel))
 
 
+def _is_prefix(channel_map: np.ndarray) -> bool:
+    """Whether a channel map sends channel i to position i (real channels first, padding after)."""
+    return bool((channel_map == np.arange(len(channel_map))).all())
+
+
 def _from_canonical(weight: np.ndarray, transpose: bool, groups: int, cg: int, mg: int) -> np.ndarray:
     if not transpose:
         return weight
@@ -699,11 +704,19 @@ class _Aligner:
         out_map = np.asarray(out_layout.cmap) if out_layout is not None else np.arange(m_total)
         weight = conv.canonical_weight()
         new = np.zeros((groups * mg_new, cg_new, *weight.shape[2:]), dtype=weight.dtype)
-        rows = np.arange(m_total)
-        cols = in_map[((rows // conv.mg) * conv.cg)[:, None] + np.arange(conv.cg)[None, :]]
-        local = cols - ((out_map // mg_new) * cg_new)[:, None]
-        assert ((local >= 0) & (local < cg_new)).all(), "input layout does not fit the conv's groups"
-        new[np.broadcast_to(out_map[:, None], local.shape), local] = weight
+        if groups == 1 and conv.group == 1:
+            # Dense: output row out_map[r] reads the input channels in_map. Both maps are usually the identity on
+            # a prefix: then a block copy, 10x cheaper than scattering each element of a 1370x380 weight.
+            if _is_prefix(out_map) and _is_prefix(in_map):
+                new[:len(out_map), :len(in_map)] = weight
+            else:
+                new[np.ix_(out_map, in_map)] = weight
+        else:
+            rows = np.arange(m_total)
+            cols = in_map[((rows // conv.mg) * conv.cg)[:, None] + np.arange(conv.cg)[None, :]]
+            local = cols - ((out_map // mg_new) * cg_new)[:, None]
+            assert ((local >= 0) & (local < cg_new)).all(), "input layout does not fit the conv's groups"
+            new[np.broadcast_to(out_map[:, None], local.shape), local] = weight
         new_weight = _from_canonical(new, conv.transpose, groups, cg_new, mg_new)
         private_initializer(self.index, self.editor, node, 1, new_weight)
         added = new_weight.nbytes - conv.weight.nbytes
