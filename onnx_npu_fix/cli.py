@@ -184,13 +184,18 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
         passes = api.select_passes(_split_names(only), _split_names(skip) or ())
         api.check_output_path(output, model)
         reference = api.start_reference(model, options) if os.path.isfile(model) else None
+        early = api.EarlyWrite(output)
         try:
             loaded = api.read_model(model)
             api.check_output_path(output, model, protected=loaded.external_files)
             if report_path:
                 _check_report_path(report_path, model, output, loaded.external_files)
             external = bool(loaded.external_files)
-            result = api.fix(loaded.model, options, passes, reference=reference)
+            result = api.fix(loaded.model, options, passes, reference=reference,
+                             on_serialized=None if external else early.start)
+        except BaseException:
+            early.close()
+            raise
         finally:
             if reference is not None:
                 reference.close()
@@ -203,6 +208,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
     written = None
     checked = None
     if not result.ok:
+        early.close()
         failed = report.failed_pass
         if failed is not None:
             click.echo(f"error: pass {failed.name} failed: {failed.error}; nothing written "
@@ -214,12 +220,15 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
     else:
         from onnx_npu_fix.constraints import check_model
 
-        checked = check_model(result.model, options, shapes=dump_shapes, prepared=True,
-                              memory=bool(report_path) or output_format == "json")
         try:
-            api.save_model(result.model, output, external_data=external or None, serialized=result.serialized)
+            checked = check_model(result.model, options, shapes=dump_shapes, prepared=True,
+                                  memory=bool(report_path) or output_format == "json")
+            api.save_model(result.model, output, external_data=external or None, serialized=result.serialized,
+                           early=early)
         except OSError as exc:
             raise _InputProblem(f"cannot write {output}: {exc.strerror or exc}; nothing written") from None
+        finally:
+            early.close()
         written = output
         if report.final is not None:
             kind = "exact" if report.final.exact else "approximate"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -86,19 +86,22 @@ def prepare(model: onnx.ModelProto, options: FixOptions) -> None:
 
 
 def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pass], *,
-               reference: Reference | None = None) -> FixResult:
+               reference: Reference | None = None,
+               on_serialized: Callable[[bytes], None] | None = None) -> FixResult:
     """Run ``passes`` over ``model`` (edited in place) and return it with the report.
 
     Call :func:`prepare` first. Never raises for a failing pass: the report says which pass failed and why.
     Raises InputError when validation needs inputs it cannot generate (dynamic input shapes).
     ``reference``: the original's outputs already under way (api.start_reference), else they are computed from
     ``model`` as it is now, in the background while the passes run.
+    ``on_serialized``: called with the bytes of the model after the last pass, before their final validation
+    runs (the CLI starts writing them); FixResult.serialized is that object when they are the result.
     """
     started = time.perf_counter()
     report = FixReport()
     validator = _Validator(model, options, report, reference=reference)
     try:
-        data = _Run(model, options, list(passes), report, validator).run()
+        data = _Run(model, options, list(passes), report, validator, on_serialized).run()
     finally:
         validator.close()
     report.seconds = time.perf_counter() - started
@@ -108,7 +111,6 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
 @dataclass
 class _Pending:
     index: int
-    pass_: Pass
     record: PassRecord
 
 
@@ -125,9 +127,10 @@ class _Run:
     """
 
     def __init__(self, model: onnx.ModelProto, options: FixOptions, passes: list[Pass], report: FixReport,
-                 validator: _Validator) -> None:
+                 validator: _Validator, on_serialized: Callable[[bytes], None] | None = None) -> None:
         self.model, self.options, self.passes = model, options, passes
         self.report, self.validator = report, validator
+        self.on_serialized = on_serialized
         self.each = options.validate == "each"
         # Above 2 GB a restore point is a second copy of the weights: there, every pass is validated alone, as
         # a replay would need that copy.
@@ -148,7 +151,7 @@ class _Run:
             at_end = i >= len(self.passes)
             if self.group and (at_end or not self.passes[i].exact):
                 # Validate the pending group at the end, and before a pass declared approximate (measured alone).
-                outcome = self._flush()
+                outcome = self._flush(last=at_end)
                 if outcome == "stop":
                     return None
                 if outcome == "replay":
@@ -208,7 +211,13 @@ class _Run:
                 self.validator.accept_unvalidated(record)
                 i += 1
                 continue
-            self.group.append(_Pending(i, pass_, record))
+            if not record.exact and self.group:
+                # Declared exact, but this run's rewrite was approximate: its error must not be measured against
+                # exact passes' tolerance, nor theirs hidden under its bound. Undo the group; each runs alone.
+                self._replay(i)
+                i = self.point_at[0]
+                continue
+            self.group.append(_Pending(i, record))
             if i <= self.solo_until or not record.exact or not self.grouping:
                 outcome = self._flush()
                 if outcome == "stop":
@@ -247,6 +256,8 @@ class _Run:
             # is serialized once: for the checker, the final onnxruntime session and save_model.
             data = self.model.SerializeToString() if approx_model_bytes(self.model) < TWO_GB else None
             problem = check_structure(self.model, data)
+            if not problem and data is not None and self.on_serialized is not None:
+                self.on_serialized(data)
         if problem:
             report.final = Comparison(error=f"the output fails the onnx checker: {problem}")
         else:
@@ -281,13 +292,14 @@ class _Run:
         self.data = self.point if isinstance(self.point, bytes) else None
 
     # --- validation ---------------------------------------------------------------------------------------
-    def _flush(self) -> str:
+    def _flush(self, *, last: bool = False) -> str:
         """Validate the pending group: "ok", "stop" (failed, the run ends), "replay" (restored: run again from
-        the group's first pass) or "rolled back" (keep_going: the one pass undone)."""
+        the group's first pass) or "rolled back" (keep_going: the one pass undone). ``last``: no pass follows,
+        so these are the output's bytes if they pass."""
         group = self.group
         records = [p.record for p in group]
         t0 = time.perf_counter()
-        problem, data = self.validator.validate(self.model, records)
+        problem, data = self.validator.validate(self.model, records, self.on_serialized if last else None)
         records[-1].validate_seconds += time.perf_counter() - t0
         if problem is None:
             self.group = []
@@ -364,9 +376,12 @@ class _Validator:
         if self._reference is not None:
             self._reference.close()
 
-    def _run(self, model: onnx.ModelProto, data: bytes | None = None, path: str | None = None) -> list[Outputs]:
-        runner = Runner(model, data=data, model_path=path)
+    def _run(self, model: onnx.ModelProto, data: bytes | None = None, *,
+             before_runs: Callable[[], None] | None = None) -> list[Outputs]:
+        runner = Runner(model, data=data)
         try:
+            if before_runs is not None:
+                before_runs()
             return runner.run_all(self.feeds)
         finally:
             runner.close()
@@ -383,16 +398,20 @@ class _Validator:
         record.status = "not validated"
         self._accept(record)
 
-    def validate(self, model: onnx.ModelProto, records: list[PassRecord]) -> tuple[str | None, bytes | None]:
+    def validate(self, model: onnx.ModelProto, records: list[PassRecord],
+                 on_serialized: Callable[[bytes], None] | None = None) -> tuple[str | None, bytes | None]:
         """Check and run the model after ``records``' passes (one group); a one-line problem or None, and the
-        serialized model (reused by a later replay or by save_model)."""
+        serialized model (reused by a later replay or by save_model, after going to ``on_serialized``)."""
         data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
         problem = check_structure(model, data)
         if problem:
             return f"the model fails the onnx checker after this pass: {problem}", data
-        self._wait()  # two sessions computing at once would only fight over the cores
+        if on_serialized is not None and data is not None:
+            on_serialized(data)
         try:
-            outputs = self._run(model, data)
+            # The session is built while the original's runs may still be going; its own runs wait for them
+            # (two models computing at once would only fight over the cores).
+            outputs = self._run(model, data, before_runs=self._wait)
         except runtime_errors() as exc:
             if self.current is None:
                 for record in records:

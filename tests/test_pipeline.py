@@ -446,3 +446,58 @@ def test_models_above_two_gb_validate_each_pass_alone(monkeypatch, sessions):
     assert [p.validated_with for p in result.report.passes] == [[], []]
     assert len(sessions) == 3
     assert_equivalent(original, model)
+
+
+def test_a_pass_declared_exact_that_was_approximate_is_not_grouped():
+    class SometimesApproximate(Approximate):
+        name = "sometimes"
+        exact = True  # declared exact; this run says otherwise
+
+        def run(self, model, options):
+            result = super().run(model, options)
+            result.metrics["exact"] = False
+            return result
+
+    result = run(small_model(), [RenameRelu(), SometimesApproximate(0.01)])
+    assert result.ok
+    first, second = result.report.passes
+    assert first.validated_with == [] and first.validation.exact and first.validation.max_abs == 0.0
+    assert not second.exact and not second.validation.exact and 0 < second.validation.max_abs <= 0.0101
+
+
+def test_early_write_commits_only_the_bytes_it_wrote(tmp_path):
+    import os
+    import stat
+
+    target = tmp_path / "out.onnx"
+    early = api.EarlyWrite(target)
+    data = small_model().SerializeToString()
+    early.start(data)
+    assert not early.commit(data[:1] + data[1:])  # equal bytes, another object: not what was handed over
+    assert not target.exists() and os.listdir(tmp_path) == []
+    early.start(data)
+    assert early.commit(data)
+    assert target.read_bytes() == data
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o666 & ~api._umask()
+    early.start(b"second")
+    early.close()  # nothing committed: the temporary file is gone, the output untouched
+    assert os.listdir(tmp_path) == ["out.onnx"] and target.read_bytes() == data
+
+
+def test_the_output_bytes_are_handed_over_before_their_last_validation(tmp_path):
+    seen = []
+    options = FixOptions()
+    model = small_model()
+    prepare(model, options)
+    result = run_passes(model, options, [RenameRelu(), AddZero()], on_serialized=seen.append)
+    assert result.ok and len(seen) == 1 and seen[0] is result.serialized
+    failing = small_model()
+    prepare(failing, options)
+    seen.clear()
+    assert not run_passes(failing, options, [ScaleWeights()], on_serialized=seen.append).ok
+    assert len(seen) == 1  # handed over, then not used: the CLI discards the early file
+    model = small_model()
+    prepare(model, FixOptions(validate="final"))
+    seen.clear()
+    result = run_passes(model, FixOptions(validate="final"), [RenameRelu()], on_serialized=seen.append)
+    assert result.ok and seen == [result.serialized]
