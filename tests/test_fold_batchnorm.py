@@ -614,3 +614,27 @@ def test_many_folds_in_one_graph_are_each_exact(batch_bytes, monkeypatch):
     # The shared weight was copied for each reader, never rewritten under its own name.
     assert folded["conv_a1"].input[1] != folded["conv_w1"].input[1]
     assert "w_a1" not in values or _same_bits(values["w_a1"], original["w_a1"])
+
+
+@pytest.mark.parametrize("overridden", ["bn.scale", "conv.w"])
+def test_initializers_listed_as_graph_inputs_are_not_folded(overridden):
+    """keep_initializers_as_inputs exports: such an initializer is only a default a caller may feed another value
+    for, so folding it would silently ignore that value. It is left as it is: a BN whose parameter it is stays
+    (with the reason); a Conv whose weight it is gets no fold (the BN becomes Mul+Add instead)."""
+    b = Builder(5)
+    b.node("Conv", ["x", b.weight("conv.w", (4, 3, 3, 3))], ["y"], "conv", pads=[1, 1, 1, 1])
+    b.bn("bn", "y", "out", 4)
+    model = b.model({"x": [1, 3, 6, 6]}, ["out"])
+    value = next(t for t in model.graph.initializer if t.name == overridden)
+    model.graph.input.append(helper.make_tensor_value_info(overridden, TensorProto.FLOAT, list(value.dims)))
+    fixed, result = fold(model)
+    assert next(t for t in fixed.graph.initializer if t.name == overridden) == value
+    reasons = [r.reason for r in result.rejections] + [c.detail.get("why_not_folded", "") for c in result.changes]
+    assert any("listed as a graph input" in reason for reason in reasons)
+    assert ops(fixed) == (["Conv", "BatchNormalization"] if overridden == "bn.scale" else ["Conv", "Mul", "Add"])
+    feed = {"x": np.random.default_rng(1).standard_normal((1, 3, 6, 6)).astype(np.float32),
+            overridden: np.random.default_rng(2).standard_normal(tuple(value.dims)).astype(np.float32)}
+    from helpers import run_model
+
+    np.testing.assert_allclose(run_model(model, [feed])[0]["out"], run_model(fixed, [feed])[0]["out"],
+                               rtol=1e-5, atol=1e-5)

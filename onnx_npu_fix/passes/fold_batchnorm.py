@@ -303,7 +303,7 @@ def _bn_params(index: GraphIndex, bn: onnx.NodeProto, opset: int) -> tuple[_Para
         for role, name in zip(_PARAM_ROLES, inputs[1:5]):
             value = _const(index, name)
             if value is None:
-                return None, f"its {role} {name} is not constant"
+                return None, f"its {role} {name} {_not_constant(index, name)}"
             if value.dtype not in (np.float16, np.float32, np.float64):
                 return None, f"its {role} {name} has dtype {value.dtype}, not a float type this pass handles"
             params.append(value.astype(np.float64))
@@ -444,10 +444,19 @@ def _lowering_form(index: GraphIndex, bn: onnx.NodeProto, affine: _Affine) -> tu
     return rank, dtype, ""
 
 
+def _not_constant(index: GraphIndex, name: str) -> str:
+    if name in index.overridable:
+        return ("is an initializer also listed as a graph input, so only a default a caller may override (export "
+                "without keep_initializers_as_inputs)")
+    return "is not constant"
+
+
 def _const_problem(index: GraphIndex, name: str, what: str) -> str | None:
     """None when ``name`` is a float constant this pass may rewrite, else the reason it is not."""
     if name in index.graph_inputs:
         return f"{what} {name} is a graph input"
+    if name in index.overridable:
+        return f"{what} {name} {_not_constant(index, name)}"
     producer = index.producer.get(name)
     if name not in index.initializers and (producer is None or producer.op_type != "Constant"):
         if producer is not None and producer.op_type == "DequantizeLinear":
@@ -744,7 +753,7 @@ def _raw_meta(index: GraphIndex, name: str) -> tuple[onnx.TensorProto, tuple[int
         return None
     dtype = _LE_DTYPES.get(tensor.data_type)
     if (dtype is None or tensor.data_location == onnx.TensorProto.EXTERNAL or not tensor.HasField("raw_data")
-            or name in index.graph_inputs):
+            or name in index.overridable):
         return None
     return tensor, tuple(tensor.dims[:]), dtype  # a slice reads the repeated field in one call
 
@@ -766,7 +775,7 @@ def _const(index: GraphIndex, name: str) -> np.ndarray | None:
     bytes): at 100k nodes the generic converter costs more than the fold itself."""
     tensor = index.initializers.get(name)
     if (tensor is not None and tensor.data_type in _FLOAT_TYPES and tensor.HasField("raw_data")
-            and tensor.data_location != onnx.TensorProto.EXTERNAL and name not in index.graph_inputs):
+            and tensor.data_location != onnx.TensorProto.EXTERNAL and name not in index.overridable):
         return np.frombuffer(tensor.raw_data, dtype=_LE_DTYPES[tensor.data_type]).reshape(tuple(tensor.dims))
     return index.const_value(name)
 
