@@ -395,8 +395,11 @@ _RAW_TYPES: dict[np.dtype, int] = {np.dtype(t): onnx.helper.np_dtype_to_tensor_d
 
 
 def tensor_from_array(value: np.ndarray, name: str) -> onnx.TensorProto:
-    """``numpy_helper.from_array(value, name)``, built directly for plain numeric arrays."""
-    value = np.ascontiguousarray(value)
+    """``numpy_helper.from_array(value, name)``, built directly for plain numeric arrays. A 0-d value stays 0-d
+    (``np.ascontiguousarray`` would make it [1] and change the shapes downstream)."""
+    value = np.asarray(value)
+    if not value.flags.c_contiguous:
+        value = np.ascontiguousarray(value)
     data_type = _RAW_TYPES.get(value.dtype)
     if data_type is None:
         return numpy_helper.from_array(value, name)

@@ -87,7 +87,7 @@ def test_tensor_from_array_matches_numpy_helper():
     for value in (np.arange(6, dtype=np.float32).reshape(2, 3).T, np.float16(1.5), np.array([True, False]),
                   np.arange(4, dtype=np.int64)[::-1], np.array(["a", "b"], dtype=object)):
         for name in ("t", ""):
-            expected = numpy_helper.from_array(np.ascontiguousarray(value), name)
+            expected = numpy_helper.from_array(np.asarray(value), name)  # 0-d stays 0-d
             assert tensor_from_array(value, name).SerializeToString() == expected.SerializeToString()
 
 
@@ -108,3 +108,19 @@ def test_remove_unused_equals_the_two_steps():
     assert [n.name for n in dead] == [n.name for n in remove_dead_nodes(two)] == ["dead"]
     assert unused == remove_unused_initializers(two.graph) == ["w_dead", "unused"]
     assert one.SerializeToString() == two.SerializeToString()
+
+
+def test_scalar_initializers_keep_their_rank():
+    import numpy as np
+
+    from onnx_npu_fix.graph import GraphEditor, GraphIndex, tensor_from_array
+
+    assert list(tensor_from_array(np.array(2.0, np.float32), "s").dims) == []
+    assert list(tensor_from_array(np.float32(2.0), "s").dims) == []
+    strided = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]
+    assert onnx.numpy_helper.to_array(tensor_from_array(strided, "t")).tolist() == strided.tolist()
+    model = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []))
+    editor = GraphEditor(GraphIndex(model))
+    editor.add_initializer("c", np.array(3, np.int64))
+    editor.commit()
+    assert list(model.graph.initializer[0].dims) == []
