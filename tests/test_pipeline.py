@@ -88,8 +88,9 @@ class Approximate(Pass):
         node.output[0] = tmp
         c = index.unique_name("nudge_c")
         model.graph.initializer.append(numpy_helper.from_array(np.array(self.amount, np.float32), c))
-        model.graph.node.append(helper.make_node("Add", [tmp, c], [out], name="nudge"))
-        return PassResult(changes=[Change("nudge", "Add", "added")])
+        name = index.unique_name(self.name)
+        model.graph.node.append(helper.make_node("Add", [tmp, c], [out], name=name))
+        return PassResult(changes=[Change(name, "Add", "added")])
 
 
 def run(model, passes, **opts):
@@ -238,22 +239,15 @@ def test_unrunnable_original_is_said_not_hidden():
     assert result.report.passes[0].status == "not validated"
 
 
-class AddZero(Pass):
+class AddZero(Approximate):
     """A correct pass: appends `+ 0` after the output's producer (exact)."""
 
     name = "add-zero"
     summary = "test pass"
+    exact = True
 
-    def run(self, model, options):
-        index = GraphIndex(model)
-        out = model.graph.output[0].name
-        node = index.producer[out]
-        tmp = index.unique_name("pre_zero")
-        node.output[0] = tmp
-        c = index.unique_name("zero_c")
-        model.graph.initializer.append(numpy_helper.from_array(np.array(0.0, np.float32), c))
-        model.graph.node.append(helper.make_node("Add", [tmp, c], [out], name=index.unique_name("add_zero")))
-        return PassResult(changes=[Change("add_zero", "Add", "added")])
+    def __init__(self) -> None:
+        super().__init__(0.0)
 
 
 class BreakShapes(Pass):
