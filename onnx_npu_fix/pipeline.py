@@ -149,8 +149,10 @@ class _Run:
         i = 0
         while True:
             at_end = i >= len(self.passes)
-            if self.group and (at_end or not self.passes[i].exact):
-                # Validate the pending group at the end, and before a pass declared approximate (measured alone).
+            if self.group and (at_end or (not self.passes[i].exact
+                                          and self.passes[i].may_change(self.model, self.options))):
+                # Validate the pending group at the end, and before a pass declared approximate that may change
+                # something (it is measured alone).
                 outcome = self._flush(last=at_end)
                 if outcome == "stop":
                     return None

@@ -495,3 +495,44 @@ def test_the_output_bytes_are_handed_over_before_their_last_validation(tmp_path)
     seen.clear()
     result = run_passes(model, FixOptions(validate="final"), [RenameRelu()], on_serialized=seen.append)
     assert result.ok and seen == [result.serialized]
+
+
+class ClaimsNoChange(Approximate):
+    """An approximate pass whose cheap look says it changes nothing; ``really`` makes it change anyway."""
+
+    name = "claims-no-change"
+
+    def __init__(self, really: bool) -> None:
+        super().__init__(0.01)
+        self.really = really
+
+    def may_change(self, model, options):
+        return False
+
+    def run(self, model, options):
+        return super().run(model, options) if self.really else PassResult()
+
+
+def test_an_approximate_pass_that_changes_nothing_does_not_split_a_group(sessions):
+    result = run(small_model(), [RenameRelu(), ClaimsNoChange(really=False), AddZero()])
+    assert result.ok
+    assert [p.validated_with for p in result.report.passes] == [["relu-to-max", "add-zero"], [],
+                                                                 ["relu-to-max", "add-zero"]]
+    assert len(sessions) == 2
+
+
+def test_an_approximate_change_is_measured_alone_even_when_announced_as_none():
+    result = run(small_model(), [RenameRelu(), ClaimsNoChange(really=True), AddZero()])
+    assert result.ok
+    first, second, third = result.report.passes
+    assert [p.validated_with for p in result.report.passes] == [[], [], []]
+    assert first.validation.exact and first.validation.max_abs == 0.0
+    assert not second.validation.exact and 0 < second.validation.max_abs <= 0.0101
+    assert third.validation.exact and third.validation.max_abs == 0.0
+
+
+def test_resize_nearest_may_change_only_graphs_with_a_resize(fixture_path):
+    from onnx_npu_fix.passes.resize_nearest import ResizeNearestPass
+
+    assert not ResizeNearestPass().may_change(onnx.load(fixture_path("tcn.onnx")), FixOptions())
+    assert ResizeNearestPass().may_change(onnx.load(fixture_path("unet.onnx")), FixOptions())

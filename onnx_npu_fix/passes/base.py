@@ -76,6 +76,12 @@ class Pass:
     a BatchNorm folded into its Conv): the manager then reuses the recorded shapes instead of inferring them
     again, unless the pass created a tensor without one. tests/test_pipeline.py checks the claim."""
 
+    def may_change(self, model: onnx.ModelProto, options: FixOptions) -> bool:
+        """A cheap read-only look: False when :meth:`run` surely changes nothing here. The manager asks an
+        approximate pass first, so that it validates the exact passes before it only when it must (and if a pass
+        says False wrongly, its change is still measured alone)."""
+        return True
+
     def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:  # pragma: no cover - abstract
         raise NotImplementedError
 

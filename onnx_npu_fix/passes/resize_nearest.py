@@ -491,6 +491,9 @@ class ResizeNearestPass(Pass):
     summary = "every Resize/Upsample nearest: linear/cubic -> nearest (or exact forms), one canonical form"
     exact = False
 
+    def may_change(self, model: onnx.ModelProto, options: FixOptions) -> bool:
+        return any(node.op_type in _RESIZE_OPS for node in model.graph.node)
+
     def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         if options.resize_mode not in _MODES:
             raise ValueError(f"resize_mode must be one of {', '.join(_MODES)}, not {options.resize_mode!r}")
