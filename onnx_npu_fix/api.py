@@ -290,9 +290,10 @@ def select_passes(only: Sequence[str] | None = None, skip: Sequence[str] = ()) -
 
 
 def start_reference(path: str | os.PathLike, options: FixOptions) -> Reference | None:
-    """Start computing the original's outputs from the file at ``path`` on a worker thread, before the model
-    is even parsed (pass the result to :func:`fix`, and close it when done). None when the run will not validate,
-    or when ``--input-shape`` overrides make the file's own shapes the wrong ones to run."""
+    """Start computing the original's outputs from the file at ``path`` on a worker thread, while the passes
+    run (pass the result to :func:`fix`, and close it when done). Call it after :func:`read_model` accepted the
+    file: onnxruntime should only see models the onnx checker passed. None when the run will not validate, or when
+    ``--input-shape`` overrides make the file's own shapes the wrong ones to run."""
     if options.validate == "none" or options.input_shapes:
         return None
     return Reference(os.fspath(path))

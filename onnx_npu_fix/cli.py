@@ -183,10 +183,12 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
             ctx.exit(exit_code)
         passes = api.select_passes(_split_names(only), _split_names(skip) or ())
         api.check_output_path(output, model)
-        reference = api.start_reference(model, options) if os.path.isfile(model) else None
+        reference = None
         early = api.EarlyWrite(output)
         try:
             loaded = api.read_model(model)
+            # Only a model that passed the onnx checker goes to onnxruntime: malformed graphs can crash it.
+            reference = api.start_reference(model, options)
             api.check_output_path(output, model, protected=loaded.external_files)
             if report_path:
                 _check_report_path(report_path, model, output, loaded.external_files)

@@ -151,7 +151,7 @@ class Runner:
 class Reference:
     """The original model's outputs, computed on a worker thread so that they cost (almost) no wall time.
 
-    The session is built as soon as the model file is known, while npufix parses, checks and rewrites it; the
+    The session is built as soon as the model file has passed the onnx checker, while npufix rewrites it; the
     runs start when :meth:`run` hands over the inputs. onnxruntime releases the GIL while it works, and its idle
     workers do not spin (see Runner), so the passes keep a core. ``source``: a file path or serialized bytes.
     """
