@@ -229,3 +229,23 @@ def test_garbage_collector_is_back_on_after_an_in_process_run(tmp_path, fixture_
     assert gc.isenabled()
     assert invoke(tmp_path / "missing.onnx", "-o", tmp_path / "p.onnx").exit_code == 2
     assert gc.isenabled()
+
+
+def test_onnxruntime_never_sees_a_file_the_checker_refused(tmp_path, monkeypatch):
+    from onnx import helper
+
+    from onnx_npu_fix import api
+
+    started = []
+    real = api.start_reference
+    monkeypatch.setattr(api, "start_reference", lambda *a, **k: started.append(a) or real(*a, **k))
+    not_ssa = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="a"), helper.make_node("Relu", ["x"], ["y"], name="b")], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])]))
+    onnx.save(not_ssa, tmp_path / "bad.onnx")
+    (tmp_path / "junk.onnx").write_bytes(b"\x08\x01junk")
+    for name in ("bad.onnx", "junk.onnx"):
+        assert_one_line_error(invoke(tmp_path / name, "-o", tmp_path / "out.onnx"))
+    assert started == []
+    assert not (tmp_path / "out.onnx").exists()
