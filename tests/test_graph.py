@@ -124,3 +124,19 @@ def test_scalar_initializers_keep_their_rank():
     editor.add_initializer("c", np.array(3, np.int64))
     editor.commit()
     assert list(model.graph.initializer[0].dims) == []
+
+
+def test_overwrite_tensor_replaces_type_dims_and_data_in_place():
+    from onnx_npu_fix.graph import overwrite_tensor
+
+    tensor = numpy_helper.from_array(np.arange(6, dtype=np.int64).reshape(2, 3), "w")
+    tensor.doc_string = "kept"
+    tensor.external_data.add(key="location", value="stale.data")
+    for value in (np.ones((4, 1), np.float32), np.arange(6, dtype=np.float64).reshape(3, 2).T,
+                  np.array(2.5, np.float16), np.arange(3, dtype=">f4")):
+        overwrite_tensor(tensor, value)
+        assert tensor.name == "w" and not tensor.external_data
+        assert tensor.data_location == onnx.TensorProto.DEFAULT
+        got = numpy_helper.to_array(tensor)
+        assert got.shape == value.shape and got.dtype == value.dtype.newbyteorder("=")
+        np.testing.assert_array_equal(got, value)

@@ -51,7 +51,6 @@ computed in one numpy call each. The math is elementwise, so every layer gets bi
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +64,7 @@ from onnx_npu_fix.graph import (
     get_attr,
     may_hold_subgraphs,
     opset_version,
+    overwrite_tensor,
     paused_gc,
     private_initializer,
     set_attr,
@@ -681,27 +681,11 @@ def _store(index: GraphIndex, editor: GraphEditor, node: onnx.NodeProto, slot: i
         node.input[slot] = new_name
     elif (name in index.initializers and name not in index.graph_inputs and name not in index.output_set
           and len(index.consumers_of(name)) == 1):
-        _overwrite(index.initializers[name], value)
+        overwrite_tensor(index.initializers[name], value)
     else:
         private_initializer(index, editor, node, slot, value)  # shared (or a Constant): a private copy
 
 
-def _overwrite(tensor: onnx.TensorProto, value: np.ndarray) -> None:
-    """Replace a tensor's data with ``value`` (same dtype) with one copy into the protobuf."""
-    # ClearField on every field, repeated ones included: ``del tensor.dims[:]`` would first build a Python
-    # wrapper of the field (33k weights per run).
-    for field in _DATA_FIELDS:
-        tensor.ClearField(field)
-    tensor.data_location = onnx.TensorProto.DEFAULT
-    tensor.dims.extend(value.shape)
-    if not (value.dtype.isnative and _LITTLE_ENDIAN):
-        value = value.astype(value.dtype.newbyteorder("<"))
-    tensor.raw_data = value.tobytes()  # C order, whatever the array's strides
-
-
-_DATA_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data",
-                "external_data", "dims")
-_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def _lower(index: GraphIndex, editor: GraphEditor, low: _Lowering, conv_mode: bool) -> Change:
