@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -301,13 +302,23 @@ def start_reference(path: str | os.PathLike, options: FixOptions) -> Reference |
 
 def fix(model: onnx.ModelProto, options: FixOptions | None = None,
         passes: Sequence[Pass] | None = None, *, reference: Reference | None = None,
-        on_serialized: Callable[[bytes], None] | None = None) -> FixResult:
+        on_serialized: Callable[[bytes], None] | None = None,
+        source: str | os.PathLike | None = None) -> FixResult:
     """Run the passes (default order unless given) over a copy-free ``model``; see :class:`FixResult`.
 
     ``reference``: from :func:`start_reference` on the file ``model`` was read from (unchanged since).
     ``on_serialized``: called with the output's bytes before its last validation runs (e.g. EarlyWrite.start);
-    FixResult.serialized is that same object when they are the result."""
+    FixResult.serialized is that same object when they are the result.
+    ``source``: the file ``model`` was read from by :func:`read_model`, unchanged since: a rollback to the input
+    reads it again instead of the pass manager keeping a copy of the model."""
     options = options or FixOptions()
     prepare(model, options)
+    reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options)
     return run_passes(model, options, list(passes) if passes is not None else select_passes(),
-                      reference=reference, on_serialized=on_serialized)
+                      reference=reference, on_serialized=on_serialized, reload=reload)
+
+
+def _read_prepared(path: str, options: FixOptions) -> onnx.ModelProto:
+    model = read_model(path).model
+    prepare(model, options)
+    return model

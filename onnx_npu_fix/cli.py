@@ -194,7 +194,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
                 _check_report_path(report_path, model, output, loaded.external_files)
             external = bool(loaded.external_files)
             result = api.fix(loaded.model, options, passes, reference=reference,
-                             on_serialized=None if external else early.start)
+                             on_serialized=None if external else early.start, source=model)
         except BaseException:
             early.close()
             raise

@@ -87,7 +87,8 @@ def prepare(model: onnx.ModelProto, options: FixOptions) -> None:
 
 def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pass], *,
                reference: Reference | None = None,
-               on_serialized: Callable[[bytes], None] | None = None) -> FixResult:
+               on_serialized: Callable[[bytes], None] | None = None,
+               reload: Callable[[], onnx.ModelProto] | None = None) -> FixResult:
     """Run ``passes`` over ``model`` (edited in place) and return it with the report.
 
     Call :func:`prepare` first. Never raises for a failing pass: the report says which pass failed and why.
@@ -96,12 +97,14 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     ``model`` as it is now, in the background while the passes run.
     ``on_serialized``: called with the bytes of the model after the last pass, before their final validation
     runs (the CLI starts writing them); FixResult.serialized is that object when they are the result.
+    ``reload``: returns ``model`` as it is now (read and prepared again); a failure before any change is then
+    undone with it instead of a copy kept for the whole run.
     """
     started = time.perf_counter()
     report = FixReport()
     validator = _Validator(model, options, report, reference=reference)
     try:
-        data = _Run(model, options, list(passes), report, validator, on_serialized).run()
+        data = _Run(model, options, list(passes), report, validator, on_serialized, reload).run()
     finally:
         validator.close()
     report.seconds = time.perf_counter() - started
@@ -127,10 +130,14 @@ class _Run:
     """
 
     def __init__(self, model: onnx.ModelProto, options: FixOptions, passes: list[Pass], report: FixReport,
-                 validator: _Validator, on_serialized: Callable[[bytes], None] | None = None) -> None:
+                 validator: _Validator, on_serialized: Callable[[bytes], None] | None = None,
+                 reload: Callable[[], onnx.ModelProto] | None = None) -> None:
         self.model, self.options, self.passes = model, options, passes
         self.report, self.validator = report, validator
         self.on_serialized = on_serialized
+        self.reload = reload
+        self.pristine = True
+        """No pass has changed the model yet (``reload`` can restore it)."""
         self.each = options.validate == "each"
         # Above 2 GB a restore point is a second copy of the weights: there, every pass is validated alone, as
         # a replay would need that copy.
@@ -138,7 +145,7 @@ class _Run:
         self.group: list[_Pending] = []
         self.solo_until = -1
         """Passes up to this index are validated alone (a replay after a failed group)."""
-        self.point: onnx.ModelProto | bytes | None = None
+        self.point: onnx.ModelProto | bytes | object | None = None
         """The model before the current group (or pass): what a replay or a rollback restores."""
         self.point_at = (0, 0)
         """(pass index, number of records) where ``point`` was taken."""
@@ -190,6 +197,7 @@ class _Run:
                 i += 1
                 continue
             self.data = None
+            self.pristine = False
             # What a rewrite left unused (old weights, Constant producers of replaced inputs) is dropped here,
             # once, instead of in every pass.
             dead, unused = remove_unused(self.model)
@@ -271,18 +279,24 @@ class _Run:
         """Remember the model as it is before pass ``i`` (free when the last validation serialized it)."""
         if self.data is not None:
             self.point = self.data
-        elif self.grouping or self.options.keep_going:
-            self.point = _copy(self.model)
-        else:
+        elif not (self.grouping or self.options.keep_going):
             self.point = None
+        elif self.pristine and self.reload is not None:
+            self.point = _RELOAD  # the input as read: no 100 MB copy held for a failure that rarely comes
+        else:
+            self.point = _copy(self.model)
         self.point_at = (i, len(self.report.passes))
 
     def _restore(self) -> None:
         point = self.point
-        if isinstance(point, bytes):
+        if point is _RELOAD:
+            assert self.reload is not None
+            self.model.CopyFrom(self.reload())
+            self.pristine = True
+        elif isinstance(point, bytes):
             self.model.Clear()
             self.model.ParseFromString(point)
-        elif point is not None:
+        elif isinstance(point, onnx.ModelProto):
             self.model.CopyFrom(point)
 
     def _replay(self, until: int) -> None:
@@ -482,6 +496,10 @@ def check_structure(model: onnx.ModelProto, data: bytes | None = None) -> str | 
     except Exception as exc:  # noqa: BLE001
         return first_line(exc)
     return None
+
+
+_RELOAD = object()
+"""A restore point meaning: the input model, read and prepared again."""
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -536,3 +536,23 @@ def test_resize_nearest_may_change_only_graphs_with_a_resize(fixture_path):
 
     assert not ResizeNearestPass().may_change(onnx.load(fixture_path("tcn.onnx")), FixOptions())
     assert ResizeNearestPass().may_change(onnx.load(fixture_path("unet.onnx")), FixOptions())
+
+
+def test_a_failure_before_any_change_is_undone_by_reading_the_input_again(tmp_path, monkeypatch):
+    import onnx_npu_fix.pipeline as pipeline
+
+    def no_copies(model):
+        raise AssertionError("the pass manager kept a copy although it can read the input again")
+
+    monkeypatch.setattr(pipeline, "_copy", no_copies)
+    path = tmp_path / "m.onnx"
+    onnx.save(small_model(), path)
+    model = api.load_model(path)
+    result = api.fix(model, FixOptions(keep_going=True), [RenameRelu(), ScaleWeights(), AddZero()], source=path)
+    assert result.ok
+    assert [p.status for p in result.report.passes] == ["validated", "rolled back", "validated"]
+    assert_equivalent(small_model(), model)
+    crashed = api.load_model(path)
+    result = api.fix(crashed, FixOptions(keep_going=True), [RenameRelu(), Crash()], source=path)
+    assert [p.status for p in result.report.passes] == ["validated", "rolled back"]
+    assert_equivalent(small_model(), crashed)
