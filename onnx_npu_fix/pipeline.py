@@ -1,7 +1,8 @@
 """The pass manager: runs passes in order, checks and validates them, rolls back or stops, and times it all.
 
 After every pass that changed the graph: strict shape inference (fresh shapes for the next pass; it also catches a
-pass that broke types or shapes). Then, with ``validate="each"`` (the default):
+pass that broke types or shapes), unless the pass declares ``keeps_shapes`` and left no tensor without a shape.
+Then, with ``validate="each"`` (the default):
   1. onnx checker on the new model;
   2. onnxruntime on the run's seeded inputs, every graph output compared with the outputs of the model before;
   3. exact passes must meet rtol/atol, approximate ones their relative-L2 bound (``--max-approx-error``).
