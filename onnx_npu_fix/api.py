@@ -236,7 +236,8 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
     path = os.path.abspath(os.fspath(path))
     directory = os.path.dirname(path)
     if external_data is None:
-        external_data = approx_model_bytes(model) >= TWO_GB or _uses_external_data(model)
+        # Bytes in hand mean the model is below 2 GB (protobuf cannot serialize more): no need to size it again.
+        external_data = (serialized is None and approx_model_bytes(model) >= TWO_GB) or _uses_external_data(model)
     if early is not None:
         if not external_data and serialized is not None and early.path == path and early.commit(serialized):
             return
