@@ -160,13 +160,12 @@ class _Run:
             if self.group and (at_end or (not self.passes[i].exact
                                           and self.passes[i].may_change(self.model, self.options))):
                 # Validate the pending group at the end, and before a pass declared approximate that may change
-                # something (it is measured alone).
-                outcome = self._flush(last=at_end)
-                if outcome == "stop":
+                # something (it is measured alone). Then back to the loop's head: the group is settled.
+                next_i = self._resume_at(self._flush(last=at_end), i)
+                if next_i is None:
                     return None
-                if outcome == "replay":
-                    i = self.point_at[0]
-                    continue
+                i = next_i
+                continue
             if at_end:
                 return self._finish()
             pass_ = self.passes[i]
@@ -184,10 +183,10 @@ class _Run:
                 record.status = "error"
                 record.error = f"{type(exc).__name__}: {first_line(exc)}"
                 self.report.warnings.append(f"pass {pass_.name} crashed:\n{traceback.format_exc()}")
-                outcome = self._go_on(i, record)
-                if outcome == "stop":
+                next_i = self._resume_at(self._go_on(i, record), i + 1)
+                if next_i is None:
                     return None
-                i = self.point_at[0] if outcome == "replay" else i + 1
+                i = next_i
                 continue
             record.seconds = time.perf_counter() - t0
             record.changes, record.rejections = result.changes, result.rejections
@@ -213,10 +212,10 @@ class _Run:
             record.validate_seconds = time.perf_counter() - t1
             if problem is not None:
                 record.status, record.error = "failed", problem
-                outcome = self._go_on(i, record)
-                if outcome == "stop":
+                next_i = self._resume_at(self._go_on(i, record), i + 1)
+                if next_i is None:
                     return None
-                i = self.point_at[0] if outcome == "replay" else i + 1
+                i = next_i
                 continue
             if not self.each:
                 self.validator.accept_unvalidated(record)
@@ -229,14 +228,20 @@ class _Run:
                 i = self.point_at[0]
                 continue
             self.group.append(_Pending(i, record))
+            outcome = "ok"
             if i <= self.solo_until or not record.exact or not self.grouping:
                 outcome = self._flush()
-                if outcome == "stop":
-                    return None
-                if outcome == "replay":
-                    i = self.point_at[0]
-                    continue
-            i += 1
+            next_i = self._resume_at(outcome, i + 1)
+            if next_i is None:
+                return None
+            i = next_i
+
+    def _resume_at(self, outcome: str, otherwise: int) -> int | None:
+        """The pass the loop goes on with after ``outcome`` of _flush or _go_on: None when the run stops, the
+        group's first pass after a replay, else ``otherwise``."""
+        if outcome == "stop":
+            return None
+        return self.point_at[0] if outcome == "replay" else otherwise
 
     def _go_on(self, i: int, record: PassRecord) -> str:
         """After pass ``i`` crashed or broke shape inference: "stop" ends the run; with keep_going the model is
@@ -299,6 +304,7 @@ class _Run:
             self.model.ParseFromString(point)
         elif isinstance(point, onnx.ModelProto):
             self.model.CopyFrom(point)
+        self.data = point if isinstance(point, bytes) else None  # restored from bytes: they describe it again
 
     def _replay(self, until: int) -> None:
         """Undo the current group; its passes (up to pass ``until``) then run again, each validated alone."""
@@ -306,7 +312,6 @@ class _Run:
         self.group.clear()
         self._restore()
         del self.report.passes[self.point_at[1]:]
-        self.data = self.point if isinstance(self.point, bytes) else None
 
     # --- validation ---------------------------------------------------------------------------------------
     def _flush(self, *, last: bool = False) -> str:
@@ -332,7 +337,6 @@ class _Run:
             return "stop"
         self._restore()
         record.status = "rolled back"
-        self.data = self.point if isinstance(self.point, bytes) else None
         return "rolled back"
 
 
