@@ -110,6 +110,7 @@ class Runner:
                  data: bytes | None = None) -> None:
         import onnxruntime as ort
 
+        ort.set_default_logger_severity(3)  # errors only: onnxruntime's own log lines must not reach stderr
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         opts.log_severity_level = 3

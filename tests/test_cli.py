@@ -140,7 +140,7 @@ def test_quiet_prints_nothing_on_success(tmp_path, fixture_path):
     assert result.output == ""
 
 
-def test_failed_validation_exits_1_and_writes_nothing(tmp_path, fixture_path, monkeypatch):
+def test_failed_validation_exits_3_and_writes_nothing(tmp_path, fixture_path, monkeypatch):
     from onnx_npu_fix.passes.cleanup import CleanupPass
 
     original_run = CleanupPass.run
@@ -156,7 +156,7 @@ def test_failed_validation_exits_1_and_writes_nothing(tmp_path, fixture_path, mo
     out = tmp_path / "o.onnx"
     report = tmp_path / "r.json"
     result = invoke(fixture_path("tcn.onnx"), "-o", out, "--report", report)
-    assert result.exit_code == 1
+    assert result.exit_code == 3
     assert "pass cleanup failed" in result.output
     assert not out.exists()
     data = json.loads(report.read_text())
@@ -213,9 +213,12 @@ def test_check_json_and_dump_shapes(fixture_path):
                     "--act-bytes", "1")
     assert result.exit_code == 1
     data = json.loads(result.output)
-    assert data["clean"] is False
-    assert {v["constraint"] for v in data["violations"]} >= {"batchnorm", "resize-mode", "out-channels-align",
-                                                             "leftover-op", "sram"}
+    assert data["clean"] is False and data["path"] == fixture_path("unet.onnx")
+    # Only --sram was asked for: the default constraints are findings that do not count.
+    assert {v["constraint"] for v in data["violations"]} == {"sram"}
+    assert {v["constraint"] for v in data["not_requested"]} >= {"batchnorm", "resize-mode", "out-channels-align",
+                                                                "leftover-op"}
+    assert {v["reason"] for v in data["not_requested"]} == {"not requested"}
     assert data["memory"]["sram"] == {"bytes": 102400, "fits": False,
                                       "miss_bytes": data["memory"]["peak"]["bytes"] - 102400}
     assert len(data["shapes"]) == len(onnx.load(fixture_path("unet.onnx")).graph.node)
