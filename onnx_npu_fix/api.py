@@ -312,7 +312,13 @@ def start_reference(path: str | os.PathLike, options: FixOptions) -> Reference |
     ``--input-shape`` overrides make the file's own shapes the wrong ones to run."""
     if options.validate == "none" or options.input_shapes:
         return None
-    return Reference(os.fspath(path))
+    path = os.fspath(path)
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # a file name that is not UTF-8: onnxruntime only takes UTF-8 paths; give it bytes
+        with open(path, "rb") as f:
+            return Reference(f.read())
+    return Reference(path)
 
 
 def fix(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None = None,
@@ -528,3 +534,20 @@ def check_run_paths(input_path: str, output: str | None, report_path: str,
         if _same_file(report_path, other):
             raise InputError(f"--report {report_path} is {what} ({other}); choose another path")
     check_output_path(report_path, input_path, protected=external_files, what="--report")
+
+
+def check(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None = None, *,
+          shapes: bool = False) -> CheckReport:
+    """Every constraint violation of ``model`` (a ModelProto, left as it is, or an .onnx path): what
+    ``npufix --check`` lists. With ``options.requested`` set, only the requested ones are in ``violations``
+    (constraints.split_requested)."""
+    from onnx_npu_fix.constraints import check_model, split_requested
+
+    options = options or FixOptions()
+    if isinstance(model, (str, os.PathLike)):
+        model = read_model(model).model
+    elif not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"check() takes an onnx.ModelProto or the path of an .onnx file, not {type(model).__name__}")
+    report = check_model(model, options, shapes=shapes)
+    report.violations, _ = split_requested(report.violations, options)
+    return report
