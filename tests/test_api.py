@@ -50,8 +50,8 @@ def test_run_does_what_the_cli_does(tmp_path, fixture_path):
 
 
 def test_run_decides_the_exit_code(tmp_path, fixture_path):
-    rank = api.run(fixture_path("tcn.onnx"), tmp_path / "o.onnx", FixOptions(max_rank=2, requested={"max_rank": "option"}),
-                   passes=api.select_passes(["cleanup"]))
+    asked = FixOptions(max_rank=2, requested={"max_rank": "option"})
+    rank = api.run(fixture_path("tcn.onnx"), tmp_path / "o.onnx", asked, passes=api.select_passes(["cleanup"]))
     assert rank.exit_code == errors.EXIT_VIOLATIONS and rank.written
     assert {v.constraint for v in rank.violations} == {"max-rank"}
     assert rank.not_requested and {why for _, why in rank.not_requested} == {"not requested"}
