@@ -84,7 +84,11 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
                              f"the model")
     try:
         if external:
+            names = {t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
             onnx.external_data_helper.load_external_data_for_model(model, base_dir)
+            _check_external_sizes(model, path, names)
+    except InputError:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{path}: cannot read external data ({type(exc).__name__}: {first_line(exc)})") from None
     sparse = len(model.graph.sparse_initializer) > 0
@@ -101,6 +105,21 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{path}: the model fails the onnx checker: {first_line(exc)}") from None
     return LoadedModel(model, path, external)
+
+
+def _check_external_sizes(model: onnx.ModelProto, path: str, names: set[str]) -> None:
+    """Every tensor read from external data (``names``) holds as many bytes as its shape and type need (older onnx
+    versions read a truncated file silently, and the checker then says something unrelated)."""
+    for tensor in model.graph.initializer:
+        if tensor.name not in names or tensor.data_type in (0, onnx.TensorProto.STRING):
+            continue
+        if "4" in onnx.TensorProto.DataType.Name(tensor.data_type):  # INT4 / UINT4 / FLOAT4E2M1: packed, skip
+            continue
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+        expected = int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+        if len(tensor.raw_data) < expected:
+            raise InputError(f"{path}: external data of tensor {tensor.name} is truncated ({len(tensor.raw_data)} "
+                             f"of {expected} bytes); keep the complete .data file next to the model")
 
 
 def external_data_files(model: onnx.ModelProto, base_dir: str) -> set[str]:

@@ -274,7 +274,8 @@ def _check_json(path: str, outcome) -> dict[str, Any]:
 def _print_check(path: str, outcome, quiet: bool, verbose: int) -> None:
     """One line per finding, ``model.onnx: node (op): constraint: value vs limit -> fix``; then (unless -q) the
     summary, the exempt findings, the memory estimate and the shapes."""
-    from onnx_npu_fix.constraints import render_check, render_violations
+    from onnx_npu_fix.constraints import render_shapes, render_violations
+    from onnx_npu_fix.memory import render_memory
 
     prefix = _one_line(path) + ": "
     checked = outcome.checked
@@ -288,11 +289,13 @@ def _print_check(path: str, outcome, quiet: bool, verbose: int) -> None:
     elif outcome.not_requested:
         click.echo(f"{prefix}{len(outcome.not_requested)} findings of constraints not asked for are not counted "
                    f"(-v lists them)")
-    summary = render_violations(outcome.violations).splitlines()[-1]
-    click.echo(prefix + summary)
-    rest = render_check(type(checked)([], checked.memory, checked.shapes, checked.exempt)).split("\n\n", 1)
-    if len(rest) > 1:
-        click.echo(rest[1])
+    click.echo(prefix + render_violations(outcome.violations).splitlines()[-1])
+    if checked.exempt:
+        click.echo("\n" + "\n".join(f"exempt: {v.text()} ({v.message})" for v in checked.exempt))
+    if checked.memory is not None:
+        click.echo("\n" + render_memory(checked.memory))
+    if checked.shapes is not None:
+        click.echo("\n" + render_shapes(checked.shapes))
 
 
 def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> None:
