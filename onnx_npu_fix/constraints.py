@@ -646,14 +646,16 @@ def split_requested(violations: Sequence[Violation], options: FixOptions,
 
     With ``options.requested`` None every violation counts. Otherwise one counts when a target or an explicit
     option asked for its constraint (``ASKED_BY``), except that the constraint of a pass left out of ``passes``
-    (--skip / --passes) is only a warning, unless the target asked for it."""
+    (--skip / --passes: a pass of the default order that is not in ``passes``) is only a warning, unless the target
+    asked for it. An opt-in pass (reorder-memory) that was not asked for skips nothing: its constraint counts."""
     if options.requested is None:
         return list(violations), []
     requested = options.requested
     counted: list[Violation] = []
     others: list[tuple[Violation, str]] = []
-    from onnx_npu_fix.passes import PASSES
+    from onnx_npu_fix.passes import DEFAULT_ORDER
 
+    default_passes = {cls.name for cls in DEFAULT_ORDER}
     for violation in violations:
         fields = ASKED_BY.get(violation.constraint, ())
         asked = {requested[f] for f in fields if f in requested}
@@ -661,7 +663,7 @@ def split_requested(violations: Sequence[Violation], options: FixOptions,
             asked.add("target")
         if not asked:
             others.append((violation, "not requested"))
-        elif (passes is not None and violation.fixed_by in PASSES and violation.fixed_by not in passes
+        elif (passes is not None and violation.fixed_by in default_passes and violation.fixed_by not in passes
               and "target" not in asked):
             others.append((violation, f"pass {violation.fixed_by} was not run"))
         else:

@@ -155,7 +155,10 @@ def strict_json(value: Any) -> Any:
 
 def dumps(data: Any, indent: int | None = 2) -> str:
     """Strict JSON text (no NaN / Infinity tokens; numpy scalars and other objects as strings)."""
-    return json.dumps(strict_json(data), indent=indent, default=_json_default, allow_nan=False)
+    try:  # almost always: no non-finite number anywhere, and no walk over a record of 100k changes
+        return json.dumps(data, indent=indent, default=_json_default, allow_nan=False)
+    except ValueError:
+        return json.dumps(strict_json(data), indent=indent, default=_json_default, allow_nan=False)
 
 
 def _json_default(value: Any) -> Any:
