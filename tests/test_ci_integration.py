@@ -128,3 +128,23 @@ def test_github_actions_fix_step_stops_the_job_when_nothing_was_written(tmp_path
     assert [p.returncode for p in done] == [1]  # the step fails; the gate never runs on a stale model
     assert (tmp_path / "github_output").read_text() == "exit_code=2\n"
     assert not (tmp_path / "model.npu.onnx").exists()
+
+
+def test_minimum_pins_are_the_declared_floors():
+    """make test-min installs exactly the floors pyproject.toml declares (every runtime dependency and the test
+    extra), so a floor that stops working fails CI instead of a user's install."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("min_requirements", os.path.join(ROOT, ".ci", "min_requirements.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
+    pins = module.floors(text)
+    names = [p.split("==")[0] for p in pins]
+    assert names == ["onnx", "onnxruntime", "numpy", "click", "tomli", "pytest", "hypothesis"]
+    assert "onnxruntime==1.19" in pins  # 1.16-1.18 compute valid models wrongly
+    assert "tomli==2.0; python_version < '3.11'" in pins
+    with pytest.raises(SystemExit, match="no '>=' floor"):
+        module.floors('dependencies = [\n    "onnx",\n]\n')
+    makefile = open(os.path.join(ROOT, "Makefile"), encoding="utf-8").read()
+    assert ".ci/min_requirements.py" in makefile and "make test-min" in open(os.path.join(ROOT, ".ci", "run")).read()
