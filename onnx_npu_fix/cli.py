@@ -333,7 +333,9 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
     _say(quiet, f"wrote {outcome.written}")
 
 
-# Option name on the command line -> FixOptions field, for everything that becomes an option.
+# Option name on the command line -> FixOptions field, for everything that becomes an option. An option whose
+# parameter name is the field's name needs no entry (_option_fields): a new option is a click decorator and a
+# FixOptions field, nothing else.
 _OPTION_FIELDS = {
     "max_dilation": "max_dilation", "s2b_layout": "s2b_layout", "align": "align", "align_io": "align_io",
     "bn_standalone": "bn_standalone", "resize_mode": "resize_mode", "max_approx_error": "max_approx_error",
@@ -352,7 +354,7 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any],
 
     values: dict[str, Any] = {}
     explicit: dict[str, Any] = {}
-    for param, field_name in _OPTION_FIELDS.items():
+    for param, field_name in _option_fields(opts).items():
         value = opts[param]
         if param == "input_shape":
             value = _parse_input_shape(value)
@@ -385,9 +387,17 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any],
         raise click.BadParameter(str(exc), param_hint=_option_name(ctx, exc.field)) from None
 
 
+def _option_fields(params: dict[str, Any]) -> dict[str, str]:
+    """Command-line parameter -> FixOptions field: the parameters named like a field, and _OPTION_FIELDS."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(FixOptions)}
+    return {**{p: p for p in params if p in names}, **_OPTION_FIELDS}
+
+
 def _option_name(ctx: click.Context, field_name: str) -> str:
     """The command-line spelling of a FixOptions field (e.g. n_inputs -> --validation-inputs)."""
-    for param, name in _OPTION_FIELDS.items():
+    for param, name in _option_fields({p.name: None for p in ctx.command.params}).items():
         if name == field_name:
             for option in ctx.command.params:
                 if option.name == param:

@@ -531,3 +531,12 @@ def test_onnxruntime_log_lines_do_not_reach_stderr(tmp_path):
     assert b"out of data bounds" in proc.stderr  # npufix says what onnxruntime found (whatever the exit code)
     assert b"onnxruntime:" not in proc.stderr and b"\x1b[" not in proc.stderr, proc.stderr
     assert b"Traceback" not in proc.stderr
+
+
+def test_an_option_named_like_its_field_needs_no_mapping():
+    from onnx_npu_fix.cli import _OPTION_FIELDS, _option_fields
+
+    mapping = _option_fields({"keep_going": False, "align": 8, "sram": None, "not_a_field": 1})
+    assert mapping["keep_going"] == "keep_going" and mapping["sram"] == "sram_bytes"
+    assert "not_a_field" not in mapping
+    assert set(mapping) >= set(_OPTION_FIELDS)
