@@ -540,3 +540,16 @@ def test_an_option_named_like_its_field_needs_no_mapping():
     assert mapping["keep_going"] == "keep_going" and mapping["sram"] == "sram_bytes"
     assert "not_a_field" not in mapping
     assert set(mapping) >= set(_OPTION_FIELDS)
+
+
+def test_a_pass_that_crashes_is_a_failed_pass(tmp_path, fixture_path, monkeypatch):
+    from onnx_npu_fix.passes.cleanup import CleanupPass
+
+    def crash(self, model, options):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(CleanupPass, "run", crash)
+    result = invoke(fixture_path("tcn.onnx"), "-o", tmp_path / "o.onnx", "-q")
+    assert result.exit_code == 3, result.output
+    assert result.output.startswith("error: pass cleanup failed") and "boom" in result.output
+    assert os.listdir(tmp_path) == []
