@@ -15,7 +15,8 @@ A profile is a TOML file with three tables::
     feature_map = "input maps <= 320x240 (nncase FAQ)"
 
 Shipped profiles live in ``onnx_npu_fix/targets/*.toml`` (one file per target, file stem = name). A constraint the
-source leaves unknown is simply absent, so FixOptions' default applies; the profile says so in a comment.
+source leaves unknown is simply absent, so FixOptions' default drives the passes (but is no constraint of the
+target: only the keys a profile sets count, see constraints.split_requested); the profile says so in a comment.
 Precedence when building the options of a run: FixOptions defaults < profile < options given on the command line
 (``apply_target``).
 """
