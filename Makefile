@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The minimum-pins environment: every dependency at the floor pyproject.toml declares (.ci/min_requirements.py).
+VENV_MIN  ?= .venv-min
+STAMP_MIN := $(VENV_MIN)/.installed
 
-.PHONY: install run test lint fixtures fuzz bench clean
+.PHONY: install run test test-min lint fixtures fuzz bench clean
 
 install: $(STAMP)
 
@@ -24,6 +27,18 @@ run: install
 test: install
 	$(PY) -m pytest -q -m "not vendor and not slow"
 
+## make test-min: the test suite with every dependency at its declared floor (keeps the floors in pyproject true)
+test-min: $(STAMP_MIN)
+	$(VENV_MIN)/bin/python -m pytest -q -p no:cacheprovider -m "not vendor and not slow"
+
+$(STAMP_MIN): pyproject.toml .ci/min_requirements.py
+	$(PYTHON) -m venv $(VENV_MIN)
+	$(VENV_MIN)/bin/python -m pip install --quiet --upgrade pip
+	$(PYTHON) .ci/min_requirements.py > $(VENV_MIN)/requirements-min.txt
+	$(VENV_MIN)/bin/python -m pip install --quiet --only-binary :all: -r $(VENV_MIN)/requirements-min.txt
+	$(VENV_MIN)/bin/python -m pip install --quiet --no-deps -e .
+	touch $(STAMP_MIN)
+
 lint: install
 	$(VENV)/bin/ruff check onnx_npu_fix tests fixtures bench
 
@@ -38,4 +53,4 @@ bench: install
 	$(PY) bench/bench.py
 
 clean:
-	rm -rf build $(VENV) .pytest_cache
+	rm -rf build $(VENV) $(VENV_MIN) .pytest_cache

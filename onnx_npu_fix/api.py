@@ -1,7 +1,12 @@
 """The library entry points: load a model, fix it, save it atomically.
 
+    outcome = run("in.onnx", "out.onnx", FixOptions(max_dilation=4, align=8), report_path="npufix.json")
+    outcome.exit_code    # 0 ok, 1 constraints remain, 3 a pass failed (errors.EXIT_*)
+
+or step by step:
+
     model = load_model("in.onnx")
-    result = fix(model, FixOptions(max_dilation=4, align=8))
+    result = fix(model, FixOptions(max_dilation=4, align=8))   # `model` is left as it is
     if result.ok:
         save_model(result.model, "out.onnx")
 """
@@ -13,20 +18,24 @@ import contextlib
 import functools
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
 import onnx.external_data_helper
 from google.protobuf.message import DecodeError
 
-from onnx_npu_fix.errors import InputError, first_line
+from onnx_npu_fix.constraints import CheckReport, Violation
+from onnx_npu_fix.errors import EXIT_OK, EXIT_PASS_FAILED, EXIT_VIOLATIONS, InputError, first_line
 from onnx_npu_fix.graph import TWO_GB, approx_model_bytes, write_with_external_data
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.pipeline import FixResult, prepare, run_passes
+from onnx_npu_fix.report import FixReport
 from onnx_npu_fix.validate import Reference
 
 
@@ -75,7 +84,11 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
                              f"the model")
     try:
         if external:
+            names = {t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
             onnx.external_data_helper.load_external_data_for_model(model, base_dir)
+            _check_external_sizes(model, path, names)
+    except InputError:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{path}: cannot read external data ({type(exc).__name__}: {first_line(exc)})") from None
     sparse = len(model.graph.sparse_initializer) > 0
@@ -92,6 +105,21 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{path}: the model fails the onnx checker: {first_line(exc)}") from None
     return LoadedModel(model, path, external)
+
+
+def _check_external_sizes(model: onnx.ModelProto, path: str, names: set[str]) -> None:
+    """Every tensor read from external data (``names``) holds as many bytes as its shape and type need (older onnx
+    versions read a truncated file silently, and the checker then says something unrelated)."""
+    for tensor in model.graph.initializer:
+        if tensor.name not in names or tensor.data_type in (0, onnx.TensorProto.STRING):
+            continue
+        if "4" in onnx.TensorProto.DataType.Name(tensor.data_type):  # INT4 / UINT4 / FLOAT4E2M1: packed, skip
+            continue
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+        expected = int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+        if len(tensor.raw_data) < expected:
+            raise InputError(f"{path}: external data of tensor {tensor.name} is truncated ({len(tensor.raw_data)} "
+                             f"of {expected} bytes); keep the complete .data file next to the model")
 
 
 def external_data_files(model: onnx.ModelProto, base_dir: str) -> set[str]:
@@ -131,6 +159,11 @@ def check_output_path(output: str | os.PathLike, input_path: str | os.PathLike |
     output = os.fspath(output)
     if not output:
         raise InputError(f"{what}: empty path")
+    if output.endswith(("/", os.sep)):
+        raise InputError(f"{what} {output}: ends with a path separator, which names a directory; give a file path")
+    if what == "-o" and os.path.isdir(output + ".data"):
+        raise InputError(f"{what} {output}: {output}.data is a directory, and the external weights of the output "
+                         f"would be written there; remove it or choose another path")
     guarded = set(protected)
     if input_path is not None:
         guarded.add(os.path.abspath(input_path))
@@ -298,20 +331,46 @@ def start_reference(path: str | os.PathLike, options: FixOptions) -> Reference |
     ``--input-shape`` overrides make the file's own shapes the wrong ones to run."""
     if options.validate == "none" or options.input_shapes:
         return None
-    return Reference(os.fspath(path))
+    path = os.fspath(path)
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # a file name that is not UTF-8: onnxruntime only takes UTF-8 paths; give it bytes
+        with open(path, "rb") as f:
+            return Reference(f.read())
+    return Reference(path)
 
 
-def fix(model: onnx.ModelProto, options: FixOptions | None = None,
+def fix(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None = None,
         passes: Sequence[Pass] | None = None, *, reference: Reference | None = None,
         on_serialized: Callable[[bytes], None] | None = None,
         source: str | os.PathLike | None = None) -> FixResult:
-    """Run the passes (default order unless given) over a copy-free ``model``; see :class:`FixResult`.
+    """Run the passes (default order unless given) over ``model``; see :class:`FixResult`.
 
+    ``model``: an ONNX ModelProto, which is left as it is (the passes work on a copy: FixResult.model), or the
+    path of an .onnx file, read with :func:`read_model` (no copy needed).
     ``reference``: from :func:`start_reference` on the file ``model`` was read from (unchanged since).
     ``on_serialized``: called with the output's bytes before its last validation runs (e.g. EarlyWrite.start);
     FixResult.serialized is that same object when they are the result.
     ``source``: the file ``model`` was read from by :func:`read_model`, unchanged since: a rollback to the input
     reads it again instead of the pass manager keeping a copy of the model."""
+    if isinstance(model, (str, os.PathLike)):
+        source = model if source is None else source
+        model = read_model(model).model
+    elif isinstance(model, onnx.ModelProto):
+        work = onnx.ModelProto()
+        work.CopyFrom(model)
+        model = work
+    else:
+        raise TypeError(f"fix() takes an onnx.ModelProto or the path of an .onnx file, not {type(model).__name__}"
+                        " (export an onnx-graphsurgeon graph with gs.export_onnx first)")
+    return _fix_in_place(model, options, passes, reference=reference, on_serialized=on_serialized, source=source)
+
+
+def _fix_in_place(model: onnx.ModelProto, options: FixOptions | None = None,
+                  passes: Sequence[Pass] | None = None, *, reference: Reference | None = None,
+                  on_serialized: Callable[[bytes], None] | None = None,
+                  source: str | os.PathLike | None = None) -> FixResult:
+    """:func:`fix` on ``model`` itself (edited in place): for a model nobody else holds, e.g. just read."""
     options = options or FixOptions()
     prepare(model, options)
     reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options)
@@ -323,3 +382,191 @@ def _read_prepared(path: str, options: FixOptions) -> onnx.ModelProto:
     model = read_model(path).model
     prepare(model, options)
     return model
+
+
+# --- the whole use case: what `npufix` does, as one call ------------------------------------------------
+
+
+@dataclass
+class RunOutcome:
+    """What :func:`run` did. ``exit_code`` is the decision the CLI exits with (errors.EXIT_*: 0 ok, 1 requested
+    constraints violated, 3 a pass failed)."""
+
+    exit_code: int
+    mode: str
+    """fix | check"""
+    input_path: str
+    written: str | None = None
+    """The output model's path when it was written, else None."""
+    result: FixResult | None = None
+    """The pass manager's result (None in check mode)."""
+    checked: CheckReport | None = None
+    """The constraint check of the output (check mode: of the input)."""
+    violations: list[Violation] = field(default_factory=list)
+    """The violations that count (requested constraints); exit code 1 when not empty."""
+    not_requested: list[tuple[Violation, str]] = field(default_factory=list)
+    """Violations that do not count, with why (not requested, or their pass was not run): warnings."""
+    record: dict[str, Any] | None = None
+    """The build record, when it was asked for (``report_path`` or ``record=True``)."""
+    error: str | None = None
+    """One line: why nothing was written (a pass failed, the output does not match the original)."""
+
+    @property
+    def report(self) -> FixReport | None:
+        return self.result.report if self.result is not None else None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == EXIT_OK
+
+
+def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
+        options: FixOptions | None = None, *, passes: Sequence[Pass] | None = None,
+        report_path: str | os.PathLike | None = None, check: bool = False, shapes: bool = False,
+        record: bool = False, command: Sequence[str] | None = None) -> RunOutcome:
+    """Load ``input_path``, fix it (``passes``, default order unless given), re-check the constraints, write
+    ``output`` atomically and the build record to ``report_path``; or with ``check=True`` only check the input.
+
+    Every path is checked before any work (nothing the run writes may be something it reads, or another file
+    it writes). Raises InputError (exit 2) for unusable input or paths, and OptionError for bad options;
+    a failing pass is not raised: the outcome says so (exit 3, ``error``) and nothing is written.
+    ``shapes``: also list every node's shapes (``checked.shapes``). ``record``: build the record even without
+    ``report_path``. ``command``: recorded as the command line (default sys.argv).
+    """
+    from onnx_npu_fix.constraints import check_model, split_requested
+    from onnx_npu_fix.report import build_record, write_json
+
+    started = time.perf_counter()
+    options = options or FixOptions()
+    path = os.fspath(input_path)
+    report_path = None if report_path is None else os.fspath(report_path)
+    if check:
+        source = read_model(path)
+        if report_path:
+            check_run_paths(path, None, report_path, source.external_files)
+        checked = check_model(source.model, options, shapes=shapes)
+        counted, others = split_requested(checked.violations, options)
+        outcome = RunOutcome(EXIT_VIOLATIONS if counted else EXIT_OK, "check", path, checked=checked,
+                             violations=counted, not_requested=others)
+        if report_path or record:
+            outcome.record = build_record(path, None, options, None, time.perf_counter() - started,
+                                          outcome.exit_code, checked, command, counted, others)
+        if report_path:
+            _write_report(report_path, outcome.record, write_json)
+        return outcome
+    if output is None:
+        raise InputError("missing the output path (where to write the fixed model)")
+    output = os.fspath(output)
+    chosen = list(passes) if passes is not None else select_passes()
+    check_output_path(output, path)
+    if report_path:
+        check_run_paths(path, output, report_path)
+    reference = None
+    early = EarlyWrite(output)
+    try:
+        loaded = read_model(path)
+        # Only a model that passed the onnx checker goes to onnxruntime: malformed graphs can crash it.
+        reference = start_reference(path, options)
+        check_output_path(output, path, protected=loaded.external_files)
+        if report_path:
+            check_run_paths(path, output, report_path, loaded.external_files)
+        external = bool(loaded.external_files)
+        # The model was read here and nobody else holds it: the passes work on it in place (no copy).
+        result = _fix_in_place(loaded.model, options, chosen, reference=reference,
+                               on_serialized=None if external else early.start, source=path)
+    except BaseException:
+        early.close()
+        raise
+    finally:
+        if reference is not None:
+            reference.close()
+    outcome = RunOutcome(EXIT_OK, "fix", path, result=result)
+    if not result.ok:
+        early.close()
+        outcome.exit_code = EXIT_PASS_FAILED
+        failed = result.report.failed_pass
+        if failed is not None:
+            outcome.error = (f"pass {failed.name} failed: {failed.error}; nothing written "
+                             f"(--skip {failed.name} to run without it, or --keep-going to roll it back)")
+        else:
+            outcome.error = f"the output does not match the original ({_final_problem(result.report.final)}); " \
+                            f"nothing written"
+    else:
+        try:
+            outcome.checked = check_model(result.model, options, shapes=shapes, prepared=True,
+                                          memory=bool(report_path) or record)
+            save_model(result.model, output, external_data=external or None, serialized=result.serialized,
+                       early=early)
+        except OSError as exc:
+            raise InputError(f"cannot write {output}: {exc.strerror or exc}; nothing written") from None
+        finally:
+            early.close()
+        outcome.written = output
+        outcome.violations, outcome.not_requested = split_requested(
+            outcome.checked.violations, options, [p.name for p in chosen])
+        if outcome.violations:
+            outcome.exit_code = EXIT_VIOLATIONS
+    # The record hashes both models (0.2 s at 100 MB): built only when someone reads it.
+    if report_path or record:
+        outcome.record = build_record(path, outcome.written, options, result.report, time.perf_counter() - started,
+                                      outcome.exit_code, outcome.checked, command,
+                                      outcome.violations if outcome.checked is not None else None,
+                                      outcome.not_requested)
+    if report_path:
+        _write_report(report_path, outcome.record, write_json)
+    return outcome
+
+
+def _write_report(path: str, data: dict[str, Any] | None, write_json: Callable[[str, Any], None]) -> None:
+    try:
+        write_json(path, data)
+    except OSError as exc:
+        raise InputError(f"cannot write the report {path}: {exc.strerror or exc}") from None
+
+
+def _final_problem(final) -> str:
+    if final is None:
+        return "not compared"
+    if final.error:
+        return final.error
+    worst = final.worst
+    return f"output '{worst.name}': max abs {worst.max_abs:.3g}, rel L2 {worst.rel_l2:.3g}; {final.criterion}"
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b)):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_run_paths(input_path: str, output: str | None, report_path: str,
+                    external_files: Iterable[str] = ()) -> None:
+    """The report must be none of the files the run reads (the input, its external data) or writes (the output,
+    its ``.data``), and writable; checked before any work. The message names both paths."""
+    files = [(input_path, "the input model"), *((f, "the input's external data") for f in sorted(external_files))]
+    if output is not None:
+        files += [(output, "the output model"), (output + ".data", "the output's external data")]
+    for other, what in files:
+        if _same_file(report_path, other):
+            raise InputError(f"--report {report_path} is {what} ({other}); choose another path")
+    check_output_path(report_path, input_path, protected=external_files, what="--report")
+
+
+def check(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None = None, *,
+          shapes: bool = False) -> CheckReport:
+    """Every constraint violation of ``model`` (a ModelProto, left as it is, or an .onnx path): what
+    ``npufix --check`` lists. With ``options.requested`` set, only the requested ones are in ``violations``
+    (constraints.split_requested)."""
+    from onnx_npu_fix.constraints import check_model, split_requested
+
+    options = options or FixOptions()
+    if isinstance(model, (str, os.PathLike)):
+        model = read_model(model).model
+    elif not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"check() takes an onnx.ModelProto or the path of an .onnx file, not {type(model).__name__}")
+    report = check_model(model, options, shapes=shapes)
+    report.violations, _ = split_requested(report.violations, options)
+    return report

@@ -1,26 +1,37 @@
-"""The ``npufix`` command: parse options, call the library, print the summary, choose the exit code.
+"""The ``npufix`` command: parse options, call the library (api.run), print the summary, exit with its code.
 
-Exit codes: 0 success; 1 the model could not be made valid (a pass failed validation, or constraints remain
-violated); 2 usage error or unusable input. The summary goes to stderr; nothing is printed on stdout except
-what was asked for (--list-passes, --check output, --dump-shapes).
+Exit codes (errors.py, README "Exit codes"): 0 success; 1 requested constraints violated; 2 usage error or
+unusable input; 3 a pass failed, nothing written; 4 --strict refused an approximate change; 5 internal error;
+130 / 141 / 143 SIGINT / closed stdout / SIGTERM. The summary goes to stderr; nothing is printed on stdout
+except what was asked for (--list-passes, --check output, --dump-shapes, --format json).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
-import hashlib
-import json
 import logging
 import os
+import signal
 import sys
-import time
+import threading
 from typing import Any
 
 import click
 
 from onnx_npu_fix import __version__
-from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.errors import (
+    EXIT_INTERNAL,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    EXIT_USAGE,
+    InputError,
+    NpufixError,
+    OptionError,
+)
 from onnx_npu_fix.options import FixOptions
+
+EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: stdout was closed (e.g. `npufix --check ... | head -1`)
 
 EXAMPLE = """\b
 Example (the CI step before a vendor compiler):
@@ -30,12 +41,18 @@ Example (the CI step before a vendor compiler):
 
 
 class _InputProblem(click.ClickException):
-    """Exit 2 with a one-line message: control characters in names or paths are escaped, never printed raw."""
+    """A one-line error (exit 2 unless told): control characters in names or paths are escaped, never printed
+    raw."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
         super().__init__(_one_line(message))
+        self.exit_code = exit_code
+
+
+class _Terminated(BaseException):
+    """SIGTERM (what CI sends on cancel), raised in the main thread so that every ``finally`` cleans up."""
 
 
 def _one_line(text: str) -> str:
@@ -126,19 +143,50 @@ def main(ctx: click.Context, **params: Any) -> None:
     # short-lived, so it is off for the run (and back on after it, for callers that invoke main in-process).
     collecting = gc.isenabled()
     gc.disable()
+    previous = _catch_sigterm()
     try:
         _main(ctx, **params)
     except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
         raise
+    except BrokenPipeError:
+        _stdout_closed()
+        ctx.exit(EXIT_CLOSED_PIPE)
+    except KeyboardInterrupt:
+        click.echo("error: interrupted; nothing written", err=True)
+        ctx.exit(EXIT_SIGINT)
+    except _Terminated:
+        click.echo("error: terminated (SIGTERM); nothing written", err=True)
+        ctx.exit(EXIT_SIGTERM)
     except Exception as exc:  # noqa: BLE001 - a bug must still end in one line and a non-zero exit
         if params.get("verbose", 0) > 1:
             raise
         click.echo(f"error: internal error ({type(exc).__name__}: {_one_line(str(exc))[:300]}); nothing written; "
                    f"rerun with -vv for the traceback and report it", err=True)
-        ctx.exit(1)
+        ctx.exit(EXIT_INTERNAL)
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if collecting:
             gc.enable()
+
+
+def _catch_sigterm():
+    """Turn SIGTERM into _Terminated for the run (main thread only); returns the handler to restore."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminate(signum, frame):
+        raise _Terminated()
+
+    return signal.signal(signal.SIGTERM, terminate)
+
+
+def _stdout_closed() -> None:
+    """The reader of stdout went away: point stdout at /dev/null so that the interpreter's final flush does not
+    print a BrokenPipeError either."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, target: str | None,
@@ -161,110 +209,133 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
         raise click.UsageError("several MODELs are only accepted by --check without --report (e.g. a pre-commit hook)")
     if output is None and not check:
         raise click.UsageError("missing -o/--output (where to write the fixed model), or use --check")
-    model = models[0]
-    started = time.perf_counter()
     _setup_logging(quiet, verbose)
     try:
-        options = _build_options(ctx, target, opts)
+        options = _build_options(ctx, target, opts, check)
         if check:
-            exit_code = 0
-            for path in models:
-                if len(models) > 1 and output_format == "text":
-                    click.echo(f"== {path}")
-                source = api.read_model(path)
-                loaded = source.model
-                if report_path:
-                    _check_report_path(report_path, path, None, source.external_files)
-                code, checked = _run_check(loaded, options, output_format, dump_shapes, quiet)
-                exit_code = max(exit_code, code)
-                if report_path:
-                    _write_json(report_path, _record(path, None, options, None, time.perf_counter() - started,
-                                                     code, checked))
-            ctx.exit(exit_code)
+            ctx.exit(_check_models(models, options, output_format, dump_shapes, report_path, quiet, verbose))
         passes = api.select_passes(_split_names(only), _split_names(skip) or ())
-        api.check_output_path(output, model)
-        reference = None
-        early = api.EarlyWrite(output)
-        try:
-            loaded = api.read_model(model)
-            # Only a model that passed the onnx checker goes to onnxruntime: malformed graphs can crash it.
-            reference = api.start_reference(model, options)
-            api.check_output_path(output, model, protected=loaded.external_files)
-            if report_path:
-                _check_report_path(report_path, model, output, loaded.external_files)
-            external = bool(loaded.external_files)
-            result = api.fix(loaded.model, options, passes, reference=reference,
-                             on_serialized=None if external else early.start, source=model)
-        except BaseException:
-            early.close()
-            raise
-        finally:
-            if reference is not None:
-                reference.close()
-    except InputError as exc:
-        raise _InputProblem(str(exc)) from None
-
-    report = result.report
-    _print_passes(report, quiet, verbose)
-    exit_code = 0
-    written = None
-    checked = None
-    if not result.ok:
-        early.close()
-        failed = report.failed_pass
-        if failed is not None:
-            click.echo(f"error: pass {failed.name} failed: {failed.error}; nothing written "
-                       f"(--skip {failed.name} to run without it, or --keep-going to roll it back)", err=True)
-        else:
-            click.echo(f"error: the output does not match the original ({_final_problem(report.final)}); "
-                       f"nothing written", err=True)
-        exit_code = 1
-    else:
-        from onnx_npu_fix.constraints import check_model
-
-        try:
-            checked = check_model(result.model, options, shapes=dump_shapes, prepared=True,
-                                  memory=bool(report_path) or output_format == "json")
-            api.save_model(result.model, output, external_data=external or None, serialized=result.serialized,
-                           early=early)
-        except OSError as exc:
-            raise _InputProblem(f"cannot write {output}: {exc.strerror or exc}; nothing written") from None
-        finally:
-            early.close()
-        written = output
-        if report.final is not None:
-            kind = "exact" if report.final.exact else "approximate"
-            _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
-                        f"max rel {report.final.max_rel:.2e}")
-        if checked.violations:
-            exit_code = 1
-            for violation in checked.violations:
-                click.echo(f"unfixed: {violation.text()}", err=True)
-            for pass_name, rejection in report.blocking:
-                click.echo(f"  why: {rejection.node} ({rejection.op}): {rejection.reason} [{pass_name}]", err=True)
-        if verbose:
-            for note in checked.exempt:
-                _say(quiet, f"exempt: {note.text()} ({note.message})")
-        if dump_shapes and checked.shapes is not None:
-            from onnx_npu_fix.constraints import render_shapes
-
-            click.echo(render_shapes(checked.shapes))
-        _say(quiet, f"wrote {output}")
-    # The record hashes both models (0.2 s at 100 MB): built only when someone reads it.
-    wanted = report_path or output_format == "json"
-    record = _record(model, written, options, result, time.perf_counter() - started, exit_code, checked) \
-        if wanted else {}
-    if report_path:
-        try:
-            _write_json(report_path, record)
-        except OSError as exc:
-            raise _InputProblem(f"cannot write the report {report_path}: {exc.strerror or exc}") from None
+        outcome = api.run(models[0], output, options, passes=passes, report_path=report_path, shapes=dump_shapes,
+                          record=output_format == "json")
+    except NpufixError as exc:
+        raise _InputProblem(str(exc), exc.exit_code) from None
+    _print_outcome(outcome, quiet, verbose, dump_shapes)
     if output_format == "json":
-        click.echo(json.dumps(record, indent=2, default=str))
-    ctx.exit(exit_code)
+        from onnx_npu_fix.report import dumps
+
+        click.echo(dumps(outcome.record))
+    ctx.exit(outcome.exit_code)
 
 
-# Option name on the command line -> FixOptions field, for everything that becomes an option.
+_DEFAULTS_LINE = ("checking npufix's default constraints (align 8, nearest Resize, no BatchNormalization, "
+                  "no Dropout/Identity, static shapes); --target or constraint options choose what to check")
+
+
+def _check_models(models: tuple[str, ...], options: FixOptions, output_format: str, dump_shapes: bool,
+                  report_path: str | None, quiet: bool, verbose: int) -> int:
+    """--check over every model: findings prefixed with the file, like ruff; with --format json one document
+    (the model's object, or an array of them with several models). Returns the exit code (the worst)."""
+    from onnx_npu_fix import api
+
+    if options.requested is None:
+        _say(quiet or output_format == "json", _DEFAULTS_LINE)
+    exit_code = 0
+    documents = []
+    for path in models:
+        try:
+            outcome = api.run(path, options=options, check=True, report_path=report_path, shapes=dump_shapes)
+        except NpufixError as exc:
+            if len(models) == 1:
+                raise
+            click.echo(f"{_one_line(path)}: error: {_one_line(str(exc))}", err=True)
+            documents.append({"path": path, "error": str(exc)})
+            exit_code = max(exit_code, exc.exit_code)
+            continue
+        exit_code = max(exit_code, outcome.exit_code)
+        if output_format == "json":
+            documents.append(_check_json(path, outcome))
+        else:
+            _print_check(path, outcome, quiet, verbose)
+    if output_format == "json":
+        from onnx_npu_fix.report import dumps
+
+        click.echo(dumps(documents[0] if len(models) == 1 else documents))
+    return exit_code
+
+
+def _check_json(path: str, outcome) -> dict[str, Any]:
+    data = {"path": path, **outcome.checked.to_json()}
+    data["clean"] = not outcome.violations
+    data["violations"] = [v.to_json() for v in outcome.violations]
+    data["not_requested"] = [{**v.to_json(), "reason": why} for v, why in outcome.not_requested]
+    return data
+
+
+def _print_check(path: str, outcome, quiet: bool, verbose: int) -> None:
+    """One line per finding, ``model.onnx: node (op): constraint: value vs limit -> fix``; then (unless -q) the
+    summary, the exempt findings, the memory estimate and the shapes."""
+    from onnx_npu_fix.constraints import render_shapes, render_violations
+    from onnx_npu_fix.memory import render_memory
+
+    prefix = _one_line(path) + ": "
+    checked = outcome.checked
+    for violation in outcome.violations:
+        click.echo(prefix + violation.text())
+    if quiet:
+        return
+    if verbose:
+        for violation, why in outcome.not_requested:
+            click.echo(f"{prefix}{violation.text()} ({why}, not counted)")
+    elif outcome.not_requested:
+        click.echo(f"{prefix}{len(outcome.not_requested)} findings of constraints not asked for are not counted "
+                   f"(-v lists them)")
+    click.echo(prefix + render_violations(outcome.violations).splitlines()[-1])
+    if checked.exempt:
+        click.echo("\n" + "\n".join(f"exempt: {v.text()} ({v.message})" for v in checked.exempt))
+    if checked.memory is not None:
+        click.echo("\n" + render_memory(checked.memory))
+    if checked.shapes is not None:
+        click.echo("\n" + render_shapes(checked.shapes))
+
+
+def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> None:
+    report = outcome.report
+    _print_passes(report, quiet, verbose)
+    if outcome.error:
+        click.echo(f"error: {outcome.error}", err=True)
+        return
+    checked = outcome.checked
+    if report.final is not None:
+        kind = "exact" if report.final.exact else "approximate"
+        _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
+                    f"max rel {report.final.max_rel:.2e}")
+    if outcome.violations:
+        for violation in outcome.violations:
+            click.echo(f"unfixed: {violation.text()}", err=True)
+        for pass_name, rejection in report.blocking:
+            click.echo(f"  why: {rejection.node} ({rejection.op}): {rejection.reason} [{pass_name}]", err=True)
+    defaults = [v for v, why in outcome.not_requested if why == "not requested"]
+    for violation, why in outcome.not_requested:
+        if why != "not requested":
+            _say(quiet, f"warning: {violation.text()} ({why}; not counted)")
+        elif verbose:
+            _say(quiet, f"not requested: {violation.text()}")
+    if defaults and not verbose:
+        _say(quiet, f"note: {len(defaults)} findings of constraints not asked for remain (npufix's defaults, not "
+                    f"counted; -v lists them, --target or options make them count)")
+    if verbose:
+        for note in checked.exempt:
+            _say(quiet, f"exempt: {note.text()} ({note.message})")
+    if dump_shapes and checked.shapes is not None:
+        from onnx_npu_fix.constraints import render_shapes
+
+        click.echo(render_shapes(checked.shapes))
+    _say(quiet, f"wrote {outcome.written}")
+
+
+# Option name on the command line -> FixOptions field, for everything that becomes an option. An option whose
+# parameter name is the field's name needs no entry (_option_fields): a new option is a click decorator and a
+# FixOptions field, nothing else.
 _OPTION_FIELDS = {
     "max_dilation": "max_dilation", "s2b_layout": "s2b_layout", "align": "align", "align_io": "align_io",
     "bn_standalone": "bn_standalone", "resize_mode": "resize_mode", "max_approx_error": "max_approx_error",
@@ -274,13 +345,16 @@ _OPTION_FIELDS = {
 }
 
 
-def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any]) -> FixOptions:
-    """FixOptions from the command line; with --target, the profile's values unless given explicitly."""
+def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any], check: bool = False) -> FixOptions:
+    """FixOptions from the command line; with --target, the profile's values unless given explicitly.
+
+    Which constraints count (FixOptions.requested): the target's and the explicitly given ones. In check mode
+    with neither, npufix's defaults (``requested`` None, and a line says so)."""
     from click.core import ParameterSource
 
     values: dict[str, Any] = {}
     explicit: dict[str, Any] = {}
-    for param, field_name in _OPTION_FIELDS.items():
+    for param, field_name in _option_fields(opts).items():
         value = opts[param]
         if param == "input_shape":
             value = _parse_input_shape(value)
@@ -297,24 +371,38 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any])
             explicit[field_name] = value
     if opts["no_validate"]:
         values["validate"] = explicit["validate"] = "none"
-    base = FixOptions(**values)
-    if target is None:
-        return base
-    from onnx_npu_fix.targets import apply_target, load_target
+    from onnx_npu_fix.constraints import ASKED_BY
 
-    return apply_target(load_target(target), base, explicit)
+    asks = {f for fields in ASKED_BY.values() for f in fields}
+    defaults = check and target is None and not (asks & set(explicit))
+    values["requested"] = None if defaults else {name: "option" for name in explicit}
+    try:
+        base = FixOptions(**values)
+        if target is None:
+            return base
+        from onnx_npu_fix.targets import apply_target, load_target
+
+        return apply_target(load_target(target), base, explicit)
+    except OptionError as exc:
+        raise click.BadParameter(str(exc), param_hint=_option_name(ctx, exc.field)) from None
 
 
-def _run_check(model, options: FixOptions, output_format: str, dump_shapes: bool, quiet: bool):
-    """--check: print the violations (and memory estimate) of the input model; exit code 0 when clean."""
-    from onnx_npu_fix.constraints import check_model, render_check
+def _option_fields(params: dict[str, Any]) -> dict[str, str]:
+    """Command-line parameter -> FixOptions field: the parameters named like a field, and _OPTION_FIELDS."""
+    import dataclasses
 
-    report = check_model(model, options, shapes=dump_shapes)
-    if output_format == "json":
-        click.echo(json.dumps(report.to_json(), indent=2, default=str))
-    elif not quiet or report.violations:
-        click.echo(render_check(report))
-    return (0 if report.clean else 1), report
+    names = {f.name for f in dataclasses.fields(FixOptions)}
+    return {**{p: p for p in params if p in names}, **_OPTION_FIELDS}
+
+
+def _option_name(ctx: click.Context, field_name: str) -> str:
+    """The command-line spelling of a FixOptions field (e.g. n_inputs -> --validation-inputs)."""
+    for param, name in _option_fields({p.name: None for p in ctx.command.params}).items():
+        if name == field_name:
+            for option in ctx.command.params:
+                if option.name == param:
+                    return option.opts[-1] if option.opts[-1].startswith("--") else option.opts[0]
+    return field_name
 
 
 def _render_pass_list() -> str:
@@ -348,15 +436,6 @@ def _print_passes(report, quiet: bool, verbose: int) -> None:
             _say(quiet, warning)
 
 
-def _final_problem(final) -> str:
-    if final is None:
-        return "not compared"
-    if final.error:
-        return final.error
-    worst = final.worst
-    return f"output '{worst.name}': max abs {worst.max_abs:.3g}, rel L2 {worst.rel_l2:.3g}; {final.criterion}"
-
-
 def _say(quiet: bool, text: str) -> None:
     if not quiet:
         click.echo(text, err=True)
@@ -365,64 +444,3 @@ def _say(quiet: bool, text: str) -> None:
 def _setup_logging(quiet: bool, verbose: int) -> None:
     level = logging.ERROR if quiet else (logging.DEBUG if verbose > 1 else logging.WARNING)
     logging.basicConfig(level=level, format="%(levelname)s: %(message)s", stream=sys.stderr)
-
-
-def _sha256(path: str | None) -> str | None:
-    if path is None or not os.path.isfile(path):
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _record(model_path: str, output_path: str | None, options: FixOptions, result, seconds: float,
-            exit_code: int, checked=None) -> dict[str, Any]:
-    """The build record (README, "Build record"): what ran, on what, with which result."""
-    from dataclasses import asdict
-
-    from onnx_npu_fix.report import REPORT_VERSION
-
-    record: dict[str, Any] = {
-        "report_version": REPORT_VERSION,
-        "npufix_version": __version__,
-        "mode": "fix" if result is not None else "check",
-        "command": sys.argv,
-        "options": asdict(options),
-        "input": {"path": model_path, "sha256": _sha256(model_path)},
-        "output": {"path": output_path, "sha256": _sha256(output_path)} if output_path else None,
-        "exit_code": exit_code,
-        "seconds": round(seconds, 4),
-    }
-    if result is not None:
-        record.update(result.report.to_json())
-    else:  # a check run: same keys, nothing ran
-        record.update({"passes": [], "final_validation": None, "validation_note": None, "warnings": []})
-    record["violations"] = [v.to_json() for v in checked.violations] if checked is not None else None
-    record["exempt"] = [v.to_json() for v in checked.exempt] if checked is not None else None
-    record["memory"] = checked.memory.to_json() if checked is not None and checked.memory else None
-    return record
-
-
-def _check_report_path(report_path: str, model: str, output: str | None, protected=()) -> None:
-    """The report must not land on the input or the output model, and must be writable (checked up front)."""
-    from onnx_npu_fix import api
-
-    for other, what in ((model, "the input model"), (output, "the output model")):
-        if other and os.path.abspath(report_path) == os.path.abspath(other):
-            raise InputError(f"--report {report_path} is {what}; choose another path")
-    api.check_output_path(report_path, model, protected=protected, what="--report")
-
-
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -622,3 +622,50 @@ def render_check(report: CheckReport) -> str:
     if report.shapes is not None:
         parts.append(render_shapes(report.shapes))
     return "\n\n".join(parts)
+
+
+# --- which constraints count --------------------------------------------------------------------------
+
+# The FixOptions fields that ask for each constraint. A constraint counts when one of its fields was requested
+# (FixOptions.requested: by a target or an explicit option); the ones without a field of their own count under
+# any target. Built-in defaults (align 8, nearest Resize, no BatchNormalization) drive the passes but are not
+# constraints unless asked for.
+ASKED_BY: dict[str, tuple[str, ...]] = {
+    "dilation": ("max_dilation",), "dilation-allowed": ("allowed_dilations",),
+    "in-channels-align": ("align",), "out-channels-align": ("align",), "concat-align": ("concat_align",),
+    "batchnorm": ("allow_batchnorm",), "resize-mode": ("require_nearest_resize",), "max-rank": ("max_rank",),
+    "batch-one": ("batch_one",), "forbidden-op": ("forbidden_ops",), "max-kernel": ("max_kernel",),
+    "max-stride": ("max_stride",), "sram": ("sram_bytes",),
+    "shape-inference": (), "dynamic-shape": (), "unknown-shape": (), "leftover-op": (),
+}
+
+
+def split_requested(violations: Sequence[Violation], options: FixOptions,
+                    passes: Sequence[str] | None = None) -> tuple[list[Violation], list[tuple[Violation, str]]]:
+    """(the violations that count, the others with why they do not).
+
+    With ``options.requested`` None every violation counts. Otherwise one counts when a target or an explicit
+    option asked for its constraint (``ASKED_BY``), except that the constraint of a pass left out of ``passes``
+    (--skip / --passes: a pass of the default order that is not in ``passes``) is only a warning, unless the target
+    asked for it. An opt-in pass (reorder-memory) that was not asked for skips nothing: its constraint counts."""
+    if options.requested is None:
+        return list(violations), []
+    requested = options.requested
+    counted: list[Violation] = []
+    others: list[tuple[Violation, str]] = []
+    from onnx_npu_fix.passes import DEFAULT_ORDER
+
+    default_passes = {cls.name for cls in DEFAULT_ORDER}
+    for violation in violations:
+        fields = ASKED_BY.get(violation.constraint, ())
+        asked = {requested[f] for f in fields if f in requested}
+        if not fields and options.target is not None:
+            asked.add("target")
+        if not asked:
+            others.append((violation, "not requested"))
+        elif (passes is not None and violation.fixed_by in default_passes and violation.fixed_by not in passes
+              and "target" not in asked):
+            others.append((violation, f"pass {violation.fixed_by} was not run"))
+        else:
+            counted.append(violation)
+    return counted, others

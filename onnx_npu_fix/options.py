@@ -1,8 +1,32 @@
-"""Every knob of a run in one frozen dataclass, shared by the CLI, the pass manager and the passes."""
+"""Every knob of a run in one frozen dataclass, shared by the CLI, the pass manager and the passes.
+
+FixOptions checks its own values (``__post_init__``): types by the field's annotation, ranges from ``MINIMUM``,
+string choices from ``CHOICES``, and no NaN or infinity anywhere. The command line and the target profiles go
+through the same rules, so a value is accepted everywhere or nowhere. A new field needs no code here unless it
+has a range or a fixed set of values (one line in ``MINIMUM`` / ``CHOICES``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
+from typing import Any
+
+from onnx_npu_fix.errors import OptionError
+
+# String options with a fixed set of values.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "s2b_layout": ("auto", "spatial", "channel", "batch"),
+    "bn_standalone": ("mul-add", "conv"),
+    "resize_mode": ("nearest", "exact"),
+    "validate": ("each", "final", "none"),
+}
+# Smallest value of a numeric option (for a tuple: of each element); numeric options not listed must be >= 0.
+MINIMUM: dict[str, int] = {
+    "max_dilation": 1, "n_inputs": 1, "max_rank": 1, "max_kernel": 1, "max_stride": 1, "act_bytes": 1,
+    "allowed_dilations": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -58,3 +82,91 @@ class FixOptions:
     """Activation-memory budget for the memory estimate (None: only reported, never a violation)."""
     act_bytes: int = 1
     """Bytes per activation element in the memory estimate (1 for int8, 4 for float32)."""
+
+    # --- which constraints count (set by the CLI; a library caller may leave them) -------------------
+    target: str | None = None
+    """Name of the target profile these options came from (None: no target). With a target, the constraints
+    that have no option of their own (static shapes, no leftover Dropout/Identity) count too."""
+    requested: dict[str, str] | None = None
+    """Which fields were asked for as constraints, and by whom: field -> "target" | "option". None: every
+    constraint the options describe counts (built-in defaults included). See constraints.split_requested."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            checked = check_value(f.name, f.type, value)
+            if checked is not value:
+                object.__setattr__(self, f.name, checked)
+
+
+def _kind(annotation: Any) -> tuple[str, bool]:
+    """(kind, nullable) of a field annotation (a string under ``from __future__ import annotations``)."""
+    text = (annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation)))
+    text = text.replace(" ", "")
+    nullable = False
+    for part in ("|None", "None|"):
+        if part in text:
+            text, nullable = text.replace(part, ""), True
+    return text, nullable
+
+
+def _bad(name: str, expected: str, value: Any) -> OptionError:
+    return OptionError(f"{name} must be {expected}, got {type(value).__name__} {value!r}", field=name)
+
+
+def _number(name: str, value: Any, integer: bool) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float) if not integer else int):
+        raise _bad(name, "an integer" if integer else "a number", value)
+    if not integer and not math.isfinite(value):
+        raise OptionError(f"{name} must be a finite number, got {value!r}", field=name)
+    low = MINIMUM.get(name, 0)
+    if value < low:
+        raise OptionError(f"{name} must be >= {low}, got {value!r}", field=name)
+    return value if integer or isinstance(value, float) else float(value)
+
+
+def check_value(name: str, annotation: Any, value: Any) -> Any:
+    """``value`` checked for the field ``name`` of type ``annotation`` (lists become tuples, ints floats where a
+    float is expected); raises OptionError (an InputError and a ValueError) saying what is accepted."""
+    kind, nullable = _kind(annotation)
+    if value is None:
+        if nullable:
+            return value
+        raise _bad(name, f"set ({kind})", value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise _bad(name, "true or false", value)
+        return value
+    if kind in ("int", "float"):
+        return _number(name, value, kind == "int")
+    if kind == "str":
+        if not isinstance(value, str):
+            raise _bad(name, "a string", value)
+        choices = CHOICES.get(name)
+        if choices and value not in choices:
+            raise OptionError(f"{name} must be one of {', '.join(choices)}, got {value!r}", field=name)
+        return value
+    if kind in ("tuple[int,...]", "tuple[str,...]"):
+        if not isinstance(value, (tuple, list)):
+            raise _bad(name, "a list", value)
+        if kind == "tuple[str,...]":
+            if any(not isinstance(v, str) for v in value):
+                raise _bad(name, "a list of strings", value)
+        else:
+            for v in value:
+                _number(name, v, True)
+        return value if isinstance(value, tuple) else tuple(value)
+    if kind == "dict[str,tuple[int,...]]":
+        if not isinstance(value, dict):
+            raise _bad(name, "a mapping of input name to dims", value)
+        for key, dims in value.items():
+            if not isinstance(key, str) or not isinstance(dims, (tuple, list)) or any(
+                    isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
+                raise OptionError(f"{name}: {key!r} must map to a list of integers >= 0, got {dims!r}", field=name)
+        return value
+    if kind == "dict[str,str]":
+        if not isinstance(value, dict) or any(not isinstance(k, str) or not isinstance(v, str)
+                                              for k, v in value.items()):
+            raise _bad(name, "a mapping of strings", value)
+        return value
+    return value  # a kind without rules here (a field another module checks)

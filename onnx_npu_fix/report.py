@@ -6,6 +6,14 @@ freely, but bump the version when a documented field changes meaning or disappea
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,3 +136,98 @@ def render_pass_line(record: PassRecord) -> str:
     else:
         tail = ""
     return f"{head}{tail}  {record.seconds + record.validate_seconds:.2f}s"
+
+
+# --- the build record (README, "Build record") ---------------------------------------------------------
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, ±inf, e.g. the error of an output that overflowed) replaced by
+    the string "nan" / "inf" / "-inf": the build record is strict JSON, which has no such numbers."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else ("nan" if value != value else ("inf" if value > 0 else "-inf"))
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def dumps(data: Any, indent: int | None = 2) -> str:
+    """Strict JSON text (no NaN / Infinity tokens; numpy scalars and other objects as strings)."""
+    try:  # almost always: no non-finite number anywhere, and no walk over a record of 100k changes
+        return json.dumps(data, indent=indent, default=_json_default, allow_nan=False)
+    except ValueError:
+        return json.dumps(strict_json(data), indent=indent, default=_json_default, allow_nan=False)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # a numpy scalar
+        return strict_json(value.item())
+    return str(value)
+
+
+def sha256_file(path: str | None) -> str | None:
+    if path is None or not os.path.isfile(path):
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def build_record(model_path: str, output_path: str | None, options: Any, report: FixReport | None,
+                 seconds: float, exit_code: int, checked: Any = None,
+                 command: Sequence[str] | None = None, counted: Sequence[Any] | None = None,
+                 not_requested: Sequence[tuple[Any, str]] = ()) -> dict[str, Any]:
+    """The build record: what ran (``command``, default sys.argv), on what, with which result. ``report`` is
+    None for a check run; ``checked`` the constraint check (constraints.CheckReport) of the output (check mode:
+    of the input); ``counted`` / ``not_requested`` its violations that count and the others, with why
+    (constraints.split_requested; default: all count)."""
+    from dataclasses import asdict
+
+    from onnx_npu_fix import __version__
+
+    record: dict[str, Any] = {
+        "report_version": REPORT_VERSION,
+        "npufix_version": __version__,
+        "mode": "fix" if report is not None else "check",
+        "command": list(sys.argv if command is None else command),
+        "options": asdict(options),
+        "input": {"path": model_path, "sha256": sha256_file(model_path)},
+        "output": {"path": output_path, "sha256": sha256_file(output_path)} if output_path else None,
+        "exit_code": exit_code,
+        "seconds": round(seconds, 4),
+    }
+    if report is not None:
+        record.update(report.to_json())
+    else:  # a check run: same keys, nothing ran
+        record.update({"passes": [], "final_validation": None, "validation_note": None, "warnings": []})
+    if counted is None and checked is not None:
+        counted = checked.violations
+    record["violations"] = [v.to_json() for v in counted] if counted is not None else None
+    record["not_requested"] = [{**v.to_json(), "reason": why} for v, why in not_requested] \
+        if checked is not None else None
+    record["exempt"] = [v.to_json() for v in checked.exempt] if checked is not None else None
+    record["memory"] = checked.memory.to_json() if checked is not None and checked.memory else None
+    return record
+
+
+def write_json(path: str, data: Any) -> None:
+    """Write strict JSON atomically: a uniquely named temporary file next to ``path`` (never a fixed name that
+    could be another file of the run), then a rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".npufix-", suffix=".json.tmp", dir=directory)
+    try:
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(dumps(data))
+            f.write("\n")
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

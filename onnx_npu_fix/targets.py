@@ -15,7 +15,8 @@ A profile is a TOML file with three tables::
     feature_map = "input maps <= 320x240 (nncase FAQ)"
 
 Shipped profiles live in ``onnx_npu_fix/targets/*.toml`` (one file per target, file stem = name). A constraint the
-source leaves unknown is simply absent, so FixOptions' default applies; the profile says so in a comment.
+source leaves unknown is simply absent, so FixOptions' default drives the passes (but is no constraint of the
+target: only the keys a profile sets count, see constraints.split_requested); the profile says so in a comment.
 Precedence when building the options of a run: FixOptions defaults < profile < options given on the command line
 (``apply_target``).
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -34,7 +36,7 @@ from typing import Any
 import onnx.defs
 
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.options import CHOICES, MINIMUM, FixOptions
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -54,17 +56,13 @@ __all__ = [
 _TARGET_KEYS = ("name", "description", "sources")
 _TABLES = ("target", "constraints", "notes")
 
-# String options with a fixed set of values (mirrors the FixOptions docstrings).
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "s2b_layout": ("auto", "spatial", "channel", "batch"),
-    "bn_standalone": ("mul-add", "conv"),
-    "resize_mode": ("nearest", "exact"),
-    "validate": ("each", "final", "none"),
-}
+# String choices and numeric minimums are FixOptions' own rules (options.py): a value is accepted in a profile
+# exactly when FixOptions accepts it.
+_CHOICES = CHOICES
 # Byte budgets that may be written with a unit ("384KiB"); act_bytes is bytes per element, not a budget.
 _SIZE_FIELDS = frozenset({"sram_bytes", "large_tensor_bytes"})
-# Integer options for which 0 is meaningless (0 disables align/concat_align, so those may be 0).
-_POSITIVE_INTS = frozenset({"max_dilation", "max_rank", "max_kernel", "max_stride", "act_bytes", "n_inputs"})
+# Fields that say who asked for what; a profile does not set them.
+_NOT_SETTABLE = frozenset({"target", "requested"})
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
@@ -104,6 +102,7 @@ def _field_kind(annotation: Any) -> tuple[str | None, bool]:
         "tuple[int,...]": "int_tuple",
         "tuple[str,...]": "str_tuple",
         "dict[str,tuple[int,...]]": "shapes",
+        "dict[str,str]": "str_map",
     }
     return kinds.get(text), nullable
 
@@ -113,7 +112,7 @@ def _settable_fields() -> dict[str, str]:
     out: dict[str, str] = {}
     for f in dataclasses.fields(FixOptions):
         kind, _ = _field_kind(f.type)
-        if kind is not None:
+        if kind is not None and f.name not in _NOT_SETTABLE:
             out[f.name] = kind
     return out
 
@@ -185,15 +184,18 @@ def _convert(key: str, kind: str, value: Any) -> Any:
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
-        low = 1 if key in _POSITIVE_INTS else 0
+        low = MINIMUM.get(key, 0)
         if value < low:
             raise ValueError(f"must be >= {low}, got {value}")
         return value
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
-        if value < 0:
-            raise ValueError(f"must be >= 0, got {value}")
+        if not math.isfinite(value):
+            raise ValueError(f"must be a finite number, got {value!r}")
+        low = MINIMUM.get(key, 0)
+        if value < low:
+            raise ValueError(f"must be >= {low}, got {value}")
         return float(value)
     if kind == "str":
         if not isinstance(value, str):
@@ -205,8 +207,8 @@ def _convert(key: str, kind: str, value: Any) -> Any:
     if kind == "int_tuple":
         if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
             raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
-        if any(v < 1 for v in value):
-            raise ValueError(f"values must be >= 1, got {value}")
+        if any(v < MINIMUM.get(key, 0) for v in value):
+            raise ValueError(f"values must be >= {MINIMUM.get(key, 0)}, got {value}")
         return tuple(value)
     if kind == "str_tuple":
         if not isinstance(value, list) or any(not isinstance(v, str) for v in value):
@@ -383,7 +385,17 @@ def apply_target(profile: TargetProfile, base: FixOptions, explicit: dict[str, A
     merged = {**profile.constraints, **explicit}
     if "input_shapes" in merged:  # never share a mutable dict between options objects
         merged["input_shapes"] = dict(merged["input_shapes"])
-    return dataclasses.replace(base, **merged)
+    # The profile's constraints count as asked for by the target, the explicit options as asked for by the user.
+    # A field both set counts as the target's: the target requires that constraint, the option sets its value.
+    requested = dict(base.requested or {})
+    requested.update({key: "option" for key in explicit})
+    requested.update({key: "target" for key in profile.constraints})
+    merged.setdefault("target", profile.name)
+    merged["requested"] = requested
+    try:
+        return dataclasses.replace(base, **merged)
+    except InputError as exc:
+        raise InputError(f"target profile {profile.path or profile.name}: {exc}") from None
 
 
 def _format_value(key: str, value: Any) -> str:

@@ -110,9 +110,12 @@ class Runner:
                  data: bytes | None = None) -> None:
         import onnxruntime as ort
 
+        # Fatal only: onnxruntime's own (coloured, multi-line) log lines must not reach stderr around npufix's
+        # one-line errors; its errors reach npufix as exceptions anyway.
+        ort.set_default_logger_severity(4)
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        opts.log_severity_level = 3
+        opts.log_severity_level = 4
         opts.intra_op_num_threads = min(2, os.cpu_count() or 1)
         # Idle worker threads must not spin: the reference outputs are computed while the passes run.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")

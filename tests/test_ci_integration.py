@@ -46,15 +46,105 @@ def test_pre_commit_hook_fails_on_raw_and_passes_on_fixed(tmp_path, fixture_path
     assert clean.returncode == 0, clean.stdout + clean.stderr
 
 
+def _workflow() -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """(job env, [(step name, run script)]) of examples/github-actions.yml, read without a YAML parser: the file
+    keeps to ``env:`` key/value lines and ``run:`` lines or ``run: |`` blocks."""
+    lines = open(os.path.join(ROOT, "examples", "github-actions.yml"), encoding="utf-8").read().splitlines()
+    env: dict[str, str] = {}
+    steps: list[tuple[str, str]] = []
+    name = ""
+    for i, line in enumerate(lines):
+        if re.match(r"^    env:$", line):
+            for entry in lines[i + 1:]:
+                found = re.match(r"^      (\w+): (.+)$", entry)
+                if not found:
+                    break
+                env[found.group(1)] = found.group(2)
+        named = re.match(r"^\s*- name: (.+)$", line)
+        if named:
+            name = named.group(1)
+        run = re.match(r"^(\s*)run: (.*)$", line)
+        if not run:
+            continue
+        if run.group(2) != "|":
+            steps.append((name, run.group(2)))
+            continue
+        indent = len(run.group(1)) + 2
+        block = []
+        for entry in lines[i + 1:]:
+            if entry.strip() and len(entry) - len(entry.lstrip()) < indent:
+                break
+            block.append(entry[indent:])
+        steps.append((name, "\n".join(block)))
+    return env, steps
+
+
+def _run_job(tmp_path, env_overrides) -> list[subprocess.CompletedProcess]:
+    """Run the job's steps after the install (npufix is installed here already) in order, as Actions does: each in
+    bash -e, stopping at the first failing step."""
+    job_env, steps = _workflow()
+    output = tmp_path / "github_output"
+    env = _npufix_env() | job_env | {"GITHUB_OUTPUT": str(output)} | env_overrides
+    done = []
+    for _name, script in steps[1:]:
+        proc = subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)
+        done.append(proc)
+        if proc.returncode != 0:
+            break
+    return done
+
+
+def test_github_actions_installs_from_the_checkout():
+    _env, steps = _workflow()
+    assert steps[0] == ("Install npufix", "pip install .")  # a real install line: this repository's pyproject
+    assert os.path.exists(os.path.join(ROOT, "pyproject.toml"))
+    assert "git+" not in open(os.path.join(ROOT, "examples", "github-actions.yml"), encoding="utf-8").read()
+
+
 @pytest.mark.parametrize("target", ["stm32n6", "mstar-ipu"])
-def test_github_actions_steps(tmp_path, fixture_path, target):
-    text = open(os.path.join(ROOT, "examples", "github-actions.yml"), encoding="utf-8").read()
-    steps = [m.group(1) for m in re.finditer(r"^\s*run: (npufix .+)$", text, re.M)]
-    assert len(steps) == 2
-    env = _npufix_env() | {"MODEL": fixture_path("tcn.onnx"), "TARGET": target}
-    for step in steps:
-        subprocess.run(["bash", "-euo", "pipefail", "-c", step], cwd=tmp_path, env=env, check=True)
+def test_github_actions_job_passes_on_a_model_it_can_fix(tmp_path, fixture_path, target):
+    done = _run_job(tmp_path, {"MODEL": fixture_path("tcn.onnx"), "TARGET": target})
+    assert [p.returncode for p in done] == [0, 0], [p.stderr for p in done]
     report = json.loads((tmp_path / "npufix-report.json").read_text())
     check = json.loads((tmp_path / "npufix-check.json").read_text())
     assert report["exit_code"] == 0 and report["output"]["sha256"]
     assert check["clean"] is True and check["violations"] == []
+    assert (tmp_path / "github_output").read_text() == "exit_code=0\n"
+
+
+def test_github_actions_gate_fails_when_constraints_remain(tmp_path, fixture_path):
+    """k210 forbids PRelu, which no pass removes: the fix step writes the model (exit 1, tolerated), the gate
+    fails the job, and the artifacts say why."""
+    done = _run_job(tmp_path, {"MODEL": fixture_path("tcn.onnx"), "TARGET": "k210"})
+    assert [p.returncode for p in done] == [0, 1], [p.stderr for p in done]
+    assert (tmp_path / "github_output").read_text() == "exit_code=1\n"
+    check = json.loads((tmp_path / "npufix-check.json").read_text())
+    assert check["clean"] is False and {v["constraint"] for v in check["violations"]} == {"forbidden-op"}
+
+
+def test_github_actions_fix_step_stops_the_job_when_nothing_was_written(tmp_path):
+    done = _run_job(tmp_path, {"MODEL": str(tmp_path / "missing.onnx")})
+    assert [p.returncode for p in done] == [1]  # the step fails; the gate never runs on a stale model
+    assert (tmp_path / "github_output").read_text() == "exit_code=2\n"
+    assert not (tmp_path / "model.npu.onnx").exists()
+
+
+def test_minimum_pins_are_the_declared_floors():
+    """make test-min installs exactly the floors pyproject.toml declares (every runtime dependency and the test
+    extra), so a floor that stops working fails CI instead of a user's install."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("min_requirements", os.path.join(ROOT, ".ci", "min_requirements.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
+    pins = module.floors(text)
+    names = [p.split("==")[0] for p in pins]
+    assert names == ["onnx", "onnxruntime", "numpy", "click", "tomli", "pytest", "hypothesis"]
+    assert "onnxruntime==1.19" in pins  # 1.16-1.18 compute valid models wrongly
+    assert "tomli==2.0; python_version < '3.11'" in pins
+    with pytest.raises(SystemExit, match="no '>=' floor"):
+        module.floors('dependencies = [\n    "onnx",\n]\n')
+    makefile = open(os.path.join(ROOT, "Makefile"), encoding="utf-8").read()
+    assert ".ci/min_requirements.py" in makefile and "make test-min" in open(os.path.join(ROOT, ".ci", "run")).read()

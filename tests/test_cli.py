@@ -140,7 +140,7 @@ def test_quiet_prints_nothing_on_success(tmp_path, fixture_path):
     assert result.output == ""
 
 
-def test_failed_validation_exits_1_and_writes_nothing(tmp_path, fixture_path, monkeypatch):
+def test_failed_validation_exits_3_and_writes_nothing(tmp_path, fixture_path, monkeypatch):
     from onnx_npu_fix.passes.cleanup import CleanupPass
 
     original_run = CleanupPass.run
@@ -156,7 +156,7 @@ def test_failed_validation_exits_1_and_writes_nothing(tmp_path, fixture_path, mo
     out = tmp_path / "o.onnx"
     report = tmp_path / "r.json"
     result = invoke(fixture_path("tcn.onnx"), "-o", out, "--report", report)
-    assert result.exit_code == 1
+    assert result.exit_code == 3
     assert "pass cleanup failed" in result.output
     assert not out.exists()
     data = json.loads(report.read_text())
@@ -213,9 +213,12 @@ def test_check_json_and_dump_shapes(fixture_path):
                     "--act-bytes", "1")
     assert result.exit_code == 1
     data = json.loads(result.output)
-    assert data["clean"] is False
-    assert {v["constraint"] for v in data["violations"]} >= {"batchnorm", "resize-mode", "out-channels-align",
-                                                             "leftover-op", "sram"}
+    assert data["clean"] is False and data["path"] == fixture_path("unet.onnx")
+    # Only --sram was asked for: the default constraints are findings that do not count.
+    assert {v["constraint"] for v in data["violations"]} == {"sram"}
+    assert {v["constraint"] for v in data["not_requested"]} >= {"batchnorm", "resize-mode", "out-channels-align",
+                                                                "leftover-op"}
+    assert {v["reason"] for v in data["not_requested"]} == {"not requested"}
     assert data["memory"]["sram"] == {"bytes": 102400, "fits": False,
                                       "miss_bytes": data["memory"]["peak"]["bytes"] - 102400}
     assert len(data["shapes"]) == len(onnx.load(fixture_path("unet.onnx")).graph.node)
@@ -249,3 +252,304 @@ def test_onnxruntime_never_sees_a_file_the_checker_refused(tmp_path, monkeypatch
         assert_one_line_error(invoke(tmp_path / name, "-o", tmp_path / "out.onnx"))
     assert started == []
     assert not (tmp_path / "out.onnx").exists()
+
+
+# --- exit codes, end to end (README "Exit codes"): each code means one thing ------------------------------------
+
+def _npufix(*args, code: str = "", timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    """npufix in a real process; ``code`` runs first in it (e.g. a monkeypatch that breaks a pass)."""
+    program = f"import sys\n{code}\nfrom onnx_npu_fix.cli import main\nsys.argv[0] = 'npufix'\nmain()\n"
+    return subprocess.run([sys.executable, "-c", program, *map(str, args)], capture_output=True, timeout=timeout,
+                          **kwargs)
+
+
+_BREAK_CLEANUP = """
+import numpy as np, onnx
+from onnx_npu_fix.passes.cleanup import CleanupPass
+_run = CleanupPass.run
+def broken(self, model, options):
+    result = _run(self, model, options)
+    init = model.graph.initializer[0]
+    init.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(init) + 1, init.name))
+    return result
+CleanupPass.run = broken
+"""
+_STRICT = """
+from onnx_npu_fix import api, errors
+def refuse(*a, **k):
+    raise errors.StrictRefused("--strict: resize-nearest would change 3 Resize nodes approximately; nothing written")
+api._fix_in_place = refuse
+"""
+_BUG = """
+from onnx_npu_fix import constraints
+def bug(*a, **k):
+    raise ZeroDivisionError("a bug")
+constraints.check_model = bug
+"""
+
+
+def _stderr_lines(proc) -> list[str]:
+    return proc.stderr.decode("utf-8", "replace").strip().splitlines()
+
+
+@pytest.mark.parametrize("args,code,phrase", [
+    (["--max-dilation", "4", "--align", "8"], 0, "wrote"),
+    (["--passes", "cleanup"], 0, "not counted"),  # the default align 8 / BN / nearest are not constraints here
+    (["--skip", "dilated-conv", "--max-dilation", "4"], 0, "pass dilated-conv was not run"),
+    (["--max-rank", "2"], 1, "unfixed: mix (graph input): max-rank: 3 vs max 2"),
+    (["--target", "k210", "--passes", "cleanup"], 1, "unfixed:"),
+    (["--sram", "1KiB"], 1, "unfixed: "),  # reorder-memory is opt-in: not running it skips nothing
+    (["--rtol", "nan"], 2, "--rtol"),
+    (["--seed", "-1"], 2, "--seed"),
+])
+def test_fixing_run_exit_codes(tmp_path, fixture_path, args, code, phrase):
+    out = tmp_path / "o.onnx"
+    result = invoke(fixture_path("tcn.onnx"), "-o", out, *args)
+    assert result.exit_code == code, result.output
+    assert phrase in result.output
+    assert out.exists() == (code in (0, 1))
+    proc = _npufix(fixture_path("tcn.onnx"), "-o", tmp_path / "p.onnx", *args)
+    assert proc.returncode == code, proc.stderr
+    assert b"Traceback" not in proc.stderr
+
+
+def test_passes_cleanup_exits_0_on_every_static_fixture(tmp_path, fixture_path):
+    for name in ("tcn.onnx", "tcn_causal.onnx", "unet.onnx", "lraspp.onnx", "dilated2d.onnx", "torch_unet.onnx"):
+        result = invoke(fixture_path(name), "-o", tmp_path / "o.onnx", "--passes", "cleanup")
+        assert result.exit_code == 0, (name, result.output)
+        assert "unfixed:" not in result.output
+
+
+def test_skipped_pass_constraint_counts_when_the_target_requires_it(tmp_path, fixture_path):
+    result = invoke(fixture_path("tcn.onnx"), "-o", tmp_path / "o.onnx", "--target", "mstar-ipu",
+                    "--skip", "dilated-conv")
+    assert result.exit_code == 1, result.output
+    assert "unfixed: block3.depth_conv_138 (Conv): dilation: [8] vs max 4" in result.output
+
+
+def test_check_mode_says_which_defaults_it_checks(fixture_path):
+    plain = invoke(fixture_path("unet.onnx"), "--check")
+    assert plain.exit_code == 1
+    assert plain.output.splitlines()[0].startswith("checking npufix's default constraints (align 8")
+    asked = invoke(fixture_path("unet.onnx"), "--check", "--max-dilation", "4")
+    assert asked.exit_code == 0, asked.output  # unet has no dilation: the defaults are listed as not counted
+    assert "checking npufix's default" not in asked.output
+    assert "findings of constraints not asked for are not counted" in asked.output
+    target = invoke(fixture_path("unet.onnx"), "--check", "--target", "stm32n6")
+    assert target.exit_code == 1 and "batchnorm" in target.output
+
+
+def test_failed_pass_exits_3_in_a_real_process(tmp_path, fixture_path):
+    out = tmp_path / "o.onnx"
+    proc = _npufix(fixture_path("tcn.onnx"), "-o", out, "-q", code=_BREAK_CLEANUP)
+    assert proc.returncode == 3, proc.stderr
+    assert _stderr_lines(proc)[-1].startswith("error: pass cleanup failed")
+    assert os.listdir(tmp_path) == []
+
+
+def test_strict_refusal_exits_4(tmp_path, fixture_path, monkeypatch):
+    from onnx_npu_fix import api, errors
+
+    assert errors.StrictRefused.exit_code == 4 and issubclass(errors.StrictRefused, errors.NpufixError)
+
+    def refuse(*args, **kwargs):
+        raise errors.StrictRefused("--strict: an approximate change would be needed")
+
+    monkeypatch.setattr(api, "_fix_in_place", refuse)
+    text = assert_one_line_error(invoke(fixture_path("unet.onnx"), "-o", tmp_path / "o.onnx"), code=4)
+    assert "--strict" in text
+    proc = _npufix(fixture_path("unet.onnx"), "-o", tmp_path / "o.onnx", code=_STRICT)
+    assert proc.returncode == 4 and len(_stderr_lines(proc)) == 1, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_internal_error_exits_5_in_one_line(tmp_path, fixture_path, monkeypatch):
+    from onnx_npu_fix import constraints
+
+    monkeypatch.setattr(constraints, "check_model", lambda *a, **k: 1 / 0)
+    result = invoke(fixture_path("tcn.onnx"), "-o", tmp_path / "o.onnx", "-q")
+    assert result.exit_code == 5
+    assert "internal error (ZeroDivisionError" in result.output
+    proc = _npufix(fixture_path("tcn.onnx"), "-o", tmp_path / "o.onnx", "-q", code=_BUG)
+    assert proc.returncode == 5, proc.stderr
+    assert len(_stderr_lines(proc)) == 1 and b"Traceback" not in proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+_HANG_AFTER_EARLY_WRITE = """
+import os, time
+from onnx_npu_fix import api
+_start = api.EarlyWrite.start
+def start(self, data):
+    _start(self, data)
+    open(os.environ["NPUFIX_MARK"], "w").close()
+    time.sleep(60)
+api.EarlyWrite.start = start
+"""
+
+
+@pytest.mark.parametrize("signum,code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_removes_the_temporary_files(tmp_path, fixture_path, signum, code):
+    """Cancelled while the output is being written early (a .npufix-*.tmp next to it): the temporary file goes,
+    nothing is written, and the exit code says which signal."""
+    import signal
+    import time
+
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    mark = tmp_path / "mark"
+    program = f"import sys\n{_HANG_AFTER_EARLY_WRITE}\nfrom onnx_npu_fix.cli import main\nmain()\n"
+    proc = subprocess.Popen([sys.executable, "-c", program, fixture_path("tcn.onnx"), "-o", str(out_dir / "o.onnx"),
+                             "--report", str(out_dir / "r.json"), "-q"],
+                            stderr=subprocess.PIPE, env={**os.environ, "NPUFIX_MARK": str(mark)})
+    try:
+        for _ in range(600):
+            if mark.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert mark.exists(), proc.stderr.read()
+        assert [p for p in os.listdir(out_dir) if p.startswith(".npufix-")]  # the early write is under way
+        proc.send_signal(getattr(signal, signum))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill() if proc.poll() is None else None
+    assert proc.returncode == code, err
+    assert b"Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert os.listdir(out_dir) == []
+
+
+def test_closed_stdout_ends_quietly(fixture_path):
+    """`npufix --check a b ... | head -1`: the reader goes away; no BrokenPipeError traceback, exit 141."""
+    models = [fixture_path(n) for n in ("unet.onnx", "tcn.onnx", "lraspp.onnx", "torch_unet.onnx")] * 8
+    proc = subprocess.Popen([sys.executable, "-m", "onnx_npu_fix", "--check", "--dump-shapes", *models],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    proc.stdout.close()  # more than a pipe buffer of output is still to come
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    assert first.startswith(b"checking npufix's default") or first.startswith(fixture_path("unet.onnx").encode())
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err
+    assert proc.returncode == 141
+
+
+def test_check_several_models_one_json_document_and_prefixed_text(fixture_path):
+    tcn, unet = fixture_path("tcn.onnx"), fixture_path("unet.onnx")
+    result = invoke(tcn, unet, "--check", "--format", "json", "--max-dilation", "4")
+    assert result.exit_code == 1
+    data = json.loads(result.output)  # one document, not concatenated objects
+    assert [d["path"] for d in data] == [tcn, unet]
+    assert [d["clean"] for d in data] == [False, True]
+    text = invoke(tcn, unet, "--check", "--max-dilation", "4", "-q")
+    assert text.exit_code == 1
+    lines = text.output.splitlines()
+    assert lines and all(line.startswith(f"{tcn}: ") for line in lines)  # -q: only the findings
+    assert f"{tcn}: block3.depth_conv_138 (Conv): dilation: [8] vs max 4 -> fixed by dilated-conv" in lines
+    broken = invoke(tcn, "/nonexistent/m.onnx", "--check", "--format", "json", "--max-dilation", "4")
+    assert broken.exit_code == 2
+    document = json.loads(broken.output[broken.output.index("["):])
+    assert "no such file" in document[1]["error"]
+
+
+# --- files: nothing the run writes is anything it reads or writes ------------------------------------------------
+
+def _external_copy(tmp_path, fixture_path, name="in.onnx"):
+    model = onnx.load(fixture_path("unet.onnx"))
+    onnx.save(model, str(tmp_path / name), save_as_external_data=True, location=name + ".data",
+              size_threshold=1024)
+    return tmp_path / name
+
+
+def test_report_cannot_be_the_outputs_external_data(tmp_path, fixture_path):
+    src = _external_copy(tmp_path, fixture_path)
+    before = sorted(os.listdir(tmp_path))
+    out = tmp_path / "o.onnx"
+    text = assert_one_line_error(invoke(src, "-o", out, "--report", f"{out}.data"))
+    assert f"--report {out}.data" in text and "the output's external data" in text
+    text = assert_one_line_error(invoke(src, "-o", out, "--report", f"{src}.data"))
+    assert "the input's external data" in text and f"{src}.data" in text
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_report_temp_name_never_clobbers_another_file(tmp_path, fixture_path):
+    """The report was written through '<report>.tmp': an input of that name was destroyed, an output of that name
+    vanished. Now its temporary file has a unique name."""
+    src = tmp_path / "r.json.tmp"
+    shutil.copy(fixture_path("tcn.onnx"), src)
+    before = src.read_bytes()
+    result = invoke(src, "-o", tmp_path / "o.onnx", "--report", tmp_path / "r.json", "-q")
+    assert result.exit_code == 0, result.output
+    assert src.read_bytes() == before
+    result = invoke(fixture_path("tcn.onnx"), "-o", tmp_path / "x.json.tmp", "--report", tmp_path / "x.json", "-q")
+    assert result.exit_code == 0, result.output
+    assert_equivalent(onnx.load(fixture_path("tcn.onnx")), onnx.load(tmp_path / "x.json.tmp"))
+    assert json.loads((tmp_path / "x.json").read_text())["exit_code"] == 0
+    assert sorted(os.listdir(tmp_path)) == ["o.onnx", "r.json", "r.json.tmp", "x.json", "x.json.tmp"]
+
+
+def test_output_naming_a_directory_or_with_a_data_directory(tmp_path, fixture_path):
+    (tmp_path / "out").mkdir()
+    text = assert_one_line_error(invoke(fixture_path("tcn.onnx"), "-o", f"{tmp_path}/out/new.onnx/"))
+    assert "names a directory" in text
+    (tmp_path / "out" / "m.onnx.data").mkdir()
+    result = invoke(fixture_path("tcn.onnx"), "-o", tmp_path / "out" / "m.onnx")
+    text = assert_one_line_error(result)
+    assert f"{tmp_path / 'out' / 'm.onnx'}.data is a directory" in text  # found before any pass ran
+    assert sorted(os.listdir(tmp_path / "out")) == ["m.onnx.data"]
+
+
+def test_non_utf8_file_names(tmp_path, fixture_path):
+    src = os.path.join(os.fsencode(tmp_path), b"\xff\xfe.onnx")
+    shutil.copy(fixture_path("tcn.onnx"), src)
+    out = os.path.join(os.fsencode(tmp_path), b"out\xff.onnx")
+    proc = subprocess.run([sys.executable, "-m", "onnx_npu_fix", src, "-o", out, "--max-dilation", "4",
+                           "--report", os.path.join(os.fsencode(tmp_path), b"r\xff.json")],
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert_equivalent(onnx.load(fixture_path("tcn.onnx")), onnx.load(out))
+    check = subprocess.run([sys.executable, "-m", "onnx_npu_fix", src, "--check", "-q"], capture_output=True,
+                           timeout=120)
+    assert check.returncode == 1 and b"Traceback" not in check.stderr, check.stderr
+    assert b"\\udcff\\udcfe.onnx: " in check.stdout  # escaped, one finding per line
+
+
+def test_onnxruntime_log_lines_do_not_reach_stderr(tmp_path):
+    """A model onnx accepts and onnxruntime fails to run (a Gather index out of range, seen only at run time):
+    onnxruntime logs the failure itself, in colour, unless told not to. stderr holds npufix's lines only."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(  # the Identity makes cleanup change something, so the original is run
+        [helper.make_node("Identity", ["x"], ["t"], name="id"),
+         helper.make_node("Gather", ["t", "i"], ["y"], axis=1, name="g")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1])],
+        [onnx.numpy_helper.from_array(np.array([10], np.int64), "i")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    proc = subprocess.run([sys.executable, "-m", "onnx_npu_fix", str(tmp_path / "m.onnx"), "-o",
+                           str(tmp_path / "o.onnx")], capture_output=True, timeout=120)
+    assert b"out of data bounds" in proc.stderr  # npufix says what onnxruntime found (whatever the exit code)
+    assert b"onnxruntime:" not in proc.stderr and b"\x1b[" not in proc.stderr, proc.stderr
+    assert b"Traceback" not in proc.stderr
+
+
+def test_an_option_named_like_its_field_needs_no_mapping():
+    from onnx_npu_fix.cli import _OPTION_FIELDS, _option_fields
+
+    mapping = _option_fields({"keep_going": False, "align": 8, "sram": None, "not_a_field": 1})
+    assert mapping["keep_going"] == "keep_going" and mapping["sram"] == "sram_bytes"
+    assert "not_a_field" not in mapping
+    assert set(mapping) >= set(_OPTION_FIELDS)
+
+
+def test_a_pass_that_crashes_is_a_failed_pass(tmp_path, fixture_path, monkeypatch):
+    from onnx_npu_fix.passes.cleanup import CleanupPass
+
+    def crash(self, model, options):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(CleanupPass, "run", crash)
+    result = invoke(fixture_path("tcn.onnx"), "-o", tmp_path / "o.onnx", "-q")
+    assert result.exit_code == 3, result.output
+    assert result.output.startswith("error: pass cleanup failed") and "boom" in result.output
+    assert os.listdir(tmp_path) == []

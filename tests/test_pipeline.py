@@ -38,7 +38,8 @@ class ScaleWeights(Pass):
     def run(self, model, options):
         result = PassResult()
         for t in model.graph.initializer:
-            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * 2, t.name))
+            data = numpy_helper.to_array(t)  # numpy < 2 makes float64 of a 0-d float32 array times 2: keep the type
+            t.CopyFrom(numpy_helper.from_array(np.asarray(data * 2, dtype=data.dtype), t.name))
             result.changes.append(Change(t.name, "initializer", "doubled"))
         return result
 

@@ -190,7 +190,7 @@ def test_empty_user_profile_changes_nothing(tmp_path):
     path.write_text("")
     profile = load_target(str(path))
     assert profile == TargetProfile("empty", "", (), {}, {}, str(path))
-    assert apply_target(profile, FixOptions(), {}) == FixOptions()
+    assert apply_target(profile, FixOptions(), {}) == dataclasses.replace(FixOptions(), target="empty", requested={})
     assert "constraints: (none" in render_target_list([profile])
 
 
