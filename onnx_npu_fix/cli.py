@@ -98,6 +98,9 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--list-passes", is_flag=True, help="List the passes in their default order and exit.")
 @click.option("--input-shape", multiple=True, metavar="NAME:D1,D2,...",
               help="Freeze a graph input's shape (repeatable), e.g. input:1,1,16000.")
+@click.option("--freeze-input", multiple=True, metavar="NAME=VALUE",
+              help="Replace a graph input by a constant (repeatable): a number, 1,2,3, [[1,2],[3,4]] or an .npy "
+                   "file, e.g. sr=16000. The model no longer takes that input; what depends on it folds.")
 @click.option("--large-tensor", type=click.IntRange(min=0), default=1 << 20, show_default=True,
               help="fold-constants does not create constants above this many bytes.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the validation inputs.")
@@ -205,6 +208,9 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
         raise _InputProblem(str(exc)) from None
 
     report = result.report
+    for name, frozen in report.frozen_inputs.items():
+        _say(quiet, f"frozen input {name} = {frozen.get('value', frozen.get('sha256'))} ({frozen['dtype']} "
+                    f"{frozen['shape']}): the model no longer takes it")
     _print_passes(report, quiet, verbose)
     exit_code = 0
     written = None
@@ -270,7 +276,7 @@ _OPTION_FIELDS = {
     "bn_standalone": "bn_standalone", "resize_mode": "resize_mode", "max_approx_error": "max_approx_error",
     "max_rank": "max_rank", "sram": "sram_bytes", "act_bytes": "act_bytes", "large_tensor": "large_tensor_bytes",
     "input_shape": "input_shapes", "seed": "seed", "n_inputs": "n_inputs", "rtol": "rtol", "atol": "atol",
-    "validate_policy": "validate", "keep_going": "keep_going",
+    "validate_policy": "validate", "keep_going": "keep_going", "freeze_input": "freeze_inputs",
 }
 
 
@@ -284,6 +290,10 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any])
         value = opts[param]
         if param == "input_shape":
             value = _parse_input_shape(value)
+        elif param == "freeze_input":
+            from onnx_npu_fix.freeze import parse_freeze_spec
+
+            value = dict(parse_freeze_spec(spec) for spec in value)
         elif param == "sram" and value is not None:
             from onnx_npu_fix.targets import parse_size
 
@@ -398,7 +408,8 @@ def _record(model_path: str, output_path: str | None, options: FixOptions, resul
     if result is not None:
         record.update(result.report.to_json())
     else:  # a check run: same keys, nothing ran
-        record.update({"passes": [], "final_validation": None, "validation_note": None, "warnings": []})
+        record.update({"passes": [], "final_validation": None, "validation_note": None, "warnings": [],
+                       "frozen_inputs": {}})
     record["violations"] = [v.to_json() for v in checked.violations] if checked is not None else None
     record["exempt"] = [v.to_json() for v in checked.exempt] if checked is not None else None
     record["memory"] = checked.memory.to_json() if checked is not None and checked.memory else None

@@ -22,6 +22,8 @@ Each check is driven by a :class:`~onnx_npu_fix.options.FixOptions` field and na
   max-kernel          Conv kernel extent above ``max_kernel``                  -> no pass
   max-stride          Conv stride above ``max_stride``                         -> no pass
   sram                estimated activation peak above ``sram_bytes``           -> reorder-memory if it then fits
+  control-flow        an If / Loop / Scan, unless ``allow_control_flow``       -> fold-constants when its condition
+                      / trip count is constant; --freeze-input / --input-shape when a graph input decides it
 
 Channel counts come from the weight shape: a Conv weight is [M, C/group, k...], a ConvTranspose weight
 [C, M/group, k...]. A plain or depthwise conv must have C and M aligned; a grouped conv (1 < group < C) must
@@ -72,6 +74,7 @@ LIMIT_TEXT: dict[str, str] = {
     "max-kernel": "max {}",
     "max-stride": "max {}",
     "sram": "SRAM {}",
+    "control-flow": "{}",
 }
 CONSTRAINTS: tuple[str, ...] = tuple(LIMIT_TEXT)
 
@@ -314,6 +317,8 @@ def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
         blocked = _leftover_blocked(ctx.index, node)
         ctx.add(node, "leftover-op", "present", "removed", None if blocked else "cleanup",
                 blocked or "an inference no-op; vendor compilers may reject or mis-handle it")
+    if op in _CONTROL_FLOW_OPS and not options.allow_control_flow:
+        _check_control_flow(ctx, node)
     if op in options.forbidden_ops and not _reported_as_op(op, options):
         fixer = {"BatchNormalization": "fold-batchnorm"}.get(op) if standard else None
         ctx.add(node, "forbidden-op", op, sorted(options.forbidden_ops), fixer, "the target cannot run this op type")
@@ -322,7 +327,25 @@ def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
 
 def _reported_as_op(op: str, options: FixOptions) -> bool:
     """Already reported by a more specific check (avoid two lines for one node)."""
-    return op in ("Dropout", "Identity") or (op == "BatchNormalization" and not options.allow_batchnorm)
+    return (op in ("Dropout", "Identity") or (op == "BatchNormalization" and not options.allow_batchnorm)
+            or (op in _CONTROL_FLOW_OPS and not options.allow_control_flow))
+
+
+_CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
+
+
+def _check_control_flow(ctx: _Context, node: onnx.NodeProto) -> None:
+    """An If / Loop / Scan the target cannot run, with what would let fold-constants fold it."""
+    from onnx_npu_fix.passes.fold_constants import why_control_flow_stays
+
+    reason = why_control_flow_stays(ctx.index, node) if node.domain in _STANDARD else "not an onnx op"
+    if reason is None:
+        fixed_by, message = "fold-constants", "its condition is constant: fold-constants inlines it"
+    elif "; fold with " in reason:  # the graph inputs that decide it: "--freeze-input sr=<value>"
+        fixed_by, message = reason.rsplit("; fold with ", 1)[1], reason
+    else:
+        fixed_by, message = None, reason
+    ctx.add(node, "control-flow", node.op_type, "no control flow", fixed_by, message)
 
 
 # Ops whose output channel count their weights choose (so it is not fixed by a graph input), and ops that keep

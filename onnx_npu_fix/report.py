@@ -72,6 +72,8 @@ class FixReport:
     """Why validation was partial (e.g. the original cannot be run by onnxruntime)."""
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    frozen_inputs: dict[str, Any] = field(default_factory=dict)
+    """Graph inputs replaced by constants (--freeze-input): name -> dtype, shape, value or sha256."""
 
     @property
     def failed_pass(self) -> PassRecord | None:
@@ -88,6 +90,7 @@ class FixReport:
             "validation_note": self.validation_note,
             "warnings": self.warnings,
             "seconds": round(self.seconds, 4),
+            "frozen_inputs": self.frozen_inputs,
         }
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -104,6 +105,7 @@ def _field_kind(annotation: Any) -> tuple[str | None, bool]:
         "tuple[int,...]": "int_tuple",
         "tuple[str,...]": "str_tuple",
         "dict[str,tuple[int,...]]": "shapes",
+        "dict[str,str]": "str_map",
     }
     return kinds.get(text), nullable
 
@@ -126,6 +128,7 @@ _KIND_WORDS = {
     "int_tuple": "a list of integers",
     "str_tuple": "a list of strings",
     "shapes": "a table of input name = [dims]",
+    "str_map": "a table of input name = value",
 }
 
 
@@ -225,6 +228,10 @@ def _convert(key: str, kind: str, value: Any) -> Any:
                 raise ValueError(f"input {name!r} has a dimension < 1: {dims}")
             shapes[name] = tuple(dims)
         return shapes
+    if kind == "str_map":  # freeze_inputs: values as the command line would give them
+        if not isinstance(value, dict):
+            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
+        return {name: v if isinstance(v, str) else json.dumps(v) for name, v in value.items()}
     raise ValueError("cannot be set from a profile")  # pragma: no cover - kinds are closed above
 
 
@@ -383,6 +390,8 @@ def apply_target(profile: TargetProfile, base: FixOptions, explicit: dict[str, A
     merged = {**profile.constraints, **explicit}
     if "input_shapes" in merged:  # never share a mutable dict between options objects
         merged["input_shapes"] = dict(merged["input_shapes"])
+    if "freeze_inputs" in merged:
+        merged["freeze_inputs"] = dict(merged["freeze_inputs"])
     return dataclasses.replace(base, **merged)
 
 
