@@ -394,11 +394,13 @@ def large_activation_model(budget, act_bytes):
 
 def if_model():
     """An If choosing Relu or Neg of x by a bool graph input."""
-    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="then_relu")], "then", [], [_vi("t", None)])
-    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="else_neg")], "else", [], [_vi("e", None)])
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="then_relu")], "then", [],
+                               [_vi("t", None)])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="else_neg")], "else", [],
+                               [_vi("e", None)])
     node = helper.make_node("If", ["c"], ["y"], name="if_node", then_branch=then_g, else_branch=else_g)
-    graph = helper.make_graph([node], "t", [_vi("x", [1, 16, 8, 8]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
-                              [_vi("y", [1, 16, 8, 8])])
+    cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    graph = helper.make_graph([node], "t", [_vi("x", [1, 16, 8, 8]), cond], [_vi("y", [1, 16, 8, 8])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     return model
