@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from onnx_npu_fix.errors import first_line
 from onnx_npu_fix.graph import (
     GraphEditor,
     GraphIndex,
@@ -41,6 +42,7 @@ from onnx_npu_fix.graph import (
     opset_version,
     remove_dead_nodes,
     remove_unused_initializers,
+    shape_of_value_info,
 )
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
@@ -69,8 +71,9 @@ class FoldConstantsPass(Pass):
             return result  # the usual case on a clean graph: no index, no inference
         opsets = list(model.opset_import)
         flow = _ControlFlow(model, result)
+        skipped: dict[str, Rejection] = {}  # node name -> why its constant inputs did not fold (latest round)
         for _ in range(_MAX_ROUNDS):
-            folded = self._fold_round(model, opsets, options.large_tensor_bytes, result)
+            folded = self._fold_round(model, opsets, options.large_tensor_bytes, result, skipped)
             spliced = flow.fold()
             if not (folded or spliced):
                 break
@@ -83,13 +86,16 @@ class FoldConstantsPass(Pass):
             tidy = CleanupPass().run(model, options)
             result.changes.extend(tidy.changes)
             result.rejections.extend(tidy.rejections)
+        remaining = {n.name for n in model.graph.node}
+        result.rejections.extend(r for name, r in skipped.items() if name in remaining)
         flow.reject_remaining(blocking=not options.allow_control_flow)
         if result.changes:
             for name in remove_unused_initializers(model.graph):
                 result.changes.append(Change(name, "initializer", "removed unused initializer"))
         return result
 
-    def _fold_round(self, model: onnx.ModelProto, opsets, limit: int, result: PassResult) -> bool:
+    def _fold_round(self, model: onnx.ModelProto, opsets, limit: int, result: PassResult,
+                    skipped: dict[str, Rejection]) -> bool:
         index = GraphIndex(model)
         editor = GraphEditor(index)
         known: dict[str, np.ndarray] = {}
@@ -102,7 +108,13 @@ class FoldConstantsPass(Pass):
             values = self._evaluate(index, node, known, opsets)
             if values is None:
                 continue
+            if isinstance(values, str):
+                skipped[node.name] = Rejection(node.name, node.op_type, values)
+                continue
             if any(v.nbytes > limit for v in values):
+                size = max(v.nbytes for v in values)
+                skipped[node.name] = Rejection(node.name, node.op_type, f"its constant result has {size} bytes, "
+                                               f"above --large-tensor {limit}")
                 continue
             for out, value in zip(node.output, values):
                 known[out] = value
@@ -120,6 +132,8 @@ class FoldConstantsPass(Pass):
 
     @staticmethod
     def _evaluate(index: GraphIndex, node: onnx.NodeProto, known: dict[str, np.ndarray], opsets):
+        """The node's constant outputs; None when an input is not constant; a reason when they are but the
+        evaluation failed."""
         if node.op_type in ("Shape", "Size"):
             shape = index.static_shape(node.input[0])
             if shape is None:
@@ -173,7 +187,9 @@ def _attr_int(node: onnx.NodeProto, name: str, default):
     return default
 
 
-def _run_reference(node: onnx.NodeProto, inputs, opsets):
+def _run_reference(node: onnx.NodeProto, inputs, opsets) -> list[np.ndarray] | str:
+    """The node's outputs on constant ``inputs`` by onnx's reference evaluator, or why it could not evaluate them
+    (the node then stays, with that reason as its Rejection)."""
     from onnx.reference import ReferenceEvaluator
 
     names = [f"in{i}" if v is not None else "" for i, v in enumerate(inputs)]
@@ -188,8 +204,8 @@ def _run_reference(node: onnx.NodeProto, inputs, opsets):
     try:
         evaluator = ReferenceEvaluator(model)
         outs = evaluator.run(None, {n: v for n, v in zip(names, inputs) if n})
-    except Exception:  # noqa: BLE001 - anything the reference cannot evaluate simply is not folded
-        return None
+    except Exception as exc:  # noqa: BLE001 - any failure of the reference only means: not folded, and why
+        return f"onnx's reference evaluator cannot evaluate it ({type(exc).__name__}: {first_line(exc)})"
     return [np.asarray(o) for o in outs]
 
 
@@ -260,11 +276,14 @@ class _ControlFlow:
         inits: list[onnx.TensorProto] = []
         carried = list(node.input[2:])
         scans: list[list[str]] = [[] for _ in range(n_scan)]
+        # The iteration number and condition are scalars by the Loop's definition; an exporter that declares
+        # them with shape [1] gets that shape, so the body's shapes stay what it declared.
+        counter_shape = _declared_shape(body.input[0], ())
         cond_true = names.tensor("", f"{prefix}/cond")
-        inits.append(onnx.numpy_helper.from_array(np.array(True), cond_true))
+        inits.append(onnx.numpy_helper.from_array(np.full(_declared_shape(body.input[1], ()), True), cond_true))
         for t in range(trip):
             counter = names.tensor("", f"{prefix}/iter{t}/i")
-            inits.append(onnx.numpy_helper.from_array(np.array(t, np.int64), counter))
+            inits.append(onnx.numpy_helper.from_array(np.full(counter_shape, t, np.int64), counter))
             bindings = {body.input[0].name: counter, body.input[1].name: cond_true}
             bindings.update({vi.name: carried[j] for j, vi in enumerate(body.input[2:])})
             last = t == trip - 1
@@ -320,6 +339,13 @@ class _ControlFlow:
             self.result.rejections.append(Rejection(node.name, node.op_type, reason, blocking=blocking))
         if not self.result.metrics.get("control_flow"):
             self.result.metrics["control_flow"] = dict(self.stats)
+
+
+def _declared_shape(vi: onnx.ValueInfoProto, default: tuple) -> tuple:
+    shape = shape_of_value_info(vi)
+    if shape is None or not all(isinstance(d, int) for d in shape) or int(np.prod(shape, dtype=np.int64)) != 1:
+        return default
+    return tuple(shape)
 
 
 def why_control_flow_stays(index: GraphIndex, node: onnx.NodeProto) -> str | None:
