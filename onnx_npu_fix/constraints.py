@@ -336,16 +336,20 @@ _CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 
 def _check_control_flow(ctx: _Context, node: onnx.NodeProto) -> None:
     """An If / Loop / Scan the target cannot run, with what would let fold-constants fold it."""
+    fixed_by, message = _control_flow_fix(ctx.index, node)
+    ctx.add(node, "control-flow", node.op_type, "no control flow", fixed_by, message)
+
+
+def _control_flow_fix(index: GraphIndex, node: onnx.NodeProto) -> tuple[str | None, str]:
+    """(what folds this If / Loop / Scan — fold-constants, "--freeze-input sr=<value>", ... or None, why)."""
     from onnx_npu_fix.passes.fold_constants import why_control_flow_stays
 
-    reason = why_control_flow_stays(ctx.index, node) if node.domain in _STANDARD else "not an onnx op"
+    reason = why_control_flow_stays(index, node) if node.domain in _STANDARD else "not an onnx op"
     if reason is None:
-        fixed_by, message = "fold-constants", "its condition is constant: fold-constants inlines it"
-    elif "; fold with " in reason:  # the graph inputs that decide it: "--freeze-input sr=<value>"
-        fixed_by, message = reason.rsplit("; fold with ", 1)[1], reason
-    else:
-        fixed_by, message = None, reason
-    ctx.add(node, "control-flow", node.op_type, "no control flow", fixed_by, message)
+        return "fold-constants", "its condition is constant: fold-constants inlines it"
+    if "; fold with " in reason:  # the graph inputs that decide it: "--freeze-input sr=<value>"
+        return reason.rsplit("; fold with ", 1)[1], reason
+    return None, reason
 
 
 # Ops whose output channel count their weights choose (so it is not fixed by a graph input), and ops that keep
@@ -545,6 +549,11 @@ def _unknown_shape(index: GraphIndex, node: onnx.NodeProto, out: str, shape: Sha
                    const: set[str]) -> Violation:
     # A node that reads a computed constant (a Shape -> ... chain that inference could not see through) gets a
     # static shape once fold-constants turns that chain into an initializer; anything else is data-dependent.
+    if node.op_type in _CONTROL_FLOW_OPS and node.domain in _STANDARD:
+        # The output of an If / Loop: static once fold-constants folds it, which may need a graph input frozen.
+        fixed_by, why = _control_flow_fix(index, node)
+        return Violation(node.name, node.op_type, "unknown-shape", format_shape(shape), "static", fixed_by,
+                         f"shape of {out} is decided at run time by the {node.op_type}: {why}")
     computed = any(i in const and i not in index.initializers and i in index.producer
                    and index.producer[i].op_type != "Constant" for i in node.input if i)
     if computed and node.domain in _STANDARD:

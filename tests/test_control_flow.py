@@ -554,3 +554,89 @@ def test_silero_check_names_the_if_and_the_input_that_folds_it():
                                 catch_exceptions=False)
     assert result.exit_code == 1
     assert "If_0 (If): control-flow: If vs no control flow -> fixed by --freeze-input sr=<value>" in result.output
+    # Its outputs' unknown shapes (what the issue saw as "no pass fixes this") point to the same fix.
+    assert "If_0 (If): unknown-shape: [unk__50,1] vs static -> fixed by --freeze-input sr=<value>" in result.output
+
+
+# --- random nests of Ifs -------------------------------------------------------------------------------
+
+
+def random_if_model(seed: int) -> onnx.ModelProto:
+    """Random nests of Ifs (up to 3 deep) over [2,3] floats: every scope computes a few elementwise ops on tensors
+    of any enclosing scope, some Ifs read a graph input (they stay), the rest a Constant; sibling branches often
+    reuse the same local names (as exporters do), and branch outputs are Identity of enclosing tensors half the
+    time."""
+    rng = np.random.default_rng(seed)
+    unary = ("Relu", "Neg", "Sigmoid", "Tanh", "Abs")
+
+    def scope(prefix: str, available: list[str], depth: int, n_out: int):
+        nodes, local = [], list(available)
+        for i in range(int(rng.integers(2, 5))):
+            name = f"{prefix}n{i}"
+            kind = int(rng.choice(3, p=[0.45, 0.25, 0.3])) if depth < 3 else int(rng.integers(1, 3))
+            if kind == 0:
+                n = int(rng.integers(1, 3))
+                then_nodes, then_outs = scope(f"{name}t_", local, depth + 1, n)
+                else_prefix = f"{name}t_" if rng.random() < 0.5 else f"{name}e_"  # same local names, or not
+                else_nodes, else_outs = scope(else_prefix, local, depth + 1, n)
+                if rng.random() < 0.25:
+                    cond = "g"
+                else:
+                    cond = f"{name}c"
+                    nodes.append(_const_bool(cond, bool(rng.random() < 0.5)))
+                outs = [f"{name}o{k}" for k in range(n)]
+                nodes.append(helper.make_node(
+                    "If", [cond], outs, name=name,
+                    then_branch=helper.make_graph(then_nodes, f"{name}_then", [], [_vi(o, [2, 3]) for o in then_outs]),
+                    else_branch=helper.make_graph(else_nodes, f"{name}_else", [], [_vi(o, [2, 3]) for o in else_outs])))
+                local += outs
+            elif kind == 1:
+                op = unary[int(rng.integers(len(unary)))]
+                nodes.append(helper.make_node(op, [str(rng.choice(local))], [name], name=name))
+                local.append(name)
+            else:
+                a, b = (str(v) for v in rng.choice(local, 2))
+                nodes.append(helper.make_node("Add" if rng.random() < 0.5 else "Mul", [a, b], [name], name=name))
+                local.append(name)
+        outs = []
+        for k in range(n_out):
+            src, out = str(rng.choice(local)), f"{prefix}out{k}"
+            op = "Identity" if rng.random() < 0.5 else "Tanh"
+            nodes.append(helper.make_node(op, [src], [out], name=out))
+            outs.append(out)
+        return nodes, outs
+
+    nodes, outs = scope("m_", ["x"], 0, 2)
+    return _model(nodes, [_vi("x", [2, 3]), _vi("g", [], TensorProto.BOOL)], [_vi(o, [2, 3]) for o in outs])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_if_nests_fold_exactly(seed):
+    model = random_if_model(seed)
+    fixed, result = apply_pass(model, FoldConstantsPass())
+    # What is left: only Ifs on the graph input g (inside them nothing is touched).
+    assert all(n.input[0] == "g" for n in fixed.graph.node if n.op_type == "If")
+    assert {r.node for r in result.rejections if r.op == "If"} == {n.name for n in fixed.graph.node if n.op_type == "If"}
+    produced = [o for n in fixed.graph.node for o in n.output]
+    assert len(produced) == len(set(produced))
+    assert [o.name for o in fixed.graph.output] == [o.name for o in model.graph.output]
+    feeds = [{"x": np.random.default_rng(seed * 10 + k).standard_normal((2, 3)).astype(np.float32),
+              "g": np.array(bool(k % 2))} for k in range(4)]
+    assert_equivalent(model, fixed, feeds=feeds)
+    _, again = apply_pass(fixed, FoldConstantsPass())
+    assert not [c for c in again.changes if c.op == "If"]
+
+
+def test_loop_inside_the_chosen_branch_is_unrolled_after_inlining():
+    inner = loop_model(3, scan=False)
+    loop = next(n for n in inner.graph.node if n.op_type == "Loop")
+    then_g = helper.make_graph([loop, helper.make_node("Sigmoid", ["acc"], ["t_out"], name="t_sig")], "then", [],
+                               [_vi("t_out", [2, 3])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="e_neg")], "else", [], [_vi("e", [2, 3])])
+    model = _model([_const_bool("c", True),
+                    helper.make_node("If", ["c"], ["y"], name="choose", then_branch=then_g, else_branch=else_g)],
+                   [_vi("x", [2, 3])], [_vi("y", [2, 3])], list(inner.graph.initializer))
+    fixed, result = apply_pass(model, FoldConstantsPass())
+    assert not {"If", "Loop"} & set(_all_ops(fixed))
+    assert [c.op for c in result.changes if c.op in ("If", "Loop")] == ["If", "Loop"]
+    assert_equivalent(model, fixed)
