@@ -616,7 +616,8 @@ def test_random_if_nests_fold_exactly(seed):
     fixed, result = apply_pass(model, FoldConstantsPass())
     # What is left: only Ifs on the graph input g (inside them nothing is touched).
     assert all(n.input[0] == "g" for n in fixed.graph.node if n.op_type == "If")
-    assert {r.node for r in result.rejections if r.op == "If"} == {n.name for n in fixed.graph.node if n.op_type == "If"}
+    kept = {n.name for n in fixed.graph.node if n.op_type == "If"}
+    assert {r.node for r in result.rejections if r.op == "If"} == kept
     produced = [o for n in fixed.graph.node for o in n.output]
     assert len(produced) == len(set(produced))
     assert [o.name for o in fixed.graph.output] == [o.name for o in model.graph.output]
