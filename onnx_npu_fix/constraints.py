@@ -342,14 +342,11 @@ def _check_control_flow(ctx: _Context, node: onnx.NodeProto) -> None:
 
 def _control_flow_fix(index: GraphIndex, node: onnx.NodeProto) -> tuple[str | None, str]:
     """(what folds this If / Loop / Scan — fold-constants, "--freeze-input sr=<value>", ... or None, why)."""
-    from onnx_npu_fix.passes.fold_constants import why_control_flow_stays
+    if node.domain not in _STANDARD:
+        return None, f"{node.op_type} of domain {node.domain} is not an onnx control-flow op"
+    from onnx_npu_fix.passes.fold_constants import control_flow_fix
 
-    reason = why_control_flow_stays(index, node) if node.domain in _STANDARD else "not an onnx op"
-    if reason is None:
-        return "fold-constants", "its condition is constant: fold-constants inlines it"
-    if "; fold with " in reason:  # the graph inputs that decide it: "--freeze-input sr=<value>"
-        return reason.rsplit("; fold with ", 1)[1], reason
-    return None, reason
+    return control_flow_fix(index, node)
 
 
 # Ops whose output channel count their weights choose (so it is not fixed by a graph input), and ops that keep

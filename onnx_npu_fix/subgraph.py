@@ -211,6 +211,11 @@ class Origin:
     other: bool = False
     """Depends on something else that is not constant (an op output npufix cannot see through)."""
 
+    @property
+    def constant_only(self) -> bool:
+        """Computed from constants alone (nothing but folding stands between it and a constant)."""
+        return not (self.values or self.shapes or self.other)
+
     def hint(self) -> str:
         """What would make the value constant, for a message ('' when nothing npufix offers)."""
         parts = [f"--freeze-input {n}=<value>" for n in self.values]
@@ -242,6 +247,9 @@ def trace_origin(index: GraphIndex, name: str) -> Origin:
         if producer.op_type in _SHAPE_OPS:
             if index.static_shape(producer.input[0]) is None:
                 stack.append((producer.input[0], True))
+            continue
+        if not any(producer.input):  # a random op (or one with no inputs that is not Constant): not foldable
+            origin.other = True
             continue
         if via_shape:
             # The shape of a computed tensor: static once its own inputs' shapes are (roughly); follow them.

@@ -641,3 +641,23 @@ def test_loop_inside_the_chosen_branch_is_unrolled_after_inlining():
     assert not {"If", "Loop"} & set(_all_ops(fixed))
     assert [c.op for c in result.changes if c.op in ("If", "Loop")] == ["If", "Loop"]
     assert_equivalent(model, fixed)
+
+
+def test_check_of_a_condition_computed_from_constants_points_to_fold_constants():
+    """Before any pass has run (--check), Equal(Constant, Constant) is not a constant yet, but folding makes it one;
+    a condition from a random op is data."""
+    model = outer_scope_if(None)
+    graph = model.graph
+    del graph.input[1]
+    graph.node.insert(0, helper.make_node("Equal", ["two", "two"], ["c"], name="always"))
+    [violation] = [v for v in check_model(model, FixOptions(allow_control_flow=False)).violations
+                   if v.constraint == "control-flow"]
+    assert violation.fixed_by == "fold-constants" and "computed from constants only" in violation.message
+    fixed, _ = apply_pass(model, FoldConstantsPass())
+    assert "If" not in ops(fixed)
+    graph.node[0].CopyFrom(helper.make_node("RandomUniform", [], ["u"], name="coin", shape=[1]))
+    graph.node.insert(1, helper.make_node("Less", ["u", "half"], ["c"], name="flip"))
+    graph.initializer.append(numpy_helper.from_array(np.array(0.5, np.float32), "half"))
+    [violation] = [v for v in check_model(model, FixOptions(allow_control_flow=False)).violations
+                   if v.constraint == "control-flow"]
+    assert violation.fixed_by is None and "depends on data computed in the graph" in violation.message

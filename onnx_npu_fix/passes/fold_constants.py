@@ -444,12 +444,31 @@ def _passes_condition_through(body: onnx.GraphProto, index: GraphIndex) -> bool:
     return False
 
 
+_FROM_CONSTANTS = "is computed from constants only"
+
+
 def _not_constant(what: str, name: str, index: GraphIndex) -> str:
     origin = trace_origin(index, name)
     hint = origin.hint()
     if hint:
         return f"{what} {name} is not a constant: it depends on {_inputs(origin)}; fold with {hint}"
+    if origin.constant_only:
+        return (f"{what} {name} {_FROM_CONSTANTS}: fold-constants evaluates it, unless a node on the way cannot "
+                f"be evaluated (see that node's rejection)")
     return f"{what} {name} is not a constant: it depends on data computed in the graph"
+
+
+def control_flow_fix(index: GraphIndex, node: onnx.NodeProto) -> tuple[str | None, str]:
+    """(what would fold this If / Loop / Scan — "fold-constants", "--freeze-input sr=<value>", … or None, why)
+    for the ``control-flow`` finding of constraints.py."""
+    reason = why_control_flow_stays(index, node)
+    if reason is None:
+        return "fold-constants", "its condition is constant: fold-constants inlines it"
+    if _FROM_CONSTANTS in reason:
+        return "fold-constants", reason
+    if "; fold with " in reason:  # the graph inputs that decide it: "--freeze-input sr=<value>"
+        return reason.rsplit("; fold with ", 1)[1], reason
+    return None, reason
 
 
 def _inputs(origin) -> str:
