@@ -661,3 +661,28 @@ def test_check_of_a_condition_computed_from_constants_points_to_fold_constants()
     [violation] = [v for v in check_model(model, FixOptions(allow_control_flow=False)).violations
                    if v.constraint == "control-flow"]
     assert violation.fixed_by is None and "depends on data computed in the graph" in violation.message
+
+
+def test_a_rollback_to_the_input_freezes_it_again(tmp_path):
+    """keep_going after a failing first pass restores the model by reading the input again: frozen again too, so
+    the passes after it see the frozen model and validation still feeds the original the frozen value."""
+    from onnx_npu_fix.passes.base import Change, Pass, PassResult
+
+    class Break(Pass):
+        name = "break"
+        summary = "test pass that changes the outputs"
+
+        def run(self, model, options):
+            for t in model.graph.initializer:
+                if t.name == "one":
+                    t.CopyFrom(numpy_helper.from_array(np.array(5, np.float32), "one"))
+            return PassResult(changes=[Change("one", "initializer", "changed")])
+
+    path = tmp_path / "m.onnx"
+    onnx.save(outer_scope_if(None), path)
+    model = api.load_model(path)
+    result = api.fix(model, FixOptions(freeze_inputs={"c": "true"}, keep_going=True), [Break(), FoldConstantsPass()],
+                     source=path)
+    assert [p.status for p in result.report.passes] == ["rolled back", "validated"]
+    assert result.ok and result.report.final.passed
+    assert [i.name for i in model.graph.input] == ["x"] and "If" not in ops(model)
