@@ -209,8 +209,9 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
 
     report = result.report
     for name, frozen in report.frozen_inputs.items():
-        _say(quiet, f"frozen input {name} = {frozen.get('value', frozen.get('sha256'))} ({frozen['dtype']} "
-                    f"{frozen['shape']}): the model no longer takes it")
+        shown = frozen["value"] if "value" in frozen else f"<sha256 {frozen['sha256'][:12]}…>"
+        _say(quiet, f"frozen input {name} = {shown} ({frozen['dtype']} {frozen['shape']}): the model no longer "
+                    f"takes it")
     _print_passes(report, quiet, verbose)
     exit_code = 0
     written = None

@@ -317,7 +317,7 @@ def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
         blocked = _leftover_blocked(ctx.index, node)
         ctx.add(node, "leftover-op", "present", "removed", None if blocked else "cleanup",
                 blocked or "an inference no-op; vendor compilers may reject or mis-handle it")
-    if op in _CONTROL_FLOW_OPS and not options.allow_control_flow:
+    if standard and op in _CONTROL_FLOW_OPS and not options.allow_control_flow:
         _check_control_flow(ctx, node)
     if op in options.forbidden_ops and not _reported_as_op(op, options):
         fixer = {"BatchNormalization": "fold-batchnorm"}.get(op) if standard else None
@@ -341,9 +341,7 @@ def _check_control_flow(ctx: _Context, node: onnx.NodeProto) -> None:
 
 
 def _control_flow_fix(index: GraphIndex, node: onnx.NodeProto) -> tuple[str | None, str]:
-    """(what folds this If / Loop / Scan — fold-constants, "--freeze-input sr=<value>", ... or None, why)."""
-    if node.domain not in _STANDARD:
-        return None, f"{node.op_type} of domain {node.domain} is not an onnx control-flow op"
+    """(what folds this onnx If / Loop / Scan — fold-constants, "--freeze-input sr=<value>", ... or None, why)."""
     from onnx_npu_fix.passes.fold_constants import control_flow_fix
 
     return control_flow_fix(index, node)
