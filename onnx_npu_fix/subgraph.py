@@ -38,8 +38,6 @@ class Spliced:
     initializers: list[onnx.TensorProto] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     """The enclosing-scope name holding each subgraph output (its target name when it could take it)."""
-    aliases: int = 0
-    """Identity nodes turned into aliases."""
 
 
 class ModelNames:
@@ -74,8 +72,9 @@ class ModelNames:
 
     @staticmethod
     def _pick(counts: Counter[str], preferred: str, derived: str) -> str:
+        # ``preferred`` is always a name the subgraph being spliced defines; defined nowhere else, it is free
+        # (the subgraph disappears with its node).
         if preferred and counts[preferred] <= 1:
-            # Defined once: by the subgraph being spliced (it disappears with its node), so the name is free.
             counts[preferred] = 2  # reserved: a second request for it gets a derived name
             return preferred
         name, counter = derived, itertools.count(1)
@@ -142,8 +141,7 @@ def splice(body: onnx.GraphProto, bindings: dict[str, str], names: ModelNames, p
         result.initializers.append(moved)
     for i, node in enumerate(body.node):
         if node.output and node.output[0] in alias:
-            result.aliases += 1
-            continue
+            continue  # an Identity: its readers read its input
         new = onnx.NodeProto()
         new.CopyFrom(node)
         new.name = names.node(node.name if keep_names else "", f"{prefix}/{node.name or node.op_type + str(i)}")
