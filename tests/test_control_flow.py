@@ -686,3 +686,29 @@ def test_a_rollback_to_the_input_freezes_it_again(tmp_path):
     assert [p.status for p in result.report.passes] == ["rolled back", "validated"]
     assert result.ok and result.report.final.passed
     assert [i.name for i in model.graph.input] == ["x"] and "If" not in ops(model)
+
+
+def test_branch_output_that_is_a_branch_initializer():
+    """then-branch returns its own initializer (no node): it moves to the main graph, and the graph output keeps
+    its name through one Identity (an initializer is not a computed tensor)."""
+    k = np.arange(6, dtype=np.float32).reshape(2, 3)
+    then_g = helper.make_graph([], "then", [], [_vi("k_branch", [2, 3])], [numpy_helper.from_array(k, "k_branch")])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="e_neg")], "else", [], [_vi("e", [2, 3])])
+    model = _model([_const_bool("c", True),
+                    helper.make_node("If", ["c"], ["i"], name="choose", then_branch=then_g, else_branch=else_g),
+                    helper.make_node("Add", ["i", "x"], ["y"], name="add")],
+                   [_vi("x", [2, 3])], [_vi("y", [2, 3]), _vi("i", [2, 3])])
+    fixed, _ = apply_pass(model, FoldConstantsPass())
+    assert ops(fixed) == ["Identity", "Add"] and list(fixed.graph.node[0].input) == ["k_branch"]
+    assert [o.name for o in fixed.graph.output] == ["y", "i"]
+    assert_equivalent(model, fixed)
+
+
+def test_loop_that_runs_zero_times_returns_its_initial_values():
+    model = loop_model(0, scan=False)
+    fixed, result = apply_pass(model, FoldConstantsPass())
+    assert "Loop" not in ops(fixed)
+    assert_equivalent(model, fixed)
+    with_scan = loop_model(0, scan=True)
+    _, refused = apply_pass(with_scan, FoldConstantsPass())
+    assert "runs 0 times and has scan outputs" in refused.rejections[0].reason
