@@ -44,7 +44,7 @@ from typing import Any
 
 import onnx
 
-from onnx_npu_fix.graph import GraphIndex, Shape, format_shape, get_attr, paused_gc
+from onnx_npu_fix.graph import GraphIndex, Shape, format_shape, get_attr, has_subgraphs, paused_gc
 from onnx_npu_fix.memory import (
     MemoryEstimate,
     analysis_copy,
@@ -315,7 +315,13 @@ def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
         _check_concat(ctx, node)
     elif standard and op in ("Dropout", "Identity"):
         blocked = _leftover_blocked(ctx.index, node)
-        ctx.add(node, "leftover-op", "present", "removed", None if blocked else "cleanup",
+        fixed_by = None if blocked else "cleanup"
+        producer = ctx.index.producer.get(node.input[0]) if blocked and node.input else None
+        if producer is not None and producer.op_type in _CONTROL_FLOW_OPS and producer.domain in _STANDARD:
+            # Behind an If / Loop output: cleanup (re-run by fold-constants) removes it once that folds.
+            fixed_by = _control_flow_fix(ctx.index, producer)[0]
+            blocked += f"; it goes once {producer.name} ({producer.op_type}) is folded"
+        ctx.add(node, "leftover-op", "present", "removed", fixed_by,
                 blocked or "an inference no-op; vendor compilers may reject or mis-handle it")
     if standard and op in _CONTROL_FLOW_OPS and not options.allow_control_flow:
         _check_control_flow(ctx, node)
@@ -510,7 +516,7 @@ def _leftover_blocked(index: GraphIndex, node: onnx.NodeProto) -> str:
     if dst in index.output_set:
         producer = index.producer.get(src)
         if (producer is None or src in index.output_set or src in index.initializers
-                or len(index.consumers_of(src)) != 1):
+                or len(index.consumers_of(src)) != 1 or has_subgraphs(producer)):
             return "its output is a graph output and its input cannot take that name"
     return ""
 

@@ -556,6 +556,9 @@ def test_silero_check_names_the_if_and_the_input_that_folds_it():
     assert "If_0 (If): control-flow: If vs no control flow -> fixed by --freeze-input sr=<value>" in result.output
     # Its outputs' unknown shapes (what the issue saw as "no pass fixes this") point to the same fix.
     assert "If_0 (If): unknown-shape: [unk__50,1] vs static -> fixed by --freeze-input sr=<value>" in result.output
+    # So do the Identity nodes that carry its outputs to the graph outputs (cleanup cannot rename an If's output).
+    assert ("Introduce_0_id0 (Identity): leftover-op: present vs removed -> fixed by --freeze-input sr=<value>"
+            in result.output)
 
 
 # --- random nests of Ifs -------------------------------------------------------------------------------
