@@ -18,6 +18,7 @@ from onnx_npu_fix.cli import main
 from onnx_npu_fix.constraints import check_model
 from onnx_npu_fix.errors import InputError
 from onnx_npu_fix.freeze import freeze_inputs, read_value
+from onnx_npu_fix.graph import set_input_shapes
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.fold_constants import FoldConstantsPass
 from onnx_npu_fix.subgraph import subgraphs
@@ -715,3 +716,29 @@ def test_loop_that_runs_zero_times_returns_its_initial_values():
     with_scan = loop_model(0, scan=True)
     _, refused = apply_pass(with_scan, FoldConstantsPass())
     assert "runs 0 times and has scan outputs" in refused.rejections[0].reason
+
+
+def test_a_condition_from_a_dynamic_shape_points_to_input_shape():
+    """cond = Shape(x)[1] == 3 on x [2, T]: the shape decides it, so --input-shape folds it (and does, in the pass)."""
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="t_relu")], "then", [],
+                               [_vi("t", [2, "T"])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="e_neg")], "else", [], [_vi("e", [2, "T"])])
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("Gather", ["s", "idx"], ["t_len"], name="gather", axis=0),
+             helper.make_node("Equal", ["t_len", "three"], ["c"], name="is3"),
+             helper.make_node("If", ["c"], ["y"], name="choose", then_branch=then_g, else_branch=else_g)]
+    inits = [numpy_helper.from_array(np.array(1, np.int64), "idx"),
+             numpy_helper.from_array(np.array(3, np.int64), "three")]
+    model = _model(nodes, [_vi("x", [2, "T"])], [_vi("y", [2, "T"])], inits)
+    [violation] = [v for v in check_model(model, FixOptions(allow_control_flow=False)).violations
+                   if v.constraint == "control-flow"]
+    assert violation.fixed_by == "--input-shape x:<dims>" and "the shape of x" in violation.message
+    _, result = apply_pass(model, FoldConstantsPass())
+    assert "--input-shape x:<dims>" in result.rejections[0].reason
+    for length, kept in ((3, "Relu"), (5, "Neg")):
+        frozen = onnx.ModelProto()
+        frozen.CopyFrom(model)
+        set_input_shapes(frozen, {"x": (2, length)})
+        fixed, _ = apply_pass(frozen, FoldConstantsPass())
+        assert ops(fixed) == [kept]
+        assert_equivalent(frozen, fixed)
