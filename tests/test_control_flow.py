@@ -742,3 +742,25 @@ def test_a_condition_from_a_dynamic_shape_points_to_input_shape():
         fixed, _ = apply_pass(frozen, FoldConstantsPass())
         assert ops(fixed) == [kept]
         assert_equivalent(frozen, fixed)
+
+
+def test_the_unroll_budget_holds_for_the_whole_pass():
+    """Two Loops of 60 x 40 body nodes: each is under the per-Loop bound (2400 <= 4096), together they are not
+    (nested Loops would multiply), so the second stays, saying the budget is spent."""
+    def loop(name, src, dst):
+        body = helper.make_graph(
+            [helper.make_node("Identity", ["cond_in"], ["cond_out"], name="pass_cond")]
+            + [helper.make_node("Relu", [f"v{k}" if k else "acc_in"], [f"v{k + 1}" if k < 38 else "acc_out"],
+                                name=f"relu{k}") for k in range(39)],
+            "body", [_vi("i", [], TensorProto.INT64), _vi("cond_in", [], TensorProto.BOOL), _vi("acc_in", [2, 3])],
+            [_vi("cond_out", [], TensorProto.BOOL), _vi("acc_out", [2, 3])])
+        return helper.make_node("Loop", ["trip", "", src], [dst], name=name, body=body)
+
+    model = _model([loop("first", "x", "a"), loop("second", "a", "y")], [_vi("x", [2, 3])], [_vi("y", [2, 3])],
+                   [numpy_helper.from_array(np.array(60, np.int64), "trip")])
+    fixed, result = apply_pass(model, FoldConstantsPass())
+    assert [n.name for n in fixed.graph.node if n.op_type == "Loop"] == ["second"]
+    [rejection] = [r for r in result.rejections if r.op == "Loop"]
+    # 60 copies of the 39 Relus were written (the condition's Identity is an alias, not a node).
+    assert "budget of 4096 unrolled nodes (2340 used" in rejection.reason
+    assert_equivalent(model, fixed)

@@ -231,7 +231,8 @@ class _ControlFlow:
         for node in graph.node:
             if node.domain not in _STANDARD or node.op_type not in ("If", "Loop"):
                 continue
-            plan, _reason = _plan_if(index, node) if node.op_type == "If" else _plan_loop(index, node)
+            spent = self.stats["nodes_unrolled"]
+            plan, _reason = _plan_if(index, node) if node.op_type == "If" else _plan_loop(index, node, spent)
             if plan is None:
                 continue  # reported by reject_remaining once nothing else can change
             names = names or ModelNames(self.model)
@@ -333,7 +334,7 @@ class _ControlFlow:
         for node in graph.node:
             if node.op_type not in _CONTROL_FLOW or node.domain not in _STANDARD:
                 continue
-            reason = why_control_flow_stays(index, node)
+            reason = why_control_flow_stays(index, node, spent=self.stats["nodes_unrolled"])
             if reason is None:  # would fold: only when the round limit stopped the pass
                 reason = f"not reached within {_MAX_ROUNDS} rounds of folding"
             self.result.rejections.append(Rejection(node.name, node.op_type, reason, blocking=blocking))
@@ -348,13 +349,13 @@ def _declared_shape(vi: onnx.ValueInfoProto, default: tuple) -> tuple:
     return tuple(shape)
 
 
-def why_control_flow_stays(index: GraphIndex, node: onnx.NodeProto) -> str | None:
+def why_control_flow_stays(index: GraphIndex, node: onnx.NodeProto, *, spent: int = 0) -> str | None:
     """Why this pass leaves an If / Loop / Scan of the main graph alone, or None when it would fold it
-    (constraints.py asks this for its ``control-flow`` finding)."""
+    (constraints.py asks this for its ``control-flow`` finding). ``spent``: nodes the pass unrolled already."""
     if node.op_type == "If":
         return _plan_if(index, node)[1] or None
     if node.op_type == "Loop":
-        return _plan_loop(index, node)[1] or None
+        return _plan_loop(index, node, spent)[1] or None
     return f"{node.op_type} is not unrolled (only If and Loop are folded)"
 
 
@@ -377,13 +378,13 @@ def _plan_if(index: GraphIndex, node: onnx.NodeProto) -> tuple[str | None, str]:
     return branch_name, ""
 
 
-def _plan_loop(index: GraphIndex, node: onnx.NodeProto) -> tuple[int | None, str]:
-    """(the trip count to unroll, '') or (None, why the Loop stays)."""
-    plan = _loop_trip(index, node)
+def _plan_loop(index: GraphIndex, node: onnx.NodeProto, spent: int = 0) -> tuple[int | None, str]:
+    """(the trip count to unroll, '') or (None, why the Loop stays). ``spent``: nodes unrolled so far."""
+    plan = _loop_trip(index, node, spent)
     return (plan, "") if isinstance(plan, int) else (None, plan)
 
 
-def _loop_trip(index: GraphIndex, node: onnx.NodeProto) -> int | str:
+def _loop_trip(index: GraphIndex, node: onnx.NodeProto, spent: int) -> int | str:
     body = get_attr(node, "body")
     trip_name = node.input[0] if node.input else ""
     cond_name = node.input[1] if len(node.input) > 1 else ""
@@ -399,14 +400,14 @@ def _loop_trip(index: GraphIndex, node: onnx.NodeProto) -> int | str:
             return _not_constant("its initial condition", cond_name, index)
         if not bool(cond_value.reshape(-1)[0]):
             trip = 0  # the condition is checked before the first iteration
-    if body is None or len(body.input) < 2 or not body.output:
-        return "its body does not have the Loop signature"
+    if body is None or len(body.input) < 2 or not body.output or len(body.input) != max(len(node.input), 2):
+        return "its body does not have the Loop signature (iteration, condition, one input per carried value)"
     if len(body.sparse_initializer):
         return "its body holds sparse initializers, which are not spliced"
     if not _passes_condition_through(body, index):
         return (f"its body computes the loop condition ({body.output[0].name}): the number of iterations "
                 f"depends on data")
-    n_carried = len(node.input) - 2
+    n_carried = max(len(node.input) - 2, 0)
     n_scan = len(body.output) - 1 - n_carried
     if n_scan < 0 or len(node.output) != n_carried + n_scan:
         return "its outputs do not match its body's outputs"
@@ -417,6 +418,10 @@ def _loop_trip(index: GraphIndex, node: onnx.NodeProto) -> int | str:
     if trip > _MAX_TRIP or trip * len(body.node) > _MAX_UNROLLED_NODES:
         return (f"trip count {trip} x {len(body.node)} body nodes is above the unroll bound (trip count <= "
                 f"{_MAX_TRIP}, <= {_MAX_UNROLLED_NODES} unrolled nodes)")
+    if spent + trip * len(body.node) > _MAX_UNROLLED_NODES:
+        # The bound holds for the whole pass, so that Loops nested in Loops cannot multiply it.
+        return (f"unrolling it ({trip} x {len(body.node)} body nodes) would pass the pass's budget of "
+                f"{_MAX_UNROLLED_NODES} unrolled nodes ({spent} used by the Loops unrolled before it)")
     return trip
 
 
