@@ -30,7 +30,8 @@ from google.protobuf.message import DecodeError
 
 from onnx_npu_fix.constraints import CheckReport, Violation
 from onnx_npu_fix.errors import EXIT_OK, EXIT_PASS_FAILED, EXIT_VIOLATIONS, InputError, first_line
-from onnx_npu_fix.graph import TWO_GB, approx_model_bytes, write_with_external_data
+from onnx_npu_fix.freeze import FrozenInput, freeze_inputs
+from onnx_npu_fix.graph import TWO_GB, approx_model_bytes, infer_shapes, write_with_external_data
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
@@ -374,13 +375,42 @@ def _fix_in_place(model: onnx.ModelProto, options: FixOptions | None = None,
     options = options or FixOptions()
     prepare(model, options)
     reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options)
-    return run_passes(model, options, list(passes) if passes is not None else select_passes(),
-                      reference=reference, on_serialized=on_serialized, reload=reload)
+    frozen, own_reference = _freeze(model, options, reference)
+    try:
+        result = run_passes(model, options, list(passes) if passes is not None else select_passes(),
+                            reference=reference or own_reference, on_serialized=on_serialized, reload=reload,
+                            reference_feeds={name: f.value for name, f in frozen.items()})
+    finally:
+        if own_reference is not None:
+            own_reference.close()
+    result.report.frozen_inputs = {name: f.to_json() for name, f in frozen.items()}
+    return result
+
+
+def _freeze(model: onnx.ModelProto, options: FixOptions,
+            reference: Reference | None) -> tuple[dict[str, FrozenInput], Reference | None]:
+    """``--freeze-input``, a step of the use case before the passes: the inputs become constants (InputError
+    for a bad name or value). The reference stays the model *before* freezing, fed the frozen values: with no
+    reference from the file (``reference``), the prepared model is serialized before it is frozen."""
+    if not options.freeze_inputs:
+        return {}, None
+    original = None
+    if reference is None and options.validate != "none" and approx_model_bytes(model) < TWO_GB:
+        original = model.SerializeToString()
+    frozen = freeze_inputs(model, options.freeze_inputs)
+    try:
+        infer_shapes(model)
+    except Exception as exc:  # noqa: BLE001 - onnx raises several types; all mean the same to the user
+        raise InputError(f"shape inference fails once the inputs are frozen: {first_line(exc)}") from None
+    return frozen, (Reference(original) if original is not None else None)
 
 
 def _read_prepared(path: str, options: FixOptions) -> onnx.ModelProto:
     model = read_model(path).model
     prepare(model, options)
+    if options.freeze_inputs:
+        freeze_inputs(model, options.freeze_inputs)
+        infer_shapes(model)
     return model
 
 

@@ -115,6 +115,9 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--list-passes", is_flag=True, help="List the passes in their default order and exit.")
 @click.option("--input-shape", multiple=True, metavar="NAME:D1,D2,...",
               help="Freeze a graph input's shape (repeatable), e.g. input:1,1,16000.")
+@click.option("--freeze-input", multiple=True, metavar="NAME=VALUE",
+              help="Replace a graph input by a constant (repeatable): a number, 1,2,3, [[1,2],[3,4]] or an .npy "
+                   "file, e.g. sr=16000. The model no longer takes that input; what depends on it folds.")
 @click.option("--large-tensor", type=click.IntRange(min=0), default=1 << 20, show_default=True,
               help="fold-constants does not create constants above this many bytes.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the validation inputs.")
@@ -300,6 +303,10 @@ def _print_check(path: str, outcome, quiet: bool, verbose: int) -> None:
 
 def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> None:
     report = outcome.report
+    for name, frozen in report.frozen_inputs.items():
+        shown = frozen["value"] if "value" in frozen else f"<sha256 {frozen['sha256'][:12]}…>"
+        _say(quiet, f"frozen input {name} = {shown} ({frozen['dtype']} {frozen['shape']}): the model no longer "
+                    f"takes it")
     _print_passes(report, quiet, verbose)
     if outcome.error:
         click.echo(f"error: {outcome.error}", err=True)
@@ -341,7 +348,7 @@ _OPTION_FIELDS = {
     "bn_standalone": "bn_standalone", "resize_mode": "resize_mode", "max_approx_error": "max_approx_error",
     "max_rank": "max_rank", "sram": "sram_bytes", "act_bytes": "act_bytes", "large_tensor": "large_tensor_bytes",
     "input_shape": "input_shapes", "seed": "seed", "n_inputs": "n_inputs", "rtol": "rtol", "atol": "atol",
-    "validate_policy": "validate", "keep_going": "keep_going",
+    "validate_policy": "validate", "keep_going": "keep_going", "freeze_input": "freeze_inputs",
 }
 
 
@@ -358,6 +365,10 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any],
         value = opts[param]
         if param == "input_shape":
             value = _parse_input_shape(value)
+        elif param == "freeze_input":
+            from onnx_npu_fix.freeze import parse_freeze_spec
+
+            value = dict(parse_freeze_spec(spec) for spec in value)
         elif param == "sram" and value is not None:
             from onnx_npu_fix.targets import parse_size
 

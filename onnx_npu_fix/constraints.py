@@ -22,6 +22,8 @@ Each check is driven by a :class:`~onnx_npu_fix.options.FixOptions` field and na
   max-kernel          Conv kernel extent above ``max_kernel``                  -> no pass
   max-stride          Conv stride above ``max_stride``                         -> no pass
   sram                estimated activation peak above ``sram_bytes``           -> reorder-memory if it then fits
+  control-flow        an If / Loop / Scan, unless ``allow_control_flow``       -> fold-constants when its condition
+                      / trip count is constant; --freeze-input / --input-shape when a graph input decides it
 
 Channel counts come from the weight shape: a Conv weight is [M, C/group, k...], a ConvTranspose weight
 [C, M/group, k...]. A plain or depthwise conv must have C and M aligned; a grouped conv (1 < group < C) must
@@ -42,7 +44,7 @@ from typing import Any
 
 import onnx
 
-from onnx_npu_fix.graph import GraphIndex, Shape, format_shape, get_attr, paused_gc
+from onnx_npu_fix.graph import GraphIndex, Shape, format_shape, get_attr, has_subgraphs, paused_gc
 from onnx_npu_fix.memory import (
     MemoryEstimate,
     analysis_copy,
@@ -72,6 +74,7 @@ LIMIT_TEXT: dict[str, str] = {
     "max-kernel": "max {}",
     "max-stride": "max {}",
     "sram": "SRAM {}",
+    "control-flow": "{}",
 }
 CONSTRAINTS: tuple[str, ...] = tuple(LIMIT_TEXT)
 
@@ -312,8 +315,16 @@ def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
         _check_concat(ctx, node)
     elif standard and op in ("Dropout", "Identity"):
         blocked = _leftover_blocked(ctx.index, node)
-        ctx.add(node, "leftover-op", "present", "removed", None if blocked else "cleanup",
+        fixed_by = None if blocked else "cleanup"
+        producer = ctx.index.producer.get(node.input[0]) if blocked and node.input else None
+        if producer is not None and producer.op_type in _CONTROL_FLOW_OPS and producer.domain in _STANDARD:
+            # Behind an If / Loop output: cleanup (re-run by fold-constants) removes it once that folds.
+            fixed_by = _control_flow_fix(ctx.index, producer)[0]
+            blocked += f"; it goes once {producer.name} ({producer.op_type}) is folded"
+        ctx.add(node, "leftover-op", "present", "removed", fixed_by,
                 blocked or "an inference no-op; vendor compilers may reject or mis-handle it")
+    if standard and op in _CONTROL_FLOW_OPS and not options.allow_control_flow:
+        _check_control_flow(ctx, node)
     if op in options.forbidden_ops and not _reported_as_op(op, options):
         fixer = {"BatchNormalization": "fold-batchnorm"}.get(op) if standard else None
         ctx.add(node, "forbidden-op", op, sorted(options.forbidden_ops), fixer, "the target cannot run this op type")
@@ -322,7 +333,24 @@ def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
 
 def _reported_as_op(op: str, options: FixOptions) -> bool:
     """Already reported by a more specific check (avoid two lines for one node)."""
-    return op in ("Dropout", "Identity") or (op == "BatchNormalization" and not options.allow_batchnorm)
+    return (op in ("Dropout", "Identity") or (op == "BatchNormalization" and not options.allow_batchnorm)
+            or (op in _CONTROL_FLOW_OPS and not options.allow_control_flow))
+
+
+_CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
+
+
+def _check_control_flow(ctx: _Context, node: onnx.NodeProto) -> None:
+    """An If / Loop / Scan the target cannot run, with what would let fold-constants fold it."""
+    fixed_by, message = _control_flow_fix(ctx.index, node)
+    ctx.add(node, "control-flow", node.op_type, "no control flow", fixed_by, message)
+
+
+def _control_flow_fix(index: GraphIndex, node: onnx.NodeProto) -> tuple[str | None, str]:
+    """(what folds this onnx If / Loop / Scan — fold-constants, "--freeze-input sr=<value>", ... or None, why)."""
+    from onnx_npu_fix.passes.fold_constants import control_flow_fix
+
+    return control_flow_fix(index, node)
 
 
 # Ops whose output channel count their weights choose (so it is not fixed by a graph input), and ops that keep
@@ -488,7 +516,7 @@ def _leftover_blocked(index: GraphIndex, node: onnx.NodeProto) -> str:
     if dst in index.output_set:
         producer = index.producer.get(src)
         if (producer is None or src in index.output_set or src in index.initializers
-                or len(index.consumers_of(src)) != 1):
+                or len(index.consumers_of(src)) != 1 or has_subgraphs(producer)):
             return "its output is a graph output and its input cannot take that name"
     return ""
 
@@ -522,6 +550,11 @@ def _unknown_shape(index: GraphIndex, node: onnx.NodeProto, out: str, shape: Sha
                    const: set[str]) -> Violation:
     # A node that reads a computed constant (a Shape -> ... chain that inference could not see through) gets a
     # static shape once fold-constants turns that chain into an initializer; anything else is data-dependent.
+    if node.op_type in _CONTROL_FLOW_OPS and node.domain in _STANDARD:
+        # The output of an If / Loop: static once fold-constants folds it, which may need a graph input frozen.
+        fixed_by, why = _control_flow_fix(index, node)
+        return Violation(node.name, node.op_type, "unknown-shape", format_shape(shape), "static", fixed_by,
+                         f"shape of {out} is decided at run time by the {node.op_type}: {why}")
     computed = any(i in const and i not in index.initializers and i in index.producer
                    and index.producer[i].op_type != "Constant" for i in node.input if i)
     if computed and node.domain in _STANDARD:

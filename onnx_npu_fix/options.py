@@ -50,6 +50,9 @@ class FixOptions:
     """fold-constants does not materialise tensors larger than this."""
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Overrides for graph input shapes (freezes dynamic dims)."""
+    freeze_inputs: dict[str, str] = field(default_factory=dict)
+    """Graph inputs replaced by constants before the passes (``--freeze-input NAME=VALUE``): input name -> value
+    text (a number, ``1,2,3``, ``[[1,2],[3,4]]`` or an .npy path; from Python also any array-like). See freeze.py."""
     # --- validation -------------------------------------------------------------------------------
     validate: str = "each"
     """each: after every pass that changed the graph; final: once, output against input; none."""
@@ -80,6 +83,8 @@ class FixOptions:
     """Largest Conv stride on any axis (None: not checked)."""
     sram_bytes: int | None = None
     """Activation-memory budget for the memory estimate (None: only reported, never a violation)."""
+    allow_control_flow: bool = True
+    """Whether If / Loop / Scan may remain (False: each is a ``control-flow`` violation; NPU profiles set it)."""
     act_bytes: int = 1
     """Bytes per activation element in the memory estimate (1 for int8, 4 for float32)."""
 

@@ -89,7 +89,8 @@ def prepare(model: onnx.ModelProto, options: FixOptions) -> None:
 def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pass], *,
                reference: Reference | None = None,
                on_serialized: Callable[[bytes], None] | None = None,
-               reload: Callable[[], onnx.ModelProto] | None = None) -> FixResult:
+               reload: Callable[[], onnx.ModelProto] | None = None,
+               reference_feeds: Feeds | None = None) -> FixResult:
     """Run ``passes`` over ``model`` (edited in place) and return it with the report.
 
     Call :func:`prepare` first. Never raises for a failing pass: the report says which pass failed and why.
@@ -100,10 +101,12 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     runs (the CLI starts writing them); FixResult.serialized is that object when they are the result.
     ``reload``: returns ``model`` as it is now (read and prepared again); a failure before any change is then
     undone with it instead of a copy kept for the whole run.
+    ``reference_feeds``: inputs only ``reference`` takes (``--freeze-input``: the original still has the inputs
+    frozen in ``model``), added to every input set it runs.
     """
     started = time.perf_counter()
     report = FixReport()
-    validator = _Validator(model, options, report, reference=reference)
+    validator = _Validator(model, options, report, reference=reference, reference_feeds=reference_feeds)
     try:
         data = _Run(model, options, list(passes), report, validator, on_serialized, reload).run()
     finally:
@@ -348,7 +351,7 @@ class _Validator:
     """
 
     def __init__(self, model: onnx.ModelProto, options: FixOptions, report: FixReport, *,
-                 reference: Reference | None = None) -> None:
+                 reference: Reference | None = None, reference_feeds: Feeds | None = None) -> None:
         self.options = options
         self.report = report
         self.feeds: list[Feeds] = []
@@ -367,7 +370,10 @@ class _Validator:
             self._settle(lambda: self._run(model))
             return
         self._reference = reference or Reference(model.SerializeToString())
-        self._reference.run(self.feeds)
+        if reference is not None and reference_feeds:
+            self._reference.run([{**feeds, **reference_feeds} for feeds in self.feeds])
+        else:
+            self._reference.run(self.feeds)
 
     def _settle(self, compute) -> None:  # noqa: ANN001 - a zero-argument callable returning the outputs
         try:

@@ -80,6 +80,8 @@ class FixReport:
     """Why validation was partial (e.g. the original cannot be run by onnxruntime)."""
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    frozen_inputs: dict[str, Any] = field(default_factory=dict)
+    """Graph inputs replaced by constants (--freeze-input): name -> dtype, shape, value or sha256."""
 
     @property
     def failed_pass(self) -> PassRecord | None:
@@ -96,6 +98,7 @@ class FixReport:
             "validation_note": self.validation_note,
             "warnings": self.warnings,
             "seconds": round(self.seconds, 4),
+            "frozen_inputs": self.frozen_inputs,
         }
 
 
@@ -203,7 +206,8 @@ def build_record(model_path: str, output_path: str | None, options: Any, report:
     if report is not None:
         record.update(report.to_json())
     else:  # a check run: same keys, nothing ran
-        record.update({"passes": [], "final_validation": None, "validation_note": None, "warnings": []})
+        record.update({"passes": [], "final_validation": None, "validation_note": None, "warnings": [],
+                       "frozen_inputs": {}})
     if counted is None and checked is not None:
         counted = checked.violations
     record["violations"] = [v.to_json() for v in counted] if counted is not None else None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import re
 import sys
@@ -125,6 +126,7 @@ _KIND_WORDS = {
     "int_tuple": "a list of integers",
     "str_tuple": "a list of strings",
     "shapes": "a table of input name = [dims]",
+    "str_map": "a table of input name = value",
 }
 
 
@@ -227,6 +229,10 @@ def _convert(key: str, kind: str, value: Any) -> Any:
                 raise ValueError(f"input {name!r} has a dimension < 1: {dims}")
             shapes[name] = tuple(dims)
         return shapes
+    if kind == "str_map":  # freeze_inputs: values as the command line would give them
+        if not isinstance(value, dict):
+            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
+        return {name: v if isinstance(v, str) else json.dumps(v) for name, v in value.items()}
     raise ValueError("cannot be set from a profile")  # pragma: no cover - kinds are closed above
 
 
@@ -392,6 +398,8 @@ def apply_target(profile: TargetProfile, base: FixOptions, explicit: dict[str, A
     requested.update({key: "target" for key in profile.constraints})
     merged.setdefault("target", profile.name)
     merged["requested"] = requested
+    if "freeze_inputs" in merged:
+        merged["freeze_inputs"] = dict(merged["freeze_inputs"])
     try:
         return dataclasses.replace(base, **merged)
     except InputError as exc:

@@ -65,6 +65,8 @@ def test_large_results_are_not_materialised():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     fixed, result = apply_pass(model, FoldConstantsPass(), large_tensor_bytes=1 << 20)
     assert "ConstantOfShape" in ops(fixed)  # 2 MiB of ones is not written into the model
+    assert [(r.node, r.reason) for r in result.rejections] == [
+        ("cos", "its constant result has 2097152 bytes, above --large-tensor 1048576")]
     fixed, result = apply_pass(model, FoldConstantsPass(), large_tensor_bytes=4 << 20)
     assert ops(fixed) == ["Add"]
     assert_equivalent(model, fixed)
@@ -84,3 +86,18 @@ def test_random_and_qdq_nodes_are_not_folded():
     fixed, result = apply_pass(model, FoldConstantsPass())
     assert ops(fixed) == ["DequantizeLinear", "Add"]
     assert not result.changed
+
+
+def test_a_node_the_reference_evaluator_cannot_run_stays_with_the_reason(monkeypatch):
+    """A failure of the evaluator is not swallowed: the node stays, and the rejection says why."""
+    import onnx.reference
+
+    def refuse(self, *args, **kwargs):
+        raise NotImplementedError("no kernel")
+
+    monkeypatch.setattr(onnx.reference.ReferenceEvaluator, "run", refuse)
+    model = shape_chain_model()
+    fixed, result = apply_pass(model, FoldConstantsPass())
+    assert "Gather" in ops(fixed)  # Shape folds without the evaluator; Gather needs it
+    gather = next(r for r in result.rejections if r.node == "gather")
+    assert gather.reason == "onnx's reference evaluator cannot evaluate it (NotImplementedError: no kernel)"

@@ -392,6 +392,20 @@ def large_activation_model(budget, act_bytes):
     return _model([helper.make_node("Relu", ["x"], ["y"], name="relu_big")], [("x", [1, 16, side, side])])
 
 
+def if_model():
+    """An If choosing Relu or Neg of x by a bool graph input."""
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="then_relu")], "then", [],
+                               [_vi("t", None)])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="else_neg")], "else", [],
+                               [_vi("e", None)])
+    node = helper.make_node("If", ["c"], ["y"], name="if_node", then_branch=then_g, else_branch=else_g)
+    cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    graph = helper.make_graph([node], "t", [_vi("x", [1, 16, 8, 8]), cond], [_vi("y", [1, 16, 8, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    return model
+
+
 FORBIDDEN_OP_MODELS = {
     "SpaceToDepth": lambda: _model([helper.make_node("SpaceToDepth", ["x"], ["y"], name="s2d", blocksize=2)],
                                    [("x", [1, 16, 8, 8])]),
@@ -434,6 +448,8 @@ def violations_for(key, value, options):
         return [(f"kernel {value + 2}", big_kernel_model(value + 2), "conv_big_kernel", "max-kernel")]
     if key == "max_stride":
         return [(f"stride {value + 1}", strided_model(value + 1), "conv_strided", "max-stride")]
+    if key == "allow_control_flow":
+        return [("an If on a graph input", if_model(), "if_node", "control-flow")]
     if key == "sram_bytes":
         return [("activation above the SRAM budget", large_activation_model(value, options.act_bytes),
                  "relu_big", "sram")]
@@ -477,7 +493,7 @@ def test_clean_model_satisfies_every_profile(checker, name):
 # Each constraint switched off, for the control below.
 OFF = {"max_dilation": None, "allowed_dilations": None, "align": 0, "concat_align": 0, "batch_one": False,
        "max_rank": None, "forbidden_ops": (), "allow_batchnorm": True, "require_nearest_resize": False,
-       "max_kernel": None, "max_stride": None, "sram_bytes": None}
+       "max_kernel": None, "max_stride": None, "sram_bytes": None, "allow_control_flow": True}
 
 
 @pytest.mark.parametrize(("name", "key"), list(_cases("strict")))

@@ -6,8 +6,22 @@ A node folds when every input is a constant (initializer or Constant) or it is `
 shape is static; its outputs become initializers with the same names, and the chain that fed it dies (removed here).
 Evaluation uses onnx's reference implementation at the model's opset — exact, since the runtime computes the same
 values from the same constants. Shape inference is refreshed between rounds so shapes downstream of a newly constant
-Reshape/Expand/Pad become static and can fold in turn. Random ops, nodes with subgraphs, custom domains and results
-larger than ``--large-tensor`` bytes (onnxsim's ``--no-large-tensor``) are left alone.
+Reshape/Expand/Pad become static and can fold in turn. Random ops, custom domains and results larger than
+``--large-tensor`` bytes (onnxsim's ``--no-large-tensor``) are left alone.
+
+Control flow folds too, repeatedly until nothing changes (an If inside the chosen branch folds in a later round):
+
+    If(c = constant)  ->  the chosen branch's nodes, in the If's place        (If(c) = c ? then : else)
+    Loop(M = constant, cond = true, body passes its condition through / returns true)
+        ->  M copies of the body, iteration t bound to (t, true, values carried from copy t-1);
+            scan outputs = Concat(Unsqueeze(scan_t, 0) for t < M)             (the Loop's definition)
+
+Spliced names: the branch's own tensors keep their names when unique in the model (else ``<If name>/<name>``),
+a Loop copy's are ``<Loop name>/iter<t>/<name>``; the producer of each branch output writes the If's output name,
+so graph output names never change (an Identity only where a branch output is an enclosing tensor or an
+initializer that a graph output must name). Unrolling is bounded: trip count <= ``_MAX_TRIP`` and trip count x
+body nodes <= ``_MAX_UNROLLED_NODES`` (reported in the metrics). Every If / Loop / Scan left in place gets a
+Rejection naming what keeps it (and the graph input that would let it fold: ``--freeze-input``).
 """
 
 from __future__ import annotations
@@ -16,23 +30,34 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from onnx_npu_fix.errors import first_line
 from onnx_npu_fix.graph import (
     GraphEditor,
     GraphIndex,
     all_known,
+    constant_node_value,
+    get_attr,
     has_subgraphs,
     infer_shapes,
+    opset_version,
     remove_dead_nodes,
     remove_unused_initializers,
+    shape_of_value_info,
 )
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.passes.base import Change, Pass, PassResult
+from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+from onnx_npu_fix.passes.cleanup import CleanupPass
+from onnx_npu_fix.subgraph import ModelNames, rename_in_graph, splice, trace_origin
 
 _NEVER_FOLD = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
                "Bernoulli", "Constant", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
 # Quantization nodes stay: vendor compilers read the QDQ pattern around weights; folding them would dequantize
 # the weights into float and break the QDQ form the toolchain requires.
-_MAX_ROUNDS = 8
+_MAX_ROUNDS = 64  # rounds of folding + shape inference; each nesting level of Ifs needs one or two
+_MAX_TRIP = 64  # Loop unrolling bounds: iterations, and copies of body nodes in all
+_MAX_UNROLLED_NODES = 4096
+_CONTROL_FLOW = ("If", "Loop", "Scan")
+_STANDARD = ("", "ai.onnx")
 
 
 class FoldConstantsPass(Pass):
@@ -45,17 +70,32 @@ class FoldConstantsPass(Pass):
         if not _has_candidates(model):
             return result  # the usual case on a clean graph: no index, no inference
         opsets = list(model.opset_import)
+        flow = _ControlFlow(model, result)
+        skipped: dict[str, Rejection] = {}  # node name -> why its constant inputs did not fold (latest round)
         for _ in range(_MAX_ROUNDS):
-            folded = self._fold_round(model, opsets, options.large_tensor_bytes, result)
-            if not folded:
+            folded = self._fold_round(model, opsets, options.large_tensor_bytes, result, skipped)
+            spliced = flow.fold()
+            if not (folded or spliced):
                 break
             infer_shapes(model)
+        else:
+            result.warnings.append(f"stopped after {_MAX_ROUNDS} rounds of folding; run it again to go on")
+        if flow.stats["ifs_inlined"] or flow.stats["loops_unrolled"]:
+            # Identity / Dropout nodes that only a subgraph read were kept by cleanup, and the spliced branches
+            # bring their own: cleanup's rewrite runs again on the flattened graph (it ran before this pass).
+            tidy = CleanupPass().run(model, options)
+            result.changes.extend(tidy.changes)
+            result.rejections.extend(tidy.rejections)
+        remaining = {n.name for n in model.graph.node}
+        result.rejections.extend(r for name, r in skipped.items() if name in remaining)
+        flow.reject_remaining(blocking=not options.allow_control_flow)
         if result.changes:
             for name in remove_unused_initializers(model.graph):
                 result.changes.append(Change(name, "initializer", "removed unused initializer"))
         return result
 
-    def _fold_round(self, model: onnx.ModelProto, opsets, limit: int, result: PassResult) -> bool:
+    def _fold_round(self, model: onnx.ModelProto, opsets, limit: int, result: PassResult,
+                    skipped: dict[str, Rejection]) -> bool:
         index = GraphIndex(model)
         editor = GraphEditor(index)
         known: dict[str, np.ndarray] = {}
@@ -68,7 +108,13 @@ class FoldConstantsPass(Pass):
             values = self._evaluate(index, node, known, opsets)
             if values is None:
                 continue
+            if isinstance(values, str):
+                skipped[node.name] = Rejection(node.name, node.op_type, values)
+                continue
             if any(v.nbytes > limit for v in values):
+                size = max(v.nbytes for v in values)
+                skipped[node.name] = Rejection(node.name, node.op_type, f"its constant result has {size} bytes, "
+                                               f"above --large-tensor {limit}")
                 continue
             for out, value in zip(node.output, values):
                 known[out] = value
@@ -86,6 +132,8 @@ class FoldConstantsPass(Pass):
 
     @staticmethod
     def _evaluate(index: GraphIndex, node: onnx.NodeProto, known: dict[str, np.ndarray], opsets):
+        """The node's constant outputs; None when an input is not constant; a reason when they are but the
+        evaluation failed."""
         if node.op_type in ("Shape", "Size"):
             shape = index.static_shape(node.input[0])
             if shape is None:
@@ -124,7 +172,7 @@ def _has_candidates(model: onnx.ModelProto) -> bool:
             continue
         if op in _NEVER_FOLD or node.domain not in ("", "ai.onnx"):
             continue
-        if op in ("Shape", "Size"):
+        if op in ("Shape", "Size") or op in _CONTROL_FLOW:
             return True
         inputs = node.input
         if inputs and all_known(inputs, const):
@@ -139,7 +187,9 @@ def _attr_int(node: onnx.NodeProto, name: str, default):
     return default
 
 
-def _run_reference(node: onnx.NodeProto, inputs, opsets):
+def _run_reference(node: onnx.NodeProto, inputs, opsets) -> list[np.ndarray] | str:
+    """The node's outputs on constant ``inputs`` by onnx's reference evaluator, or why it could not evaluate them
+    (the node then stays, with that reason as its Rejection)."""
     from onnx.reference import ReferenceEvaluator
 
     names = [f"in{i}" if v is not None else "" for i, v in enumerate(inputs)]
@@ -154,6 +204,278 @@ def _run_reference(node: onnx.NodeProto, inputs, opsets):
     try:
         evaluator = ReferenceEvaluator(model)
         outs = evaluator.run(None, {n: v for n, v in zip(names, inputs) if n})
-    except Exception:  # noqa: BLE001 - anything the reference cannot evaluate simply is not folded
-        return None
+    except Exception as exc:  # noqa: BLE001 - any failure of the reference only means: not folded, and why
+        return f"onnx's reference evaluator cannot evaluate it ({type(exc).__name__}: {first_line(exc)})"
     return [np.asarray(o) for o in outs]
+
+
+class _ControlFlow:
+    """Folds If nodes with a constant condition and unrollable Loops of the main graph (one sweep per call)."""
+
+    def __init__(self, model: onnx.ModelProto, result: PassResult) -> None:
+        self.model = model
+        self.result = result
+        self.stats = {"ifs_inlined": 0, "loops_unrolled": 0, "nodes_unrolled": 0,
+                      "max_trip_count": _MAX_TRIP, "max_unrolled_nodes": _MAX_UNROLLED_NODES}
+
+    def fold(self) -> bool:
+        graph = self.model.graph
+        if not any(n.op_type in ("If", "Loop") for n in graph.node):
+            return False
+        index = GraphIndex(self.model)
+        names: ModelNames | None = None
+        editor = GraphEditor(index)
+        new_inits: list[onnx.TensorProto] = []
+        aliases: dict[str, str] = {}
+        changed = False
+        for node in graph.node:
+            if node.domain not in _STANDARD or node.op_type not in ("If", "Loop"):
+                continue
+            spent = self.stats["nodes_unrolled"]
+            plan, _reason = _plan_if(index, node) if node.op_type == "If" else _plan_loop(index, node, spent)
+            if plan is None:
+                continue  # reported by reject_remaining once nothing else can change
+            names = names or ModelNames(self.model)
+            if node.op_type == "If":
+                nodes, inits, outputs = self._inline_if(node, plan, names)
+            else:
+                nodes, inits, outputs = self._unroll_loop(index, node, plan, names)
+            for target, src in zip(node.output, outputs):
+                if not target or target == src:
+                    continue
+                if target in index.output_set:
+                    # A graph output keeps its name, and its value is an enclosing tensor or initializer here: no
+                    # producer inside the subgraph can be renamed to write it, so one Identity carries it.
+                    nodes.append(helper.make_node("Identity", [src], [target],
+                                                  name=names.node("", f"{node.name}/{target}")))
+                else:
+                    aliases[target] = src
+            editor.replace(node, nodes)
+            new_inits.extend(inits)
+            changed = True
+        if changed:
+            editor.commit()
+            graph.initializer.extend(new_inits)
+            rename_in_graph(graph, aliases)
+            remove_dead_nodes(self.model)
+        return changed
+
+    def _inline_if(self, node: onnx.NodeProto, branch_name: str, names: ModelNames):
+        branch = get_attr(node, branch_name)
+        spliced = splice(branch, {}, names, node.name or "If", targets=list(node.output))
+        self.stats["ifs_inlined"] += 1
+        self.result.changes.append(Change(node.name, node.op_type, f"inlined {branch_name}",
+                                          new={"nodes": len(spliced.nodes)}))
+        return spliced.nodes, spliced.initializers, spliced.outputs
+
+    def _unroll_loop(self, index: GraphIndex, node: onnx.NodeProto, trip: int, names: ModelNames):
+        body = get_attr(node, "body")
+        n_carried = len(node.input) - 2
+        n_scan = len(body.output) - 1 - n_carried
+        prefix = node.name or "Loop"
+        nodes: list[onnx.NodeProto] = []
+        inits: list[onnx.TensorProto] = []
+        carried = list(node.input[2:])
+        scans: list[list[str]] = [[] for _ in range(n_scan)]
+        # The iteration number and condition are scalars by the Loop's definition; an exporter that declares
+        # them with shape [1] gets that shape, so the body's shapes stay what it declared.
+        counter_shape = _declared_shape(body.input[0], ())
+        cond_true = names.tensor("", f"{prefix}/cond")
+        inits.append(onnx.numpy_helper.from_array(np.full(_declared_shape(body.input[1], ()), True), cond_true))
+        for t in range(trip):
+            counter = names.tensor("", f"{prefix}/iter{t}/i")
+            inits.append(onnx.numpy_helper.from_array(np.full(counter_shape, t, np.int64), counter))
+            bindings = {body.input[0].name: counter, body.input[1].name: cond_true}
+            bindings.update({vi.name: carried[j] for j, vi in enumerate(body.input[2:])})
+            last = t == trip - 1
+            targets = [None, *(node.output[:n_carried] if last else [None] * n_carried), *[None] * n_scan]
+            spliced = splice(body, bindings, names, f"{prefix}/iter{t}", targets=targets, keep_names=False)
+            nodes.extend(spliced.nodes)
+            inits.extend(spliced.initializers)
+            carried = spliced.outputs[1:1 + n_carried]
+            for k in range(n_scan):
+                scans[k].append(spliced.outputs[1 + n_carried + k])
+        outputs = list(carried)
+        new_axes = opset_version(self.model) >= 13  # Unsqueeze takes axes as an input from opset 13
+        axes = None
+        if n_scan and new_axes:
+            axes = names.tensor("", f"{prefix}/axes0")
+            inits.append(onnx.numpy_helper.from_array(np.array([0], np.int64), axes))
+        for k in range(n_scan):
+            target = node.output[n_carried + k] if n_carried + k < len(node.output) else ""
+            if not target:
+                continue
+            parts = []
+            for t, part in enumerate(scans[k]):
+                out = target if trip == 1 else names.tensor("", f"{prefix}/iter{t}/scan{k}")
+                inputs = [part, axes] if new_axes else [part]
+                attrs = {} if new_axes else {"axes": [0]}
+                nodes.append(helper.make_node("Unsqueeze", inputs, [out],
+                                              name=names.node("", f"{prefix}/iter{t}/unsqueeze{k}"), **attrs))
+                parts.append(out)
+            if trip > 1:
+                nodes.append(helper.make_node("Concat", parts, [target], axis=0,
+                                              name=names.node("", f"{prefix}/concat{k}")))
+            outputs.append(target)
+        self.stats["loops_unrolled"] += 1
+        self.stats["nodes_unrolled"] += len(nodes)
+        self.result.changes.append(Change(node.name, node.op_type, "unrolled",
+                                          new={"trip_count": trip, "nodes": len(nodes)}))
+        return nodes, inits, outputs
+
+    def reject_remaining(self, *, blocking: bool) -> None:
+        """A Rejection for every control-flow node still in the main graph, with what keeps it."""
+        graph = self.model.graph
+        if self.stats["ifs_inlined"] or self.stats["loops_unrolled"]:
+            self.result.metrics["control_flow"] = dict(self.stats)
+        if not any(n.op_type in _CONTROL_FLOW for n in graph.node):
+            return
+        index = GraphIndex(self.model)
+        for node in graph.node:
+            if node.op_type not in _CONTROL_FLOW or node.domain not in _STANDARD:
+                continue
+            reason = why_control_flow_stays(index, node, spent=self.stats["nodes_unrolled"])
+            if reason is None:  # would fold: only when the round limit stopped the pass
+                reason = f"not reached within {_MAX_ROUNDS} rounds of folding"
+            self.result.rejections.append(Rejection(node.name, node.op_type, reason, blocking=blocking))
+        if not self.result.metrics.get("control_flow"):
+            self.result.metrics["control_flow"] = dict(self.stats)
+
+
+def _declared_shape(vi: onnx.ValueInfoProto, default: tuple) -> tuple:
+    shape = shape_of_value_info(vi)
+    if shape is None or not all(isinstance(d, int) for d in shape) or int(np.prod(shape, dtype=np.int64)) != 1:
+        return default
+    return tuple(shape)
+
+
+def why_control_flow_stays(index: GraphIndex, node: onnx.NodeProto, *, spent: int = 0) -> str | None:
+    """Why this pass leaves an If / Loop / Scan of the main graph alone, or None when it would fold it
+    (constraints.py asks this for its ``control-flow`` finding). ``spent``: nodes the pass unrolled already."""
+    if node.op_type == "If":
+        return _plan_if(index, node)[1] or None
+    if node.op_type == "Loop":
+        return _plan_loop(index, node, spent)[1] or None
+    return f"{node.op_type} is not unrolled (only If and Loop are folded)"
+
+
+def _plan_if(index: GraphIndex, node: onnx.NodeProto) -> tuple[str | None, str]:
+    """(the branch attribute to inline, '') or (None, why the If stays)."""
+    cond = node.input[0] if node.input else ""
+    value = index.const_value(cond) if cond else None
+    if value is None:
+        return None, _not_constant("its condition", cond, index)
+    if value.size != 1:
+        return None, f"its condition {cond} has {value.size} elements, not 1"
+    branch_name = "then_branch" if bool(value.reshape(-1)[0]) else "else_branch"
+    branch = get_attr(node, branch_name)
+    if branch is None:
+        return None, f"it has no {branch_name}"
+    if len(branch.sparse_initializer):
+        return None, f"its {branch_name} holds sparse initializers, which are not spliced"
+    if len(branch.output) != len(node.output):
+        return None, f"its {branch_name} has {len(branch.output)} outputs for the If's {len(node.output)}"
+    return branch_name, ""
+
+
+def _plan_loop(index: GraphIndex, node: onnx.NodeProto, spent: int = 0) -> tuple[int | None, str]:
+    """(the trip count to unroll, '') or (None, why the Loop stays). ``spent``: nodes unrolled so far."""
+    plan = _loop_trip(index, node, spent)
+    return (plan, "") if isinstance(plan, int) else (None, plan)
+
+
+def _loop_trip(index: GraphIndex, node: onnx.NodeProto, spent: int) -> int | str:
+    body = get_attr(node, "body")
+    trip_name = node.input[0] if node.input else ""
+    cond_name = node.input[1] if len(node.input) > 1 else ""
+    if not trip_name:
+        return "it has no trip count (it runs until its condition turns false)"
+    trip_value = index.const_value(trip_name)
+    if trip_value is None:
+        return _not_constant("its trip count", trip_name, index)
+    trip = int(trip_value.reshape(-1)[0])
+    if cond_name:
+        cond_value = index.const_value(cond_name)
+        if cond_value is None:
+            return _not_constant("its initial condition", cond_name, index)
+        if not bool(cond_value.reshape(-1)[0]):
+            trip = 0  # the condition is checked before the first iteration
+    if body is None or len(body.input) < 2 or not body.output or len(body.input) != max(len(node.input), 2):
+        return "its body does not have the Loop signature (iteration, condition, one input per carried value)"
+    if len(body.sparse_initializer):
+        return "its body holds sparse initializers, which are not spliced"
+    if not _passes_condition_through(body, index):
+        return (f"its body computes the loop condition ({body.output[0].name}): the number of iterations "
+                f"depends on data")
+    n_carried = max(len(node.input) - 2, 0)
+    n_scan = len(body.output) - 1 - n_carried
+    if n_scan < 0 or len(node.output) != n_carried + n_scan:
+        return "its outputs do not match its body's outputs"
+    if trip < 0:
+        trip = 0
+    if trip == 0 and n_scan:
+        return "it runs 0 times and has scan outputs (their element shape is not known without a run)"
+    if trip > _MAX_TRIP or trip * len(body.node) > _MAX_UNROLLED_NODES:
+        return (f"trip count {trip} x {len(body.node)} body nodes is above the unroll bound (trip count <= "
+                f"{_MAX_TRIP}, <= {_MAX_UNROLLED_NODES} unrolled nodes)")
+    if spent + trip * len(body.node) > _MAX_UNROLLED_NODES:
+        # The bound holds for the whole pass, so that Loops nested in Loops cannot multiply it.
+        return (f"unrolling it ({trip} x {len(body.node)} body nodes) would pass the pass's budget of "
+                f"{_MAX_UNROLLED_NODES} unrolled nodes ({spent} used by the Loops unrolled before it)")
+    return trip
+
+
+def _passes_condition_through(body: onnx.GraphProto, index: GraphIndex) -> bool:
+    """Whether the body's condition output is its condition input (through Identity nodes) or constant true."""
+    producers = {o: n for n in body.node for o in n.output}
+    inits = {t.name: t for t in body.initializer}
+    name = body.output[0].name
+    for _ in range(len(body.node) + 1):
+        if name == body.input[1].name:
+            return True
+        if name in inits:
+            return bool(onnx.numpy_helper.to_array(inits[name]).reshape(-1)[0])
+        node = producers.get(name)
+        if node is None:  # an enclosing-scope tensor
+            value = index.const_value(name)
+            return value is not None and bool(value.reshape(-1)[0])
+        if node.op_type == "Identity":
+            name = node.input[0]
+            continue
+        if node.op_type == "Constant":
+            value = constant_node_value(node)
+            return value is not None and value.size == 1 and bool(value.reshape(-1)[0])
+        return False
+    return False
+
+
+_FROM_CONSTANTS = "is computed from constants only"
+
+
+def _not_constant(what: str, name: str, index: GraphIndex) -> str:
+    origin = trace_origin(index, name)
+    hint = origin.hint()
+    if hint:
+        return f"{what} {name} is not a constant: it depends on {_inputs(origin)}; fold with {hint}"
+    if origin.constant_only:
+        return (f"{what} {name} {_FROM_CONSTANTS}: fold-constants evaluates it, unless a node on the way cannot "
+                f"be evaluated (see that node's rejection)")
+    return f"{what} {name} is not a constant: it depends on data computed in the graph"
+
+
+def control_flow_fix(index: GraphIndex, node: onnx.NodeProto) -> tuple[str | None, str]:
+    """(what would fold this If / Loop / Scan — "fold-constants", "--freeze-input sr=<value>", … or None, why)
+    for the ``control-flow`` finding of constraints.py."""
+    reason = why_control_flow_stays(index, node)
+    if reason is None:
+        return "fold-constants", "its condition is constant: fold-constants inlines it"
+    if _FROM_CONSTANTS in reason:
+        return "fold-constants", reason
+    if "; fold with " in reason:  # the graph inputs that decide it: "--freeze-input sr=<value>"
+        return reason.rsplit("; fold with ", 1)[1], reason
+    return None, reason
+
+
+def _inputs(origin) -> str:
+    parts = [f"graph input {n}" for n in origin.values] + [f"the shape of {n}" for n in origin.shapes]
+    return ", ".join(parts)
