@@ -21,6 +21,7 @@ import click
 from onnx_npu_fix import __version__
 from onnx_npu_fix.errors import InputError
 from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.validate import quant_summary
 
 EXAMPLE = """\b
 Example (the CI step before a vendor compiler):
@@ -107,6 +108,8 @@ def _split_names(value: str | None) -> list[str] | None:
               help="Relative tolerance of exact passes.")
 @click.option("--atol", type=click.FloatRange(min=0), default=1e-5, show_default=True,
               help="Absolute tolerance of exact passes (scaled by max(1, max|output|)).")
+@click.option("--quant-steps", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Tolerance of outputs made by a DequantizeLinear, in their quantization steps.")
 @click.option("--validate", "validate_policy", type=click.Choice(["each", "final", "none"]), default="each",
               show_default=True, help="Validate after every changed pass, once at the end, or never.")
 @click.option("--no-validate", is_flag=True, help="Same as --validate none.")
@@ -235,7 +238,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
         if report.final is not None:
             kind = "exact" if report.final.exact else "approximate"
             _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
-                        f"max rel {report.final.max_rel:.2e}")
+                        f"max rel {report.final.max_rel:.2e}{quant_summary(report.final)}")
         if checked.violations:
             exit_code = 1
             for violation in checked.violations:
@@ -270,6 +273,7 @@ _OPTION_FIELDS = {
     "bn_standalone": "bn_standalone", "resize_mode": "resize_mode", "max_approx_error": "max_approx_error",
     "max_rank": "max_rank", "sram": "sram_bytes", "act_bytes": "act_bytes", "large_tensor": "large_tensor_bytes",
     "input_shape": "input_shapes", "seed": "seed", "n_inputs": "n_inputs", "rtol": "rtol", "atol": "atol",
+    "quant_steps": "quant_steps",
     "validate_policy": "validate", "keep_going": "keep_going",
 }
 

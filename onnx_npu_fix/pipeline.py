@@ -22,6 +22,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 
 from onnx_npu_fix.errors import InputError, first_line
@@ -44,7 +45,9 @@ from onnx_npu_fix.validate import (
     Reference,
     Runner,
     compare,
+    compare_quantized,
     make_inputs,
+    quantized_output_steps,
     runtime_errors,
 )
 
@@ -193,6 +196,7 @@ class _Run:
             record.metrics, record.warnings = result.metrics, result.warnings
             if "exact" in result.metrics:  # a pass whose rewrites this run were all exact says so
                 record.exact = bool(result.metrics["exact"])
+            record.quantized_tolerance = result.quantized_tolerance
             if not result.changed:
                 i += 1
                 continue
@@ -357,10 +361,13 @@ class _Validator:
         self._reference: Reference | None = None
         self.all_exact = True
         self.changed = False
+        self.steps: dict[str, np.ndarray] = {}
         if options.validate == "none":
             report.validation_note = "validation disabled (--no-validate)"
             return
         self.feeds = make_inputs(model, options.n_inputs, options.seed)
+        # Outputs made by a DequantizeLinear are judged in quantization steps (graph output names never change).
+        self.steps = quantized_output_steps(model)
         if reference is None and approx_model_bytes(model) >= TWO_GB:
             # No file to start from and too large for bytes: the scratch copy must be written now, before the
             # passes change the model, so this one is computed here.
@@ -484,6 +491,10 @@ class _Validator:
         return self._compare(self.original, outputs, exact=self.all_exact)
 
     def _compare(self, reference: list[Outputs], outputs: list[Outputs], *, exact: bool) -> Comparison:
+        if self.steps:
+            return compare_quantized(reference, outputs, self.steps, exact=exact, rtol=self.options.rtol,
+                                     atol=self.options.atol, max_approx_error=self.options.max_approx_error,
+                                     quant_steps=self.options.quant_steps)
         return compare(reference, outputs, exact=exact, rtol=self.options.rtol, atol=self.options.atol,
                        max_approx_error=self.options.max_approx_error)
 

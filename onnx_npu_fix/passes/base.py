@@ -58,6 +58,10 @@ class PassResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     """Pass-specific figures for the report (e.g. MACs before/after, weight bytes added)."""
     warnings: list[str] = field(default_factory=list)
+    quantized_tolerance: bool = False
+    """Set by an exact pass whose rewrite this run removed a rounding step of a quantized model (e.g. a BN folded
+    into a QDQ conv's weight scale): exact within a quantization step, not bit for bit. The manager then judges
+    its quantized outputs in quantization steps (``quant_steps``) and never reports it bit-exact."""
 
     @property
     def changed(self) -> bool:
