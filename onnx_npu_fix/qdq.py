@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from onnx_npu_fix.graph import GraphEditor, GraphIndex, get_attr
+from onnx_npu_fix.graph import GraphEditor, GraphIndex, get_attr, set_attr
 
 QOPERATOR_OPS = frozenset({
     "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm", "QLinearAdd", "QLinearMul",
@@ -220,6 +220,27 @@ def wrap_inserted(index: GraphIndex, editor: GraphEditor, nodes: Sequence[onnx.N
     return out
 
 
+MOVE_OPS = frozenset({"Pad", "Slice", "Gather", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten",
+                      "Concat", "Split", "Identity", "SpaceToDepth", "DepthToSpace"})
+"""Ops that only move values or fill zeros / edge copies: their output stays on the input's quantization grid."""
+
+
+def wrap_moves(index: GraphIndex, editor: GraphEditor, tensor: str,
+               nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """For a rewrite that replaces an op on DequantizeLinear output ``tensor`` by ``nodes`` (the last one
+    writing the replaced op's output): every intermediate output of a :data:`MOVE_OPS` node gets ``tensor``'s
+    own Q -> DQ (exact: it is on that grid). Intermediate results of arithmetic (an interpolation stage) are not
+    on the grid and stay float: requantizing them would add a rounding."""
+    found = dequantizer_of(index, tensor)
+    if found is None or found[1].per_channel or len(nodes) < 2:
+        return list(nodes)
+    out: list[onnx.NodeProto] = []
+    for node in nodes[:-1]:
+        out.extend(wrap_inserted(index, editor, [node], found[1]) if node.op_type in MOVE_OPS else [node])
+    out.append(nodes[-1])
+    return out
+
+
 def requantize(index: GraphIndex, editor: GraphEditor, name: str, params: QuantParams,
                base: str) -> tuple[str, list[onnx.NodeProto]]:
     """A ``Q -> DQ`` pair on float tensor ``name`` with ``params``: the new float tensor's name and the nodes (the
@@ -294,10 +315,12 @@ def wrap_chain(index: GraphIndex, editor: GraphEditor, tensor: str,
 
 
 def store_quantized(index: GraphIndex, editor: GraphEditor, consumer: onnx.NodeProto, slot: int,
-                    const: QuantizedConst, q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> None:
+                    const: QuantizedConst, q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, *,
+                    axis: int | None = None) -> onnx.NodeProto:
     """Give ``consumer`` input ``slot`` the quantized constant ``DQ(q, scale, zero_point)`` (same axis), editing
     the existing DequantizeLinear's initializers when nothing else reads them, else through a private copy of
-    the DequantizeLinear: a weight shared with another node is never changed under it."""
+    the DequantizeLinear: a weight shared with another node is never changed under it. ``axis``: set the
+    DequantizeLinear's axis (a per-tensor scale that becomes per-channel). Returns the DequantizeLinear used."""
     from onnx_npu_fix.graph import private_initializer
 
     dq = const.dq
@@ -310,13 +333,60 @@ def store_quantized(index: GraphIndex, editor: GraphEditor, consumer: onnx.NodeP
         private_initializer(index, editor, dq, 1, scale)
         if has_zp:
             private_initializer(index, editor, dq, 2, zero_point)
-        return
+        if axis is not None:
+            set_attr(dq, "axis", axis)
+        return dq
     inputs = [editor.add_initializer(f"{dq.input[0]}_private", q),
               editor.add_initializer(f"{dq.input[1]}_private", scale)]
     if has_zp:
         inputs.append(editor.add_initializer(f"{dq.input[2]}_private", zero_point))
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in dq.attribute}
+    if axis is not None:
+        attrs["axis"] = axis
     copy = editor.make_node("DequantizeLinear", inputs, [index.unique_name(f"{dq.output[0]}_private")],
                             f"{dq.name}_private", **attrs)
     editor.prepend([copy])
     consumer.input[slot] = copy.output[0]
+    return copy
+
+
+def qdq_conv_weight_problem(weight: QuantizedConst, transpose: bool, group: int) -> str | None:
+    """Why align-channels cannot pad this DequantizeLinear weight of a Conv / ConvTranspose, or None: it pads
+    int8/uint8 weights quantized per tensor or per output channel (axis 0 of a Conv's [M, C/g, k...], axis 1 of
+    a ConvTranspose's [C, M/g, k...])."""
+    params = weight.params
+    if params.dtype not in (np.int8, np.uint8):
+        return f"the weight is quantized to {params.dtype}, not int8/uint8"
+    if params.axis is None:
+        return None
+    if params.axis != (1 if transpose else 0):
+        return f"the weight is quantized per channel on axis {params.axis}, not its output-channel axis"
+    if transpose and group != 1:
+        return "a grouped ConvTranspose weight quantized per channel is not handled"
+    return None
+
+
+def conv_weight_problem(index: GraphIndex, node: onnx.NodeProto) -> str | None:
+    """Why align-channels cannot pad ``node``'s weights (None: a constant, or a DequantizeLinear of one it
+    handles). The one rule --check uses to say whether align-channels fixes a conv's channels."""
+    if node.op_type in QOPERATOR_OPS:
+        return qoperator_reason(node)
+    if len(node.input) < 2 or index.is_const(node.input[1]):
+        return None
+    dq = index.producer.get(node.input[1])
+    if (dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 2
+            or not all(index.is_const(name) for name in dq.input if name)
+            or int(get_attr(dq, "block_size", 0) or 0)):
+        return "weights are not constant (nor a DequantizeLinear of a constant)"
+    # Only types and shapes are read: a --check model carries no data for large initializers.
+    scale_shape = index.shape(dq.input[1]) or ()
+    rank = len(index.shape(dq.input[0]) or ())
+    axis = None
+    if len(scale_shape) == 1 and scale_shape[0] != 1:
+        axis = int(get_attr(dq, "axis", 1))
+        axis = axis % rank if rank else axis
+    onnx_type = index.elem_type(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else onnx.TensorProto.UINT8
+    dtype = np.dtype(_QUANT_TYPES.get(onnx_type, np.float32))
+    empty = np.empty((0,), np.float32)
+    weight = QuantizedConst(dq, empty, QuantParams(empty, empty, axis, dtype, dq.input[1], ""))
+    return qdq_conv_weight_problem(weight, node.op_type == "ConvTranspose", int(get_attr(node, "group", 1)))

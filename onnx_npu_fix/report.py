@@ -111,8 +111,8 @@ def _fmt_err(comparison: Comparison | None) -> str:
 def render_pass_line(record: PassRecord) -> str:
     """One line per pass for the stderr summary: name, what changed, validation error, time."""
     kind = "" if record.exact else " [approximate]"
-    if record.exact and record.quantized_tolerance:
-        kind = " [within quantization steps]"
+    if record.quantized_tolerance:
+        kind = " [quantized rounding changed: measured]"
     head = f"{record.name:<16} {record.change_summary()}{kind}"
     if record.status == "validated" and record.validation is not None:
         tail = _fmt_err(record.validation)

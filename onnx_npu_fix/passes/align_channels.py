@@ -58,6 +58,7 @@ from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
 from onnx_npu_fix.qdq import (
     QuantizedConst,
     is_qoperator,
+    qdq_conv_weight_problem,
     qoperator_reason,
     quant_params,
     quantized_const,
@@ -339,7 +340,7 @@ class _Aligner:
         weight_q = bias_q = None
         if not index.is_const(node.input[1]):
             weight_q = quantized_const(index, node.input[1])
-            problem = _qdq_weight_problem(weight_q, transpose, group) if weight_q is not None else (
+            problem = qdq_conv_weight_problem(weight_q, transpose, group) if weight_q is not None else (
                 "weights are not constant (nor a DequantizeLinear of a constant)")
             if problem is not None:
                 if not self._conv_aligned(group, c_in, c_out):
@@ -988,20 +989,6 @@ class _Aligner:
         if key not in self.int_consts:
             self.int_consts[key] = self.editor.add_initializer(base, np.asarray(key, dtype=np.int64))
         return self.int_consts[key]
-
-
-def _qdq_weight_problem(weight: QuantizedConst, transpose: bool, group: int) -> str | None:
-    """Why a DequantizeLinear weight cannot be padded, or None (int8/uint8, per-tensor or per output channel)."""
-    params = weight.params
-    if params.dtype not in (np.int8, np.uint8):
-        return f"the weight is quantized to {params.dtype}, not int8/uint8"
-    if params.axis is None:
-        return None
-    if params.axis != (1 if transpose else 0):
-        return f"the weight is quantized per channel on axis {params.axis}, not its output-channel axis"
-    if transpose and group != 1:
-        return "a grouped ConvTranspose weight quantized per channel is not handled"
-    return None
 
 
 def _conv_macs(index: GraphIndex, node: onnx.NodeProto) -> int:

@@ -98,6 +98,7 @@ from onnx_npu_fix.graph import (
 )
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+from onnx_npu_fix.qdq import dequantizer_of, wrap_moves
 
 _RESIZE_OPS = ("Resize", "Upsample")
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -570,6 +571,10 @@ class ResizeNearestPass(Pass):
                                    f"{len(to_resize)} Upsample node(s) into Resize")
             result.metrics["opset"] = {"old": opset, "new": _BUMP_TARGET}
         for plan in plans:
+            if plan.action in ("conv-transpose", "matmul") and dequantizer_of(index, plan.site.node.input[0]):
+                # Interpolation weights k/16 on a quantization grid land on exact half steps: the exact form's
+                # other summation order rounds those ties the other way (measured, not exact within k steps).
+                result.quantized_tolerance = True
             change = self._rewrite(plan, editor)
             result.changes.append(change)
             forms[plan.action] = forms.get(plan.action, 0) + 1
@@ -754,6 +759,7 @@ class ResizeNearestPass(Pass):
             return Change(node.name, node.op_type, action, old=old, new=new, detail=detail)
         if plan.action == "conv-transpose":
             nodes = self._conv_transpose_nodes(plan, editor)
+            nodes = wrap_moves(editor.index, editor, node.input[0], nodes)  # QDQ model: Pad -> Q -> DQ
             editor.replace(node, nodes)
             new = {"ops": [n.op_type for n in nodes], "nodes": [n.name for n in nodes],
                    "axes": {a: {"kernel": [round(float(w), 6) for w in f.kernel], "stride": f.stride,
@@ -762,6 +768,7 @@ class ResizeNearestPass(Pass):
             return Change(node.name, node.op_type, f"{site.mode}->conv-transpose", old=old, new=new,
                           detail=detail)
         nodes = self._matmul_nodes(plan, editor)
+        nodes = wrap_moves(editor.index, editor, node.input[0], nodes)  # QDQ model: moves -> Q -> DQ
         editor.replace(node, nodes)
         new = {"ops": [n.op_type for n in nodes], "nodes": [n.name for n in nodes],
                "matrices": {a: list(m.shape) for a, m in plan.matrices.items()}}
