@@ -262,6 +262,8 @@ def _all_convs_aligned(model: onnx.ModelProto, align: int) -> bool:
     """True when every Conv / ConvTranspose has constant weights whose channel counts are already aligned."""
     dims = {t.name: t.dims for t in model.graph.initializer}
     for node in model.graph.node:
+        if node.op_type in ("QLinearConv", "ConvInteger"):
+            return False  # refused with a reason in find
         if node.op_type not in ("Conv", "ConvTranspose"):
             continue
         shape = dims.get(node.input[1]) if len(node.input) > 1 else None
