@@ -52,7 +52,7 @@ from onnx_npu_fix.memory import (
     render_memory,
 )
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.qdq import conv_weight_problem
+from onnx_npu_fix.qdq import conv_weight_problem, qoperator_reason
 
 # How each constraint's limit reads in the one-line form ("<value> vs <limit>").
 LIMIT_TEXT: dict[str, str] = {
@@ -300,7 +300,7 @@ def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
     standard = node.domain in _STANDARD
     if standard and op in ("Conv", "ConvTranspose"):
         _check_conv(ctx, node)
-    elif op in ("QLinearConv", "ConvInteger") and options.align > 0:
+    elif op in ("QLinearConv", "ConvInteger"):
         _check_qoperator_conv(ctx, node)
     elif standard and op == "BatchNormalization" and not options.allow_batchnorm:
         ctx.add(node, "batchnorm", "present", "not allowed", "fold-batchnorm",
@@ -393,9 +393,18 @@ def _check_conv(ctx: _Context, node: onnx.NodeProto) -> None:
 def _check_qoperator_conv(ctx: _Context, node: onnx.NodeProto) -> None:
     """QLinearConv / ConvInteger: channels checked like a Conv's, and no pass fixes them (qdq.qoperator_reason)."""
     slot = 3 if node.op_type == "QLinearConv" else 1
+    options = ctx.options
+    if options.max_dilation is not None or options.allowed_dilations is not None:
+        dilations = [int(d) for d in (get_attr(node, "dilations") or [])]
+        allowed = set(options.allowed_dilations or ()) | {1}
+        too_large = options.max_dilation is not None and max(dilations, default=1) > options.max_dilation
+        if too_large or (options.allowed_dilations is not None and any(d not in allowed for d in dilations)):
+            ctx.add(node, "dilation" if too_large else "dilation-allowed", dilations,
+                    options.max_dilation if too_large else sorted(allowed), None, qoperator_reason(node))
     w_shape = ctx.index.shape(node.input[slot]) if len(node.input) > slot else None
     if _static(w_shape) and len(w_shape) >= 3:  # type: ignore[arg-type]
-        _check_conv_channels(ctx, node, w_shape, int(get_attr(node, "group", 1) or 1))  # type: ignore[arg-type]
+        if options.align > 0:
+            _check_conv_channels(ctx, node, w_shape, int(get_attr(node, "group", 1) or 1))  # type: ignore[arg-type]
 
 
 def _check_conv_channels(ctx: _Context, node: onnx.NodeProto, w_shape: Shape, group: int) -> None:

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
 from onnx_npu_fix.constraints import check_model
-from onnx_npu_fix.graph import GraphIndex
+from onnx_npu_fix.graph import GraphIndex, set_input_shapes
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.align_channels import AlignChannelsPass
 from onnx_npu_fix.pipeline import prepare
@@ -36,7 +36,10 @@ CONFIGS = {
     "tcn-pt-i8-pre": ("tcn.onnx", False, "QInt8", True, False),
     "torch_unet-pc-u8": ("torch_unet.onnx", True, "QUInt8", False, False),
     "torch_unet-pc-i8-pre": ("torch_unet.onnx", True, "QInt8", True, False),
+    "torch_convtasnet-pc-u8": ("torch_convtasnet.onnx", True, "QUInt8", False, False),
 }
+STATIC = {"torch_convtasnet.onnx": {"mix": (1, 2000)}}
+"""Input shapes frozen before quantizing (the calibration runs on them) and for npufix."""
 
 
 class _Reader(quantization.CalibrationDataReader):
@@ -70,7 +73,13 @@ def quantized(tmp_path_factory):
         if name not in cache:
             fixture, per_channel, activation, pre, symmetric = CONFIGS[name]
             path = str(root / f"{name}.onnx")
-            _quantize(os.path.join(ROOT, fixture), path, per_channel, activation, pre, symmetric)
+            src = os.path.join(ROOT, fixture)
+            if fixture in STATIC:
+                model = onnx.load(src)
+                set_input_shapes(model, STATIC[fixture])
+                src = str(root / f"{name}.static.onnx")
+                onnx.save(model, src)
+            _quantize(src, path, per_channel, activation, pre, symmetric)
             cache[name] = path
         return cache[name]
 
@@ -107,8 +116,7 @@ def test_quantized_outputs_are_judged_in_their_own_steps():
 
 # --- align-channels and the whole default run on QDQ models ---------------------------------------------------
 
-@pytest.mark.parametrize("name", ["unet-pc-u8", "unet-pt-i8-sym", "unet-pc-i8-pre", "tcn-pc-u8", "tcn-pt-i8-pre",
-                                  "torch_unet-pc-u8"])
+@pytest.mark.parametrize("name", [*CONFIGS])
 def test_align_channels_is_exact_on_qdq_models(quantized, name):
     path = quantized(name)
     original = onnx.load(path)
@@ -129,6 +137,23 @@ def test_align_channels_is_exact_on_qdq_models(quantized, name):
     before = {p.split(" ")[0] for p in walk_non_qdq(original)}
     new = [p for p in walk_non_qdq(model) if p.split(" ")[0] not in before]
     assert new == []
+
+
+@pytest.mark.parametrize("name", [*CONFIGS])
+def test_default_run_on_qdq_models(quantized, name):
+    """The whole default run (fold-batchnorm and linear -> nearest measured): it succeeds, leaves no violation a
+    pass claims to fix, and the output is still QDQ."""
+    path = quantized(name)
+    original = onnx.load(path)
+    options = {"max_dilation": 4} if name.startswith(("tcn", "torch_convtasnet")) else {}
+    model, result, opts = _fix(path, align=8, **options)
+    assert result.ok, [(p.name, p.error) for p in result.report.passes if p.error]
+    assert [v.text() for v in check_model(model, opts).violations if v.fixed_by] == []
+    before = {p.split(" ")[0] for p in walk_non_qdq(original)}
+    assert [p for p in walk_non_qdq(model) if p.split(" ")[0] not in before] == []
+    for record in result.report.passes:
+        if record.quantized_tolerance:
+            assert not record.exact
 
 
 def test_align_channels_pads_qdq_weights_with_their_zero_point(quantized):
@@ -275,7 +300,7 @@ def _qlinear_conv_model() -> onnx.ModelProto:
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="qx"),
         helper.make_node("QLinearConv", ["xq", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["yq"], name="qconv",
-                         pads=[1, 1, 1, 1]),
+                         pads=[2, 2, 2, 2], dilations=[2, 2]),
         helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"], name="dqy"),
     ]
     graph = helper.make_graph(nodes, "qop", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
@@ -288,10 +313,13 @@ def test_qoperator_convs_are_refused_with_a_reason(tmp_path):
     onnx.checker.check_model(model)
     path = str(tmp_path / "qop.onnx")
     onnx.save(model, path)
-    fixed, result, opts = _fix(path, align=8)
-    align = next(p for p in result.report.passes if p.name == "align-channels")
-    (rejection,) = align.rejections
-    assert rejection.node == "qconv" and rejection.blocking and "QOperator" in rejection.reason
-    assert not align.changes
-    (violation,) = [v for v in check_model(fixed, opts).violations if v.constraint == "out-channels-align"]
-    assert violation.fixed_by is None and "QOperator" in violation.message
+    fixed, result, opts = _fix(path, align=8, max_dilation=1)
+    assert result.ok
+    for name in ("align-channels", "dilated-conv"):  # each pass that would touch it says why it does not
+        record = next(p for p in result.report.passes if p.name == name)
+        (rejection,) = record.rejections
+        assert rejection.node == "qconv" and rejection.blocking and "QOperator" in rejection.reason
+        assert not record.changes
+    violations = {v.constraint: v for v in check_model(fixed, opts).violations}
+    for constraint in ("out-channels-align", "dilation"):
+        assert violations[constraint].fixed_by is None and "QOperator" in violations[constraint].message

@@ -57,6 +57,7 @@ from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
 from onnx_npu_fix.qdq import (
     QuantizedConst,
+    dequantizer_of,
     is_qoperator,
     qdq_conv_weight_problem,
     qoperator_reason,
@@ -564,6 +565,12 @@ class _Aligner:
         return _Carrier([0])
 
     def _classify_resize(self, node: onnx.NodeProto, rank: int | None) -> _Carrier | None:
+        mode = get_attr(node, "mode", "nearest") or "nearest"
+        if mode != "nearest" and dequantizer_of(self.index, node.input[0]) is not None:
+            # Interpolating values on a quantization grid lands on exact ties (weights k/4, k/16); a padded
+            # tensor changes how onnxruntime vectorizes the op, which rounds those ties the other way at the next
+            # QuantizeLinear. The Resize reads the real tensor instead, bit for bit as before.
+            return None
         if node.op_type == "Upsample" or (self.opset < 11):
             scales_slot, sizes_slot = 1, None
         else:

@@ -807,6 +807,7 @@ class _QdqFold:
     x_scale: np.ndarray
     a: np.ndarray
     b: np.ndarray
+    values: _QdqFolded | None = None
 
 
 def _qdq_value(index: GraphIndex, name: str) -> np.ndarray | None:
@@ -869,12 +870,25 @@ def _qdq_fold_plan(index: GraphIndex, bn: onnx.NodeProto) -> tuple[_QdqFold | No
         return None, "var + eps <= 0"
     a = gamma / np.sqrt(var + eps)
     b = beta - mean * a
-    return _QdqFold(bn, conv, q1, dq1, weight, bias, x_dq[1].scale.astype(np.float64).reshape(()), a, b), None
+    fold = _QdqFold(bn, conv, q1, dq1, weight, bias, x_dq[1].scale.astype(np.float64).reshape(()), a, b)
+    fold.values, problem = _qdq_fold_values(index, fold)
+    return (fold, None) if problem is None else (None, problem)
 
 
-def _apply_qdq_fold(index: GraphIndex, editor: GraphEditor, fold: _QdqFold) -> Change:
-    from onnx_npu_fix.qdq import store_quantized
+@dataclass
+class _QdqFolded:
+    """The new integers and scales of one QDQ fold (computed while finding, so a bias overflow is a reason)."""
 
+    weight_q: np.ndarray
+    weight_scale: np.ndarray
+    weight_zero_point: np.ndarray
+    bias_q: np.ndarray
+    bias_scale: np.ndarray
+    requantized: list[int]
+    negated: int
+
+
+def _qdq_fold_values(index: GraphIndex, fold: _QdqFold) -> tuple[_QdqFolded | None, str | None]:
     conv, weight = fold.conv, fold.weight
     transpose = conv.op_type == "ConvTranspose"
     axis = 1 if transpose else 0
@@ -907,9 +921,8 @@ def _apply_qdq_fold(index: GraphIndex, editor: GraphEditor, fold: _QdqFold) -> C
             requantized.append(m)
     scale_dtype = params.scale.dtype
     new_scale32 = new_scale.astype(scale_dtype)
-    # A per-tensor scale becomes per-channel: the DequantizeLinear gets the output-channel axis.
-    store_quantized(index, editor, conv, 1, weight, new_q.astype(params.dtype), new_scale32,
-                    zp.astype(params.dtype), axis=axis)
+    if not np.all(np.isfinite(new_scale32)) or np.any(new_scale32 <= 0):
+        return None, "a folded weight scale s * |a| is not a positive finite number in the scale's dtype"
     # Bias: a * bias + b on the grid s_x * s' (what the conv's int32 bias uses).
     old_bias = np.zeros(channels)
     if fold.bias is not None:
@@ -920,10 +933,25 @@ def _apply_qdq_fold(index: GraphIndex, editor: GraphEditor, fold: _QdqFold) -> C
     bias_scale = (fold.x_scale * new_scale32.astype(np.float64)).astype(scale_dtype)
     bias_q = np.round(bias_value / bias_scale.astype(np.float64))
     int32 = np.iinfo(np.int32)
-    if bias_q.min() < int32.min or bias_q.max() > int32.max:
-        raise ValueError(f"{conv.name}: folded bias leaves the int32 range")
-    names = [editor.add_initializer(f"{conv.name}_bias_quantized", bias_q.astype(np.int32)),
-             editor.add_initializer(f"{conv.name}_bias_scale", bias_scale),
+    if not np.all(np.isfinite(bias_q)) or bias_q.min() < int32.min or bias_q.max() > int32.max:
+        return None, "the folded bias does not fit int32 on its scale (input scale x new weight scale)"
+    return _QdqFolded(new_q.astype(params.dtype), new_scale32, zp.astype(params.dtype), bias_q.astype(np.int32),
+                      bias_scale, requantized, int(np.count_nonzero(a < 0))), None
+
+
+def _apply_qdq_fold(index: GraphIndex, editor: GraphEditor, fold: _QdqFold) -> Change:
+    from onnx_npu_fix.qdq import quant_params, store_quantized
+
+    conv, values = fold.conv, fold.values
+    assert values is not None
+    channels = values.bias_q.size
+    axis = 1 if conv.op_type == "ConvTranspose" else 0
+    params = fold.weight.params
+    # A per-tensor scale becomes per-channel: the DequantizeLinear gets the output-channel axis.
+    store_quantized(index, editor, conv, 1, fold.weight, values.weight_q, values.weight_scale,
+                    values.weight_zero_point, axis=axis)
+    names = [editor.add_initializer(f"{conv.name}_bias_quantized", values.bias_q),
+             editor.add_initializer(f"{conv.name}_bias_scale", values.bias_scale),
              editor.add_initializer(f"{conv.name}_bias_zero_point", np.zeros(channels, np.int32))]
     bias_dq = editor.make_node("DequantizeLinear", names, [index.unique_name(f"{conv.name}_bias")],
                                f"{conv.name}_bias_dequantize", axis=0)
@@ -935,11 +963,17 @@ def _apply_qdq_fold(index: GraphIndex, editor: GraphEditor, fold: _QdqFold) -> C
     conv.output[0] = fold.bn.output[0]
     for node in (fold.q1, fold.dq1, fold.bn):
         editor.remove(node)
+    q1 = quant_params(index, fold.q1)
     detail: dict[str, Any] = {"rounding": "one requantization removed (the conv's own output quantizer)",
-                              "weight_scale": "per-channel" if params.axis is None else "per-channel (kept)",
-                              "negated_channels": int(np.count_nonzero(a < 0))}
-    if requantized:
-        detail["requantized_channels"] = requantized
+                              "weight_scale": "per-tensor -> per-channel" if params.axis is None else "per-channel",
+                              "negated_channels": values.negated}
+    if q1 is not None and q1.axis is None:
+        info = np.iinfo(q1.dtype)
+        zero, step = int(q1.zero_point.reshape(-1)[0]), float(q1.scale.reshape(-1)[0])
+        # The removed quantizer also saturated: the folded conv's output is no longer clipped to its range.
+        detail["clip_removed"] = [round((info.min - zero) * step, 6), round((info.max - zero) * step, 6)]
+    if values.requantized:
+        detail["requantized_channels"] = values.requantized
     return Change(fold.bn.name, fold.bn.op_type, "folded into QDQ conv scale", old=None, new=conv.name,
                   detail=detail)
 
