@@ -390,3 +390,45 @@ def conv_weight_problem(index: GraphIndex, node: onnx.NodeProto) -> str | None:
     empty = np.empty((0,), np.float32)
     weight = QuantizedConst(dq, empty, QuantParams(empty, empty, axis, dtype, dq.input[1], ""))
     return qdq_conv_weight_problem(weight, node.op_type == "ConvTranspose", int(get_attr(node, "group", 1)))
+
+
+def power_of_two_int8(value: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """``value`` exactly as ``q * 2**-p`` with int8 ``q`` in [-127, 127] (the smallest such p <= 24), or None.
+    Interpolation weights (1/4, 3/4, 9/16, cubic's k/256, ...) usually are; a power-of-two scale makes the
+    DequantizeLinear of ``q`` reproduce the float weights bit for bit."""
+    value = np.asarray(value, dtype=np.float64)
+    for p in range(25):
+        scaled = value * (1 << p)
+        if np.abs(scaled).max(initial=0) > 127:
+            return None
+        if np.array_equal(scaled, np.round(scaled)):
+            return scaled.astype(np.int8), 2.0 ** -p
+    return None
+
+
+def quantize_new_weights(index: GraphIndex, editor: GraphEditor, nodes: Sequence[onnx.NodeProto],
+                         ops: Sequence[str] = ("Conv", "ConvTranspose", "MatMul")) -> list[onnx.NodeProto]:
+    """In a QDQ model, the float weights a pass just created for ``ops`` nodes (pending initializers) become
+    ``DequantizeLinear(int8 q, 2**-p, 0)`` with the same float values (:func:`power_of_two_int8`), so an integer
+    compiler sees a quantized weight. Returns the DequantizeLinear nodes to place before ``nodes``; weights
+    that are not exactly representable are left float (the caller checked that while planning)."""
+    added: list[onnx.NodeProto] = []
+    for node in nodes:
+        if node.op_type not in ops:
+            continue
+        for slot, name in enumerate(node.input):
+            tensor = editor.pending_initializer(name) if name else None
+            if tensor is None or tensor.data_type != onnx.TensorProto.FLOAT:
+                continue
+            exact = power_of_two_int8(onnx.numpy_helper.to_array(tensor))
+            if exact is None:
+                continue
+            q, scale = exact
+            inputs = [editor.add_initializer(f"{name}_quantized", q),
+                      editor.add_initializer(f"{name}_scale", np.array(scale, dtype=np.float32)),
+                      editor.add_initializer(f"{name}_zero_point", np.array(0, dtype=np.int8))]
+            dq = editor.make_node("DequantizeLinear", inputs, [index.unique_name(f"{name}_dequantized")],
+                                  f"{node.name}_weight_dequantize")
+            node.input[slot] = dq.output[0]
+            added.append(dq)
+    return added

@@ -20,7 +20,7 @@ from onnx_npu_fix.graph import GraphIndex, set_input_shapes
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.align_channels import AlignChannelsPass
 from onnx_npu_fix.pipeline import prepare
-from onnx_npu_fix.qdq import walk_non_qdq
+from onnx_npu_fix.qdq import power_of_two_int8, walk_non_qdq
 from onnx_npu_fix.validate import QuantOutputDiff, Runner, compare_quantized, make_inputs
 
 quantization = pytest.importorskip("onnxruntime.quantization")
@@ -323,3 +323,56 @@ def test_qoperator_convs_are_refused_with_a_reason(tmp_path):
     violations = {v.constraint: v for v in check_model(fixed, opts).violations}
     for constraint in ("out-channels-align", "dilation"):
         assert violations[constraint].fixed_by is None and "QOperator" in violations[constraint].message
+
+
+# --- exact Resize forms on quantized tensors -------------------------------------------------------------------
+
+def test_exact_resize_on_a_qdq_model_stays_qdq(quantized):
+    path = quantized("unet-pc-u8")
+    original = onnx.load(path)
+    model, result, _ = _fix(path, align=8, resize_mode="exact")
+    assert result.ok
+    record = next(p for p in result.report.passes if p.name == "resize-nearest")
+    assert record.quantized_tolerance and not record.exact  # ties on the grid: measured, never "exact"
+    index = GraphIndex(model)
+    interps = [n for n in model.graph.node if n.op_type == "ConvTranspose"]
+    assert len(interps) == 2
+    for node in interps:
+        dq = index.producer[node.input[1]]
+        assert dq.op_type == "DequantizeLinear"
+        assert numpy_helper.to_array(index.initializers[dq.input[0]]).dtype == np.int8
+        assert float(numpy_helper.to_array(index.initializers[dq.input[1]])) == 1 / 16  # [1,3,3,1]^2 / 16
+    before = {p.split(" ")[0] for p in walk_non_qdq(original)}
+    assert [p for p in walk_non_qdq(model) if p.split(" ")[0] not in before] == []
+
+
+def test_power_of_two_int8_is_exact_or_nothing():
+    q, scale = power_of_two_int8(np.array([0.25, 0.75, 0.0625, -0.5]))
+    assert scale == 1 / 16 and q.tolist() == [4, 12, 1, -8]
+    assert power_of_two_int8(np.array([1 / 3, 2 / 3])) is None  # align_corners 2N-1 weights: not representable
+    assert power_of_two_int8(np.array([200.0])) is None
+
+
+def test_exact_resize_form_not_representable_in_int8_is_refused(tmp_path):
+    """align_corners x2 on 4 -> 8 interpolates with weights k/7: no int8 weight with a power-of-two scale."""
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+             numpy_helper.from_array(np.array(0, np.int8), "z"),
+             numpy_helper.from_array(np.array([], np.float32), "roi"),
+             numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="qx"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dqx"),
+             helper.make_node("Resize", ["xd", "roi", "scales"], ["r"], name="up", mode="linear",
+                              coordinate_transformation_mode="align_corners"),
+             helper.make_node("QuantizeLinear", ["r", "s", "z"], ["rq"], name="qr"),
+             helper.make_node("DequantizeLinear", ["rq", "s", "z"], ["y"], name="dqy")]
+    graph = helper.make_graph(nodes, "qdq_resize", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                 [1, 8, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
+    path = str(tmp_path / "r.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model, result, _ = _fix(path, resize_mode="exact")
+    record = next(p for p in result.report.passes if p.name == "resize-nearest")
+    assert not record.changes
+    (rejection,) = record.rejections
+    assert rejection.node == "up" and "power-of-two" in rejection.reason
+    assert [n.op_type for n in model.graph.node].count("Resize") == 1
