@@ -229,9 +229,13 @@ def test_fold_batchnorm_qdq_moves_less_than_quantization_itself(quantized):
     assert to_float < 1.0  # and one rounding fewer brings it closer to the float model
 
 
-def _qdq_conv_bn(gamma: np.ndarray, weight_q: np.ndarray, per_channel: bool) -> onnx.ModelProto:
-    """x -> Q -> DQ -> Conv(DQ(W_q)) -> Q -> DQ -> BN -> Q -> DQ -> y, hand-built (int8, 1x1 kernel)."""
+def _qdq_conv_bn(gamma: np.ndarray, weight_q: np.ndarray, per_channel: bool,
+                 op: str = "Conv") -> onnx.ModelProto:
+    """x -> Q -> DQ -> Conv(DQ(W_q)) -> Q -> DQ -> BN -> Q -> DQ -> y, hand-built (int8, 1x1 kernel); ``weight_q``
+    is [M, C, 1, 1] and stored transposed for a ConvTranspose ([C, M, 1, 1], per-channel on axis 1)."""
     m, c = weight_q.shape[:2]
+    if op == "ConvTranspose":
+        weight_q = weight_q.transpose(1, 0, 2, 3)
     w_scale = np.full(m, 0.02, np.float32) if per_channel else np.array(0.02, np.float32)
     inits = [
         numpy_helper.from_array(np.array(0.05, np.float32), "sx"), numpy_helper.from_array(np.array(0, np.int8), "zx"),
@@ -244,12 +248,12 @@ def _qdq_conv_bn(gamma: np.ndarray, weight_q: np.ndarray, per_channel: bool) -> 
         numpy_helper.from_array(np.linspace(0.5, 1.5, m).astype(np.float32), "var"),
         numpy_helper.from_array(np.array(0.06, np.float32), "s2"), numpy_helper.from_array(np.array(0, np.int8), "z2"),
     ]
-    axis = {"axis": 0} if per_channel else {}
+    axis = {"axis": 0 if op == "Conv" else 1} if per_channel else {}
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"], name="qx"),
         helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"], name="dqx"),
         helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["w"], name="dqw", **axis),
-        helper.make_node("Conv", ["xd", "w"], ["c"], name="conv"),
+        helper.make_node(op, ["xd", "w"], ["c"], name="conv"),
         helper.make_node("QuantizeLinear", ["c", "s1", "z1"], ["cq"], name="q1"),
         helper.make_node("DequantizeLinear", ["cq", "s1", "z1"], ["cd"], name="dq1"),
         helper.make_node("BatchNormalization", ["cd", "g", "b", "mu", "var"], ["n"], name="bn"),
@@ -262,13 +266,14 @@ def _qdq_conv_bn(gamma: np.ndarray, weight_q: np.ndarray, per_channel: bool) -> 
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+@pytest.mark.parametrize("op", ["Conv", "ConvTranspose"])
 @pytest.mark.parametrize("per_channel", [False, True])
-def test_fold_batchnorm_negative_gamma_and_int8_min(tmp_path, per_channel):
+def test_fold_batchnorm_negative_gamma_and_int8_min(tmp_path, per_channel, op):
     rng = np.random.default_rng(3)
     weight = rng.integers(-127, 128, (8, 4, 1, 1))
     weight[2, 0, 0, 0] = -128  # its reflection, 128, is not int8: that channel is requantized
     gamma = np.array([1.0, -0.5, -2.0, 0.7, 1.3, -1.1, 0.9, 1.0])
-    model = _qdq_conv_bn(gamma, weight, per_channel)
+    model = _qdq_conv_bn(gamma, weight, per_channel, op)
     onnx.checker.check_model(model)
     path = str(tmp_path / "m.onnx")
     onnx.save(model, path)
@@ -376,3 +381,37 @@ def test_exact_resize_form_not_representable_in_int8_is_refused(tmp_path):
     (rejection,) = record.rejections
     assert rejection.node == "up" and "power-of-two" in rejection.reason
     assert [n.op_type for n in model.graph.node].count("Resize") == 1
+
+
+
+def test_a_shared_qdq_weight_is_copied_before_padding(tmp_path):
+    """Two convs read one DequantizeLinear weight: each gets a padded private copy, the original is not edited."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+             numpy_helper.from_array(np.array(0, np.int8), "z"),
+             numpy_helper.from_array(rng.integers(-127, 128, (20, 20, 1, 1)).astype(np.int8), "wq"),
+             numpy_helper.from_array(np.full(20, 0.01, np.float32), "sw"),
+             numpy_helper.from_array(np.zeros(20, np.int8), "zw")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="qx"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dqx"),
+             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["w"], name="dqw", axis=0),
+             helper.make_node("Conv", ["xd", "w"], ["a"], name="conv_a"),
+             helper.make_node("QuantizeLinear", ["a", "s", "z"], ["aq"], name="qa"),
+             helper.make_node("DequantizeLinear", ["aq", "s", "z"], ["ad"], name="dqa"),
+             helper.make_node("Conv", ["ad", "w"], ["b"], name="conv_b"),
+             helper.make_node("QuantizeLinear", ["b", "s", "z"], ["bq"], name="qb"),
+             helper.make_node("DequantizeLinear", ["bq", "s", "z"], ["y"], name="dqy")]
+    graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 20, 5, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 20, 5, 5])], inits)
+    path = str(tmp_path / "shared.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model, result, _ = _fix(path, align=8, align_io=True)
+    assert result.ok and result.report.final.passed
+    assert result.report.final.outputs[0].max_steps <= 1 + 1e-5
+    index = GraphIndex(model)
+    weights = {index.producer[n.input[1]].name for n in model.graph.node if n.op_type == "Conv"}
+    assert len(weights) == 2  # a private DequantizeLinear each
+    for name in weights:
+        dq = next(n for n in model.graph.node if n.name == name)
+        assert numpy_helper.to_array(index.initializers[dq.input[0]]).shape == (24, 24, 1, 1)
+        assert numpy_helper.to_array(index.initializers[dq.input[1]]).shape == (24,)
