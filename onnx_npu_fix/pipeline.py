@@ -5,7 +5,9 @@ pass that broke types or shapes), unless the pass declares ``keeps_shapes`` and 
 Then, with ``validate="each"`` (the default):
   1. onnx checker on the new model;
   2. onnxruntime on the run's seeded inputs, every graph output compared with the outputs of the model before;
-  3. exact passes must meet rtol/atol, approximate ones their relative-L2 bound (``--max-approx-error``).
+  3. exact passes must meet rtol/atol, approximate ones their relative-L2 bound (``--max-approx-error``); outputs
+     made by a DequantizeLinear are judged in their quantization steps instead (``quant_steps``), and a pass that
+     changed a rounding of a quantized model (``PassResult.quantized_tolerance``) is measured like an approximate one.
 Consecutive exact passes are validated as one group (one session after the last of them); an approximate pass
 is always measured alone; a failing group is replayed pass by pass so the failing pass is named (see _Run).
 The original's outputs are computed once, in the background while the passes run, and the outputs of the last

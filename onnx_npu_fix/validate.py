@@ -373,8 +373,9 @@ def quantized_output_steps(model: onnx.ModelProto) -> dict[str, np.ndarray]:
         if found is None:
             continue
         shape = index.shape(name)
-        rank = len(shape) if shape is not None else (1 if found[1].per_channel else 0)
-        steps[name] = found[1].steps(rank)
+        if shape is None and found[1].per_channel:
+            continue  # the channel axis cannot be placed: judged as a float output
+        steps[name] = found[1].steps(len(shape) if shape is not None else 0)
     return steps
 
 
@@ -404,8 +405,9 @@ def compare_quantized(reference: Sequence[Outputs], candidate: Sequence[Outputs]
             cand = cand_set[diff.name].astype(np.float64)
             if ref.size == 0:
                 continue
-            moved_by = np.abs(ref - cand) / np.broadcast_to(step, ref.shape) if step.ndim <= ref.ndim else None
-            if moved_by is None:
+            try:
+                moved_by = np.abs(ref - cand) / np.broadcast_to(step, ref.shape)
+            except ValueError:
                 return result  # the scale does not fit the output: keep the float verdict
             moved_by = np.where(np.isfinite(moved_by), moved_by, np.inf)
             max_steps = max(max_steps, float(moved_by.max()))

@@ -137,6 +137,8 @@ def test_align_channels_is_exact_on_qdq_models(quantized, name):
     before = {p.split(" ")[0] for p in walk_non_qdq(original)}
     new = [p for p in walk_non_qdq(model) if p.split(" ")[0] not in before]
     assert new == []
+    # Idempotent: a second run finds nothing to pad.
+    assert not AlignChannelsPass().run(model, FixOptions(align=8)).changes
 
 
 @pytest.mark.parametrize("name", [*CONFIGS])

@@ -262,6 +262,9 @@ class AlignChannelsPass(Pass):
 def _all_convs_aligned(model: onnx.ModelProto, align: int) -> bool:
     """True when every Conv / ConvTranspose has constant weights whose channel counts are already aligned."""
     dims = {t.name: t.dims for t in model.graph.initializer}
+    for node in model.graph.node:  # a QDQ weight DQ(W_q): the dims of W_q
+        if node.op_type == "DequantizeLinear" and node.input and node.input[0] in dims:
+            dims[node.output[0]] = dims[node.input[0]]
     for node in model.graph.node:
         if node.op_type in ("QLinearConv", "ConvInteger"):
             return False  # refused with a reason in find
