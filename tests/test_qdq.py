@@ -417,3 +417,42 @@ def test_a_shared_qdq_weight_is_copied_before_padding(tmp_path):
         dq = next(n for n in model.graph.node if n.name == name)
         assert numpy_helper.to_array(index.initializers[dq.input[0]]).shape == (24, 24, 1, 1)
         assert numpy_helper.to_array(index.initializers[dq.input[1]]).shape == (24,)
+
+
+def test_per_channel_activation_quantization_carries_the_padding(tmp_path):
+    """Conv(20) -> Q/DQ per channel (axis 1) -> Conv: the activation scale and zero point are padded with the
+    filters (scale 1, zero point 0 on the pad channels), and the result is bit for bit the original's."""
+    rng = np.random.default_rng(9)
+    act_scale = rng.uniform(0.02, 0.08, 20).astype(np.float32)
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+             numpy_helper.from_array(np.array(0, np.int8), "z"),
+             numpy_helper.from_array(rng.integers(-127, 128, (20, 8, 3)).astype(np.int8), "wa"),
+             numpy_helper.from_array(rng.integers(-127, 128, (8, 20, 3)).astype(np.int8), "wb"),
+             numpy_helper.from_array(np.array(0.01, np.float32), "sw"),
+             numpy_helper.from_array(np.array(0, np.int8), "zw"),
+             numpy_helper.from_array(act_scale, "sa"),
+             numpy_helper.from_array(rng.integers(-5, 5, 20).astype(np.int8), "za")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="qx"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dqx"),
+             helper.make_node("DequantizeLinear", ["wa", "sw", "zw"], ["wad"], name="dqwa"),
+             helper.make_node("DequantizeLinear", ["wb", "sw", "zw"], ["wbd"], name="dqwb"),
+             helper.make_node("Conv", ["xd", "wad"], ["a"], name="conv_a", pads=[1, 1]),
+             helper.make_node("QuantizeLinear", ["a", "sa", "za"], ["aq"], name="qa", axis=1),
+             helper.make_node("DequantizeLinear", ["aq", "sa", "za"], ["ad"], name="dqa", axis=1),
+             helper.make_node("Conv", ["ad", "wbd"], ["b"], name="conv_b", pads=[1, 1]),
+             helper.make_node("QuantizeLinear", ["b", "s", "z"], ["bq"], name="qb"),
+             helper.make_node("DequantizeLinear", ["bq", "s", "z"], ["y"], name="dqy")]
+    graph = helper.make_graph(nodes, "pc_act", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])], inits)
+    path = str(tmp_path / "pc_act.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model, result, _ = _fix(path, align=8)
+    assert result.ok and result.report.final.outputs[0].max_steps == 0
+    align = next(p for p in result.report.passes if p.name == "align-channels")
+    assert {c.op for c in align.changes if c.action == "carry"} == {"QuantizeLinear", "DequantizeLinear"}
+    index = GraphIndex(model)
+    q = next(n for n in model.graph.node if n.name == "qa")
+    scale = numpy_helper.to_array(index.initializers[q.input[1]])
+    zero = numpy_helper.to_array(index.initializers[q.input[2]])
+    assert scale.shape == (24,) and np.array_equal(scale[:20], act_scale) and np.all(scale[20:] == 1)
+    assert zero.shape == (24,) and np.all(zero[20:] == 0)
