@@ -366,6 +366,9 @@ def quantized_output_steps(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     from onnx_npu_fix.graph import GraphIndex
     from onnx_npu_fix.qdq import dequantizer_of
 
+    outputs = {o.name for o in model.graph.output}
+    if not any(n.op_type == "DequantizeLinear" and n.output and n.output[0] in outputs for n in model.graph.node):
+        return {}  # a float model: no index over the whole graph
     index = GraphIndex(model)
     steps: dict[str, np.ndarray] = {}
     for name in index.graph_outputs:
