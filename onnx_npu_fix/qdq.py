@@ -189,11 +189,6 @@ def activation_params(index: GraphIndex, name: str) -> QuantParams | None:
     return params
 
 
-def is_qdq_model(index: GraphIndex) -> bool:
-    """Whether the graph holds DequantizeLinear nodes (a QDQ-form quantized model)."""
-    return any(node.op_type == "DequantizeLinear" for node in index.graph.node)
-
-
 def wrap_inserted(index: GraphIndex, editor: GraphEditor, nodes: Sequence[onnx.NodeProto],
                   params: QuantParams | None) -> list[onnx.NodeProto]:
     """Keep ops a pass inserts on a quantized tensor in QDQ form: ``DQ -> Op -> Q -> DQ``, as onnxruntime's
@@ -228,15 +223,28 @@ MOVE_OPS = frozenset({"Pad", "Slice", "Gather", "Reshape", "Transpose", "Squeeze
 def wrap_moves(index: GraphIndex, editor: GraphEditor, tensor: str,
                nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
     """For a rewrite that replaces an op on DequantizeLinear output ``tensor`` by ``nodes`` (the last one
-    writing the replaced op's output): every intermediate output of a :data:`MOVE_OPS` node gets ``tensor``'s
-    own Q -> DQ (exact: it is on that grid). Intermediate results of arithmetic (an interpolation stage) are not
-    on the grid and stay float: requantizing them would add a rounding."""
+    writing the replaced op's output): every intermediate output of a :data:`MOVE_OPS` node before the first
+    arithmetic op gets ``tensor``'s own Q -> DQ (exact: it is still on that grid). From the first arithmetic op on
+    (an interpolation stage) the values are off the grid and stay float: requantizing them would add a rounding."""
     found = dequantizer_of(index, tensor)
     if found is None or found[1].per_channel or len(nodes) < 2:
         return list(nodes)
+    # Moves after the last arithmetic op (a crop) read values the replaced op's readers quantize: the arithmetic
+    # result goes through those readers' own Q -> DQ first (exact: Q(DQ(Q(y))) = Q(y)), and so does every move
+    # output up to the last node, which still feeds the readers' QuantizeLinear.
+    arithmetic = [i for i, node in enumerate(nodes[:-1]) if node.op_type not in MOVE_OPS]
+    readers = activation_params(index, nodes[-1].output[0]) if nodes[-1].op_type in MOVE_OPS else None
+    if readers is not None and readers.per_channel:
+        readers = None
     out: list[onnx.NodeProto] = []
-    for node in nodes[:-1]:
-        out.extend(wrap_inserted(index, editor, [node], found[1]) if node.op_type in MOVE_OPS else [node])
+    for i, node in enumerate(nodes[:-1]):
+        if not arithmetic or i < arithmetic[0]:
+            params: QuantParams | None = found[1]  # still on the input's grid
+        elif i >= arithmetic[-1]:
+            params = readers
+        else:
+            params = None  # between interpolation stages: off any grid
+        out.extend(wrap_inserted(index, editor, [node], params))
     out.append(nodes[-1])
     return out
 

@@ -360,8 +360,7 @@ def test_power_of_two_int8_is_exact_or_nothing():
     assert power_of_two_int8(np.array([200.0])) is None
 
 
-def test_exact_resize_form_not_representable_in_int8_is_refused(tmp_path):
-    """align_corners x2 on 4 -> 8 interpolates with weights k/7: no int8 weight with a power-of-two scale."""
+def _qdq_resize(path: str, coord: str) -> None:
     inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
              numpy_helper.from_array(np.array(0, np.int8), "z"),
              numpy_helper.from_array(np.array([], np.float32), "roi"),
@@ -369,14 +368,19 @@ def test_exact_resize_form_not_representable_in_int8_is_refused(tmp_path):
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="qx"),
              helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dqx"),
              helper.make_node("Resize", ["xd", "roi", "scales"], ["r"], name="up", mode="linear",
-                              coordinate_transformation_mode="align_corners"),
+                              coordinate_transformation_mode=coord),
              helper.make_node("QuantizeLinear", ["r", "s", "z"], ["rq"], name="qr"),
              helper.make_node("DequantizeLinear", ["rq", "s", "z"], ["y"], name="dqy")]
     graph = helper.make_graph(nodes, "qdq_resize", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                                                                  [1, 8, 4, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
-    path = str(tmp_path / "r.onnx")
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_exact_resize_form_not_representable_in_int8_is_refused(tmp_path):
+    """align_corners x2 on 4 -> 8 interpolates with weights k/7: no int8 weight with a power-of-two scale."""
+    path = str(tmp_path / "r.onnx")
+    _qdq_resize(path, "align_corners")
     model, result, _ = _fix(path, resize_mode="exact")
     record = next(p for p in result.report.passes if p.name == "resize-nearest")
     assert not record.changes
@@ -456,3 +460,44 @@ def test_per_channel_activation_quantization_carries_the_padding(tmp_path):
     zero = numpy_helper.to_array(index.initializers[q.input[2]])
     assert scale.shape == (24,) and np.array_equal(scale[:20], act_scale) and np.all(scale[20:] == 1)
     assert zero.shape == (24,) and np.all(zero[20:] == 0)
+
+
+@pytest.mark.parametrize("coord", ["asymmetric", "half_pixel", "pytorch_half_pixel"])
+def test_exact_resize_forms_with_a_crop_stay_qdq(tmp_path, coord):
+    path = str(tmp_path / "r.onnx")
+    _qdq_resize(path, coord)
+    original = onnx.load(path)
+    model, result, _ = _fix(path, resize_mode="exact")
+    record = next(p for p in result.report.passes if p.name == "resize-nearest")
+    assert result.ok and record.changes and not record.rejections
+    before = {q.split(" ")[0] for q in walk_non_qdq(original)}
+    assert [p for p in walk_non_qdq(model) if p.split(" ")[0] not in before] == []
+    assert result.report.final.outputs[0].max_steps <= 1 + 1e-5  # one Resize: a tie rounds at most one step away
+
+
+def test_wrap_moves_quantizes_on_each_grid_and_never_between_stages():
+    """Pad -> Conv -> Slice replacing an op from DQ(x, s) to Q(y, s2): the Pad is requantized with s (its values
+    are still x's), the Conv's output with s2 (what the Slice's readers quantize it with), nothing else."""
+    from onnx_npu_fix.graph import GraphEditor
+    from onnx_npu_fix.qdq import wrap_moves
+
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+             numpy_helper.from_array(np.array(0.07, np.float32), "s2"),
+             numpy_helper.from_array(np.array(0, np.int8), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="qx"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dqx"),
+             helper.make_node("Relu", ["xd"], ["r"], name="op"),
+             helper.make_node("QuantizeLinear", ["r", "s2", "z"], ["rq"], name="qr"),
+             helper.make_node("DequantizeLinear", ["rq", "s2", "z"], ["y"], name="dqy")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4])], inits)
+    index = GraphIndex(helper.make_model(graph))
+    editor = GraphEditor(index)
+    chain = [helper.make_node("Pad", ["xd", "pads"], ["p"], name="pad"),
+             helper.make_node("Conv", ["p", "w"], ["c"], name="conv"),
+             helper.make_node("Slice", ["c", "a", "b"], ["r"], name="crop")]
+    out = wrap_moves(index, editor, "xd", chain)
+    assert [(n.op_type, n.input[1] if n.op_type.endswith("Linear") else "") for n in out] == [
+        ("Pad", ""), ("QuantizeLinear", "s"), ("DequantizeLinear", "s"), ("Conv", ""),
+        ("QuantizeLinear", "s2"), ("DequantizeLinear", "s2"), ("Slice", "")]
+    assert out[3].input[0] == "p" and out[6].input[0] == "c" and out[6].output[0] == "r"  # names kept
