@@ -501,3 +501,41 @@ def test_wrap_moves_quantizes_on_each_grid_and_never_between_stages():
         ("Pad", ""), ("QuantizeLinear", "s"), ("DequantizeLinear", "s"), ("Conv", ""),
         ("QuantizeLinear", "s2"), ("DequantizeLinear", "s2"), ("Slice", "")]
     assert out[3].input[0] == "p" and out[6].input[0] == "c" and out[6].output[0] == "r"  # names kept
+
+
+@pytest.mark.parametrize("op", ["Conv", "ConvTranspose"])
+def test_per_channel_weights_of_both_conv_kinds_are_padded_on_their_output_axis(tmp_path, op):
+    """Conv [M, C, k] per-channel on axis 0, ConvTranspose [C, M, k] on axis 1, M = 12 -> 16, with an int32
+    bias: the outputs are bit for bit the original's."""
+    rng = np.random.default_rng(13)
+    shape = (12, 8, 3) if op == "Conv" else (8, 12, 3)
+    w_scale = rng.uniform(0.005, 0.02, 12).astype(np.float32)
+    b_scale = (np.float32(0.05) * w_scale).astype(np.float32)
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+             numpy_helper.from_array(np.array(3, np.int8), "z"),
+             numpy_helper.from_array(rng.integers(-127, 128, shape).astype(np.int8), "wq"),
+             numpy_helper.from_array(w_scale, "sw"), numpy_helper.from_array(np.zeros(12, np.int8), "zw"),
+             numpy_helper.from_array(rng.integers(-2000, 2000, 12).astype(np.int32), "bq"),
+             numpy_helper.from_array(b_scale, "sb"), numpy_helper.from_array(np.zeros(12, np.int32), "zb"),
+             numpy_helper.from_array(np.array(0.08, np.float32), "so")]
+    axis = 0 if op == "Conv" else 1
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="qx"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dqx"),
+             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["w"], name="dqw", axis=axis),
+             helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["b"], name="dqb", axis=0),
+             helper.make_node(op, ["xd", "w", "b"], ["c"], name="conv", pads=[1, 1]),
+             helper.make_node("QuantizeLinear", ["c", "so", "z"], ["cq"], name="qc"),
+             helper.make_node("DequantizeLinear", ["cq", "so", "z"], ["y"], name="dqy")]
+    graph = helper.make_graph(nodes, "pc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 10])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, 10])], inits)
+    path = str(tmp_path / "pc.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model, result, _ = _fix(path, align=8)
+    assert result.ok and result.report.final.outputs[0].max_steps == 0
+    index = GraphIndex(model)
+    conv = next(n for n in model.graph.node if n.op_type == op)
+    dq_w, dq_b = index.producer[conv.input[1]], index.producer[conv.input[2]]
+    q = numpy_helper.to_array(index.initializers[dq_w.input[0]])
+    assert q.shape[axis] == 16 and numpy_helper.to_array(index.initializers[dq_w.input[1]]).shape == (16,)
+    assert numpy_helper.to_array(index.initializers[dq_b.input[0]]).tolist()[12:] == [0, 0, 0, 0]
+    assert numpy_helper.to_array(index.initializers[dq_b.input[1]]).shape == (16,)
