@@ -200,6 +200,25 @@ def build_unet(path: str, *, base: int, size: int, seed: int = 12) -> None:
     b.save(path, [_io("image", (1, 3, size, size))], [_io("logits", (1, 2, size, size))], "unet")
 
 
+def build_unet_qdq(path: str, *, base: int, size: int, seed: int = 12) -> None:
+    """The U-Net above, quantized by onnxruntime's ``quantize_static`` in QDQ form (per-channel int8 weights, uint8
+    activations, 4 seeded N(0, 1) calibration sets, no ``quant_pre_process``: the BNs stay between DQ and Q)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    float_path = path + ".float.onnx"
+    build_unet(float_path, base=base, size=size, seed=seed)
+    rng = np.random.default_rng(seed)
+    sets = iter([{"image": rng.standard_normal((1, 3, size, size)).astype(np.float32)} for _ in range(4)])
+
+    class Reader(CalibrationDataReader):
+        def get_next(self):  # noqa: ANN202 - the quantizer's interface
+            return next(sets, None)
+
+    quantize_static(float_path, path, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    os.unlink(float_path)
+
+
 def build_chain(path: str, *, blocks: int, channels: int = 8, size: int = 4, seed: int = 13) -> None:
     """``blocks`` x (Conv 3x3 -> BatchNormalization -> Relu) on a tiny feature map: 3 nodes and 5 initializers
     per block, the shape of a graph where per-node overhead dominates.
@@ -284,6 +303,8 @@ CASES: tuple[Case, ...] = (
          dict(bottleneck=20, hidden=36, repeats=1, frames=256),
          npufix_args=("--max-dilation", "4", "--align", "8")),
     Case("unet", "U-Net (BN, bilinear)", build_unet,
+         dict(base=60, size=128), dict(base=6, size=32)),
+    Case("unet-qdq", "U-Net, QDQ-quantized (onnxruntime)", build_unet_qdq,
          dict(base=60, size=128), dict(base=6, size=32)),
     Case("chain100k", "100k-node Conv+BN+Relu chain", build_chain,
          dict(blocks=33334), dict(blocks=1000),

@@ -30,6 +30,7 @@ from onnx_npu_fix.errors import (
     OptionError,
 )
 from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.validate import quant_summary
 
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: stdout was closed (e.g. `npufix --check ... | head -1`)
 
@@ -127,6 +128,8 @@ def _split_names(value: str | None) -> list[str] | None:
               help="Relative tolerance of exact passes.")
 @click.option("--atol", type=click.FloatRange(min=0), default=1e-5, show_default=True,
               help="Absolute tolerance of exact passes (scaled by max(1, max|output|)).")
+@click.option("--quant-steps", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Tolerance of outputs made by a DequantizeLinear, in their quantization steps.")
 @click.option("--validate", "validate_policy", type=click.Choice(["each", "final", "none"]), default="each",
               show_default=True, help="Validate after every changed pass, once at the end, or never.")
 @click.option("--no-validate", is_flag=True, help="Same as --validate none.")
@@ -315,7 +318,7 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
     if report.final is not None:
         kind = "exact" if report.final.exact else "approximate"
         _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
-                    f"max rel {report.final.max_rel:.2e}")
+                    f"max rel {report.final.max_rel:.2e}{quant_summary(report.final)}")
     if outcome.violations:
         for violation in outcome.violations:
             click.echo(f"unfixed: {violation.text()}", err=True)

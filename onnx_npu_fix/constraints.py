@@ -54,6 +54,7 @@ from onnx_npu_fix.memory import (
     render_memory,
 )
 from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.qdq import conv_weight_problem, qoperator_reason
 
 # How each constraint's limit reads in the one-line form ("<value> vs <limit>").
 LIMIT_TEXT: dict[str, str] = {
@@ -302,6 +303,8 @@ def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
     standard = node.domain in _STANDARD
     if standard and op in ("Conv", "ConvTranspose"):
         _check_conv(ctx, node)
+    elif op in ("QLinearConv", "ConvInteger"):
+        _check_qoperator_conv(ctx, node)
     elif standard and op == "BatchNormalization" and not options.allow_batchnorm:
         ctx.add(node, "batchnorm", "present", "not allowed", "fold-batchnorm",
                 "folded into the adjacent Conv/Gemm, else lowered to Mul+Add")
@@ -415,9 +418,30 @@ def _check_conv(ctx: _Context, node: onnx.NodeProto) -> None:
         _check_conv_channels(ctx, node, w_shape, group)
 
 
+def _check_qoperator_conv(ctx: _Context, node: onnx.NodeProto) -> None:
+    """QLinearConv / ConvInteger: channels checked like a Conv's, and no pass fixes them (qdq.qoperator_reason)."""
+    slot = 3 if node.op_type == "QLinearConv" else 1
+    options = ctx.options
+    if options.max_dilation is not None or options.allowed_dilations is not None:
+        dilations = [int(d) for d in (get_attr(node, "dilations") or [])]
+        allowed = set(options.allowed_dilations or ()) | {1}
+        too_large = options.max_dilation is not None and max(dilations, default=1) > options.max_dilation
+        if too_large or (options.allowed_dilations is not None and any(d not in allowed for d in dilations)):
+            ctx.add(node, "dilation" if too_large else "dilation-allowed", dilations,
+                    options.max_dilation if too_large else sorted(allowed), None, qoperator_reason(node))
+    w_shape = ctx.index.shape(node.input[slot]) if len(node.input) > slot else None
+    if _static(w_shape) and len(w_shape) >= 3:  # type: ignore[arg-type]
+        if options.align > 0:
+            _check_conv_channels(ctx, node, w_shape, int(get_attr(node, "group", 1) or 1))  # type: ignore[arg-type]
+
+
 def _check_conv_channels(ctx: _Context, node: onnx.NodeProto, w_shape: Shape, group: int) -> None:
     align = ctx.options.align
-    if node.op_type == "Conv":
+    # align-channels pads constant weights and the QDQ weights qdq.conv_weight_problem accepts, nothing else.
+    blocked = conv_weight_problem(ctx.index, node)
+    fixer = None if blocked else "align-channels"
+    why = f"; {blocked}" if blocked else ""
+    if node.op_type != "ConvTranspose":
         c_in, c_out = w_shape[1] * group, w_shape[0]
     else:
         c_in, c_out = w_shape[0], w_shape[1] * group
@@ -433,7 +457,7 @@ def _check_conv_channels(ctx: _Context, node: onnx.NodeProto, w_shape: Shape, gr
                 node.name, node.op_type, "in-channels-align", n_in, align, None,
                 f"input channels{what} follow a graph input (via {x}); --align-io pads them inside the graph"))
         else:
-            ctx.add(node, "in-channels-align", n_in, align, "align-channels", f"input channels{what}")
+            ctx.add(node, "in-channels-align", n_in, align, fixer, f"input channels{what}{why}")
     if n_out % align:
         depthwise = group > 1 and group == c_in
         if depthwise and node.input[0] in ctx.input_fixed and not ctx.options.align_io:
@@ -444,7 +468,7 @@ def _check_conv_channels(ctx: _Context, node: onnx.NodeProto, w_shape: Shape, gr
             return
         # align-channels pads the filters and, where a consumer needs the real tensor (graph outputs too),
         # slices the real channels back out, so output channels are always fixable.
-        ctx.add(node, "out-channels-align", n_out, align, "align-channels", f"output channels{what}")
+        ctx.add(node, "out-channels-align", n_out, align, fixer, f"output channels{what}{why}")
 
 
 def _check_concat(ctx: _Context, node: onnx.NodeProto) -> None:

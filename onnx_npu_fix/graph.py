@@ -323,6 +323,10 @@ class GraphEditor:
         self._new_initializers.append(tensor_from_array(value, name))
         return name
 
+    def pending_initializer(self, name: str) -> onnx.TensorProto | None:
+        """An initializer added by :meth:`add_initializer` and not committed yet, or None."""
+        return next((t for t in self._new_initializers if t.name == name), None)
+
     def make_node(self, op_type: str, inputs: Sequence[str], outputs: Sequence[str], name: str,
                   **attrs: Any) -> onnx.NodeProto:
         return helper.make_node(op_type, list(inputs), list(outputs), name=self.index.unique_name(name), **attrs)

@@ -60,6 +60,8 @@ class FixOptions:
     seed: int = 0
     rtol: float = 1e-4
     atol: float = 1e-5
+    quant_steps: float = 1.0
+    """Outputs made by a DequantizeLinear pass when ``|a - b| <= quant_steps * scale`` (their own step)."""
     keep_going: bool = False
     """Roll back a pass that fails validation and continue, instead of failing the run."""
     # --- constraints checked by --check and after a fixing run (target profiles set these) ----------

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onnx_npu_fix.passes.base import Change, Rejection
-from onnx_npu_fix.validate import Comparison
+from onnx_npu_fix.validate import Comparison, quant_summary
 
 REPORT_VERSION = 1
 
@@ -39,6 +39,8 @@ class PassRecord:
     error: str | None = None
     seconds: float = 0.0
     validate_seconds: float = 0.0
+    quantized_tolerance: bool = False
+    """The pass removed a rounding step of a quantized model: exact within quantization steps (PassResult)."""
 
     def change_summary(self) -> str:
         """'3 removed, 1 folded to constant' — counts per kind of change (dropped initializers counted apart)."""
@@ -68,6 +70,7 @@ class PassRecord:
             "error": self.error,
             "seconds": round(self.seconds, 4),
             "validate_seconds": round(self.validate_seconds, 4),
+            "quantized_tolerance": self.quantized_tolerance,
         }
 
 
@@ -108,7 +111,7 @@ def _fmt_err(comparison: Comparison | None) -> str:
     if comparison.error:
         return f"  FAILED: {comparison.error}"
     worst = comparison.worst
-    text = f"  max abs {comparison.max_abs:.2e}, max rel {comparison.max_rel:.2e}"
+    text = f"  max abs {comparison.max_abs:.2e}, max rel {comparison.max_rel:.2e}{quant_summary(comparison)}"
     if worst is not None and len(comparison.outputs) > 1:
         text += f" (worst {worst.name})"
     if not comparison.passed and worst is not None:
@@ -119,6 +122,8 @@ def _fmt_err(comparison: Comparison | None) -> str:
 def render_pass_line(record: PassRecord) -> str:
     """One line per pass for the stderr summary: name, what changed, validation error, time."""
     kind = "" if record.exact else " [approximate]"
+    if record.quantized_tolerance:
+        kind = " [quantized rounding changed: measured]"
     head = f"{record.name:<16} {record.change_summary()}{kind}"
     if record.status == "validated" and record.validation is not None:
         tail = _fmt_err(record.validation)

@@ -345,3 +345,94 @@ class _Accumulator:
             passed = rel_l2 <= max_approx_error
         return OutputDiff(name=name, max_abs=self.max_abs, max_rel=self.max_rel, rel_l2=rel_l2,
                           cosine=cosine, passed=passed, needed_atol=needed_atol)
+
+
+# --- quantized outputs: compared in quantization steps -------------------------------------------------------
+
+@dataclass
+class QuantOutputDiff(OutputDiff):
+    """An output made by a DequantizeLinear: judged in units of its quantization step."""
+
+    scale: float = 0.0
+    """Its quantization step (the largest, for a per-channel scale)."""
+    max_steps: float = 0.0
+    """The largest ``|a - b| / scale`` over its elements (0 when bit-exact; an integer up to float noise)."""
+    moved_elements: int = 0
+    """How many elements moved by at least one step (summed over the validation inputs)."""
+    elements: int = 0
+    tolerance_steps: float = 1.0
+
+
+def quantized_output_steps(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The quantization step of every graph output whose producer is a DequantizeLinear with constant
+    parameters, shaped to broadcast against the output (per-channel scales on their axis)."""
+    from onnx_npu_fix.graph import GraphIndex
+    from onnx_npu_fix.qdq import dequantizer_of
+
+    outputs = {o.name for o in model.graph.output}
+    if not any(n.op_type == "DequantizeLinear" and n.output and n.output[0] in outputs for n in model.graph.node):
+        return {}  # a float model: no index over the whole graph
+    index = GraphIndex(model)
+    steps: dict[str, np.ndarray] = {}
+    for name in index.graph_outputs:
+        found = dequantizer_of(index, name)
+        if found is None:
+            continue
+        shape = index.shape(name)
+        if shape is None and found[1].per_channel:
+            continue  # the channel axis cannot be placed: judged as a float output
+        steps[name] = found[1].steps(len(shape) if shape is not None else 0)
+    return steps
+
+
+def compare_quantized(reference: Sequence[Outputs], candidate: Sequence[Outputs], steps: dict[str, np.ndarray],
+                      *, exact: bool, rtol: float, atol: float, max_approx_error: float,
+                      quant_steps: float = 1.0) -> Comparison:
+    """:func:`compare`, with every output in ``steps`` (made by a DequantizeLinear) judged in quantization steps.
+
+    Such an output passes when every element satisfies ``|a - b| <= quant_steps * scale`` (its own scale, per
+    channel where the output's DequantizeLinear is per-channel): an exact rewrite of a QDQ model may flip a
+    rounding inside a QuantizeLinear, since float summation order moves, and that moves a value by one step.
+    Approximate passes keep their relative-L2 bound on every output. Other outputs keep rtol/atol.
+    """
+    result = compare(reference, candidate, exact=exact, rtol=rtol, atol=atol, max_approx_error=max_approx_error)
+    if result.error is not None or not steps:
+        return result
+    if exact:
+        result.criterion = (f"quantized outputs |a-b| <= {quant_steps:g}*scale; others {result.criterion}"
+                            if len(steps) < len(result.outputs) else f"|a-b| <= {quant_steps:g}*scale")
+    for i, diff in enumerate(result.outputs):
+        step = steps.get(diff.name)
+        if step is None:
+            continue
+        max_steps, moved, count = 0.0, 0, 0
+        for ref_set, cand_set in zip(reference, candidate):
+            ref = ref_set[diff.name].astype(np.float64)
+            cand = cand_set[diff.name].astype(np.float64)
+            if ref.size == 0:
+                continue
+            try:
+                moved_by = np.abs(ref - cand) / np.broadcast_to(step, ref.shape)
+            except ValueError:
+                return result  # the scale does not fit the output: keep the float verdict
+            moved_by = np.where(np.isfinite(moved_by), moved_by, np.inf)
+            max_steps = max(max_steps, float(moved_by.max()))
+            moved += int(np.count_nonzero(moved_by >= 0.5))
+            count += ref.size
+        # A one-step move is (q1 - q2) * scale in float32: allow float32 rounding of that product.
+        passed = diff.passed if not exact else max_steps <= quant_steps * (1 + 1e-5)
+        result.outputs[i] = QuantOutputDiff(
+            **diff.__dict__ | {"passed": passed}, scale=float(np.max(step)), max_steps=max_steps,
+            moved_elements=moved, elements=count, tolerance_steps=quant_steps)
+    return result
+
+
+def quant_summary(comparison: Comparison | None) -> str:
+    """", 1 quantization step at most (12 of 3072 elements moved)" for a comparison with quantized outputs."""
+    diffs = [o for o in comparison.outputs if isinstance(o, QuantOutputDiff)] if comparison is not None else []
+    if not diffs:
+        return ""
+    worst = max(d.max_steps for d in diffs)
+    moved = sum(d.moved_elements for d in diffs)
+    total = sum(d.elements for d in diffs)
+    return f", {worst:.3g} quantization steps at most ({moved} of {total} quantized elements moved)"

@@ -55,6 +55,17 @@ from onnx_npu_fix.graph import (
 )
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+from onnx_npu_fix.qdq import (
+    QuantizedConst,
+    dequantizer_of,
+    is_qoperator,
+    qdq_conv_weight_problem,
+    qoperator_reason,
+    quant_params,
+    quantized_const,
+    store_quantized,
+    wrap_chain,
+)
 
 # Elementwise ops that map every finite input to a finite output, channel by channel.
 _UNARY = frozenset({
@@ -131,6 +142,10 @@ class _Conv:
     macs: int
     weight: np.ndarray | None = None
     bias: np.ndarray | None = None
+    weight_q: QuantizedConst | None = None
+    """QDQ weight: ``DequantizeLinear(W_q, scale, zp)``; ``weight`` then holds the integers W_q."""
+    bias_q: QuantizedConst | None = None
+    """QDQ bias: ``DequantizeLinear(b_q int32, in_scale * w_scale, 0)``; ``bias`` then holds b_q."""
 
     @property
     def kind(self) -> str:
@@ -147,9 +162,24 @@ class _Conv:
         return self.c_out // self.group
 
     def load(self, index: GraphIndex) -> None:
-        self.weight = index.const_value(self.node.input[1])
-        if len(self.node.input) > 2 and self.node.input[2]:
+        if self.weight_q is not None:
+            self.weight = self.weight_q.q
+        else:
+            self.weight = index.const_value(self.node.input[1])
+        if self.bias_q is not None:
+            self.bias = self.bias_q.q
+        elif len(self.node.input) > 2 and self.node.input[2]:
             self.bias = index.const_value(self.node.input[2])
+
+    def canonical_scale(self) -> np.ndarray | None:
+        """A per-channel weight scale (and zero point) per output channel m, as [2, c_out]; None if per-tensor."""
+        params = self.weight_q.params if self.weight_q is not None else None
+        if params is None or params.axis is None:
+            return None
+        both = np.stack([params.scale.astype(np.float64), params.zero_point.astype(np.float64)])
+        if not self.transpose:
+            return both
+        return np.tile(both, (1, self.group))  # ConvTranspose: axis 1 holds j of m = grp * M/g + j
 
     def canonical_weight(self) -> np.ndarray:
         """The weight as a Conv's [c_out, c_in / group, k...] (ConvTranspose stores [c_in, c_out / group, k...])."""
@@ -232,7 +262,12 @@ class AlignChannelsPass(Pass):
 def _all_convs_aligned(model: onnx.ModelProto, align: int) -> bool:
     """True when every Conv / ConvTranspose has constant weights whose channel counts are already aligned."""
     dims = {t.name: t.dims for t in model.graph.initializer}
+    for node in model.graph.node:  # a QDQ weight DQ(W_q): the dims of W_q
+        if node.op_type == "DequantizeLinear" and node.input and node.input[0] in dims:
+            dims[node.output[0]] = dims[node.input[0]]
     for node in model.graph.node:
+        if node.op_type in ("QLinearConv", "ConvInteger"):
+            return False  # refused with a reason in find
         if node.op_type not in ("Conv", "ConvTranspose"):
             continue
         shape = dims.get(node.input[1]) if len(node.input) > 1 else None
@@ -281,6 +316,10 @@ class _Aligner:
         for node in self.nodes:
             if node.domain not in ("", "ai.onnx"):
                 continue
+            if is_qoperator(node):
+                if node.op_type in ("QLinearConv", "ConvInteger"):
+                    self._reject(node, qoperator_reason(node), blocking=True)
+                continue
             if node.op_type in ("Conv", "ConvTranspose"):
                 conv = self._classify_conv(node)
                 if conv is not None:
@@ -303,19 +342,26 @@ class _Aligner:
         if shape is None or len(shape) < 3:
             self._reject(node, "the weight shape is unknown", blocking=True)
             return None
-        if not index.is_const(node.input[1]):
-            c_in, c_out = (shape[0], shape[1] * group) if transpose else (shape[1] * group, shape[0])
-            if self._conv_aligned(group, c_in, c_out):
-                return None
-            self._reject(node, f"weights are not constant: cannot pad channels (in {c_in}, out {c_out}, "
-                         f"group {group})", blocking=True)
-            return None
         c_in, c_out = (shape[0], shape[1] * group) if transpose else (shape[1] * group, shape[0])
+        weight_q = bias_q = None
+        if not index.is_const(node.input[1]):
+            weight_q = quantized_const(index, node.input[1])
+            problem = qdq_conv_weight_problem(weight_q, transpose, group) if weight_q is not None else (
+                "weights are not constant (nor a DequantizeLinear of a constant)")
+            if problem is not None:
+                if not self._conv_aligned(group, c_in, c_out):
+                    self._reject(node, f"{problem}: cannot pad channels (in {c_in}, out {c_out}, group {group})",
+                                 blocking=True)
+                return None
         if len(node.input) > 2 and node.input[2] and not index.is_const(node.input[2]):
-            if not self._conv_aligned(group, c_in, c_out):
-                self._reject(node, "bias is not constant: cannot pad channels", blocking=True)
-            return None
-        return _Conv(node, transpose, tuple(shape), group, c_in, c_out, _conv_macs(index, node))
+            bias_q = quantized_const(index, node.input[2])
+            if bias_q is None or np.any(bias_q.params.zero_point != 0):
+                if not self._conv_aligned(group, c_in, c_out):
+                    self._reject(node, "bias is not constant (nor a DequantizeLinear of a constant with zero point "
+                                 "0): cannot pad channels", blocking=True)
+                return None
+        return _Conv(node, transpose, tuple(shape), group, c_in, c_out, _conv_macs(index, node), weight_q=weight_q,
+                     bias_q=bias_q)
 
     def _conv_aligned(self, group: int, c_in: int, c_out: int) -> bool:
         return _conv_aligned(self.align, group, c_in, c_out)
@@ -358,6 +404,8 @@ class _Aligner:
             if op == "PRelu":
                 return self._classify_prelu(node)
             return _Carrier([0])
+        if op in ("QuantizeLinear", "DequantizeLinear"):
+            return self._classify_quantizer(node)
         if op in _BINARY:
             return self._classify_elementwise(node)
         if op == "Concat":
@@ -402,6 +450,23 @@ class _Aligner:
             axes = self._norm_axes([int(get_attr(node, "axis", 0))], rank)
             return _Carrier([0]) if axes is not None and axes[0] != 1 else None
         return None
+
+    def _classify_quantizer(self, node: onnx.NodeProto) -> _Carrier | None:
+        """A Q / DQ of an activation is channel-local: per-tensor it carries the padding as it is (Q(0) = zp,
+        DQ(zp) = 0); per-channel on axis 1 its scale and zero point are padded (1.0 and 0: finite, and the pad
+        channels' values never reach a real output)."""
+        if self.index.is_const(node.input[0]):
+            return None  # a weight's DequantizeLinear: handled with its conv
+        params = quant_params(self.index, node)
+        if params is None:
+            return None
+        if params.axis is None:
+            return _Carrier([0])
+        rank = self._rank(node.input[0])
+        if rank is None or params.axis % rank != 1:
+            return None
+        consts = [(1, 0, 1.0)] + ([(2, 0, 0.0)] if len(node.input) > 2 and node.input[2] else [])
+        return _Carrier([0], consts=consts)
 
     def _classify_prelu(self, node: onnx.NodeProto) -> _Carrier | None:
         if len(node.input) < 2:
@@ -503,6 +568,12 @@ class _Aligner:
         return _Carrier([0])
 
     def _classify_resize(self, node: onnx.NodeProto, rank: int | None) -> _Carrier | None:
+        mode = get_attr(node, "mode", "nearest") or "nearest"
+        if mode != "nearest" and dequantizer_of(self.index, node.input[0]) is not None:
+            # Interpolating values on a quantization grid lands on exact ties (weights k/4, k/16); a padded
+            # tensor changes how onnxruntime vectorizes the op, which rounds those ties the other way at the next
+            # QuantizeLinear. The Resize reads the real tensor instead, bit for bit as before.
+            return None
         if node.op_type == "Upsample" or (self.opset < 11):
             scales_slot, sizes_slot = 1, None
         else:
@@ -704,6 +775,16 @@ class _Aligner:
         out_map = np.asarray(out_layout.cmap) if out_layout is not None else np.arange(m_total)
         weight = conv.canonical_weight()
         new = np.zeros((groups * mg_new, cg_new, *weight.shape[2:]), dtype=weight.dtype)
+        per_channel = conv.canonical_scale()
+        new_scale = None
+        if per_channel is not None:
+            # Pad filters get the first channel's scale and zero point (positive, finite); every pad weight
+            # (pad filters and the taps on pad input channels) is its row's zero point, so it dequantizes to 0.
+            new_scale = np.repeat(per_channel[:, :1], groups * mg_new, axis=1)
+            new_scale[:, out_map] = per_channel
+            new[...] = new_scale[1].reshape(-1, *([1] * (new.ndim - 1))).astype(weight.dtype)
+        elif conv.weight_q is not None:
+            new[...] = conv.weight_q.params.zero_point.reshape(()).astype(weight.dtype)
         if groups == 1 and conv.group == 1:
             # Dense: output row out_map[r] reads the input channels in_map. Both maps are usually the identity on
             # a prefix: then a block copy, 10x cheaper than scattering each element of a 1370x380 weight.
@@ -718,12 +799,26 @@ class _Aligner:
             assert ((local >= 0) & (local < cg_new)).all(), "input layout does not fit the conv's groups"
             new[np.broadcast_to(out_map[:, None], local.shape), local] = weight
         new_weight = _from_canonical(new, conv.transpose, groups, cg_new, mg_new)
-        private_initializer(self.index, self.editor, node, 1, new_weight)
+        if conv.weight_q is not None:
+            self._store_quantized_weight(conv, new_weight, new_scale, groups, mg_new)
+        else:
+            private_initializer(self.index, self.editor, node, 1, new_weight)
         added = new_weight.nbytes - conv.weight.nbytes
         if conv.bias is not None and out_layout is not None:
             bias = np.zeros(out_layout.size, dtype=conv.bias.dtype)
             bias[out_map] = conv.bias
-            private_initializer(self.index, self.editor, node, 2, bias)
+            if conv.bias_q is not None:
+                # int32 bias: pads are 0 (zero point 0); a per-channel scale (in_scale * w_scale) is padded
+                # with its first entry, as the weight scale is.
+                params = conv.bias_q.params
+                scale = params.scale
+                if params.axis is not None:
+                    scale = np.full(out_layout.size, scale[0], dtype=scale.dtype)
+                    scale[out_map] = params.scale
+                store_quantized(self.index, self.editor, node, 2, conv.bias_q, bias, scale,
+                                np.zeros(scale.shape, dtype=params.zero_point.dtype))
+            else:
+                private_initializer(self.index, self.editor, node, 2, bias)
             added += bias.nbytes - conv.bias.nbytes
         if groups != conv.group:
             set_attr(node, "group", groups)
@@ -746,6 +841,19 @@ class _Aligner:
             detail={"extra_macs": new_macs - old_macs, "extra_weight_bytes": added,
                     "input": str(target) if target is not None else "real",
                     "output": str(out_layout) if out_layout is not None else "real"}))
+
+    def _store_quantized_weight(self, conv: _Conv, new_weight: np.ndarray, new_scale: np.ndarray | None,
+                                groups: int, mg_new: int) -> None:
+        """The padded integer weight into the conv's DequantizeLinear, with its per-channel scale / zero point
+        (back on the DequantizeLinear's axis: 0 for Conv, 1 = j of m = grp * M/g + j for ConvTranspose)."""
+        assert conv.weight_q is not None
+        params = conv.weight_q.params
+        scale, zero_point = params.scale, params.zero_point
+        if new_scale is not None:
+            per_axis = new_scale[:, :mg_new] if conv.transpose else new_scale
+            scale = per_axis[0].astype(params.scale.dtype)
+            zero_point = per_axis[1].astype(params.zero_point.dtype)
+        store_quantized(self.index, self.editor, conv.node, 1, conv.weight_q, new_weight, scale, zero_point)
 
     def _rewrite_carrier(self, node: onnx.NodeProto, carrier: _Carrier) -> None:
         padded = [s for s in carrier.slots if node.input[s] in self.layout]
@@ -850,8 +958,8 @@ class _Aligner:
             indices = np.full(layout.size, pad_positions[0] if pad_positions else current.cmap[0], dtype=np.int64)
             indices[list(layout.cmap)] = current.cmap
             nodes.append(self._gather_node(source, indices, base, name))
+        out = nodes[-1].output[0]  # before _insert: in QDQ form the last op's output is renamed, its DQ keeps this
         self._insert(producer, nodes, name, f"{current or 'real'} -> {layout}")
-        out = nodes[-1].output[0]
         self.conversions[key] = out
         return out
 
@@ -877,6 +985,7 @@ class _Aligner:
 
     def _insert(self, producer: onnx.NodeProto | None, nodes: list[onnx.NodeProto], tensor: str,
                 what: str) -> None:
+        nodes = wrap_chain(self.index, self.editor, tensor, nodes)  # on a quantized tensor: DQ -> op -> Q -> DQ
         if producer is not None:
             self.editor.insert_after(producer, nodes)
         else:

@@ -58,6 +58,11 @@ class PassResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     """Pass-specific figures for the report (e.g. MACs before/after, weight bytes added)."""
     warnings: list[str] = field(default_factory=list)
+    quantized_tolerance: bool = False
+    """Set by an exact pass whose rewrite this run removed a rounding step of a quantized model (e.g. a BN folded
+    into a QDQ conv's weight scale): each tensor it rewrote is within a quantization step of the original, not
+    bit for bit, and the steps add up through the layers after it. The manager then never reports it exact:
+    it is measured alone like an approximate pass (``max_approx_error``), with its outputs' step counts."""
 
     @property
     def changed(self) -> bool:

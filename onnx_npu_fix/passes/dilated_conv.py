@@ -109,6 +109,7 @@ from onnx_npu_fix.graph import (
 )
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+from onnx_npu_fix.qdq import qoperator_reason
 
 LAYOUTS = ("auto", "spatial", "channel", "batch")
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -264,6 +265,11 @@ class DilatedConvPass(Pass):
         # --- find (read-only) ---
         plans: list[_Plan] = []
         for node in model.graph.node:
+            if node.op_type in ("QLinearConv", "ConvInteger"):
+                dilations = [int(d) for d in (get_attr(node, "dilations") or [])]
+                if not all(dilation_ok(d, options.max_dilation, options.allowed_dilations) for d in dilations):
+                    result.rejections.append(Rejection(node.name, node.op_type, qoperator_reason(node), True))
+                continue
             if node.domain not in _DEFAULT_DOMAINS or node.op_type not in ("Conv", "ConvTranspose"):
                 continue
             dilations = [int(d) for d in (get_attr(node, "dilations") or [])]

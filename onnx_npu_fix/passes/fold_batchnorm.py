@@ -151,6 +151,8 @@ class FoldBatchNormPass(Pass):
         # The BNs' (a, b) are computed for all of them at once (per-BN numpy calls dominate at 33k BNs), so the
         # nodes that matter are listed first; the loop below then keeps the report in graph order.
         nodes = [n for n in model.graph.node if _is_batchnorm(n) or may_hold_subgraphs(n)]
+        qdq_folds, nodes = _find_qdq_folds(index, nodes, result, blocking)
+        total += len(qdq_folds)
         affines = _affines(index, [n for n in nodes if _is_batchnorm(n)], opset)
         for node in nodes:
             nested = _nested_batchnorms(node)
@@ -194,11 +196,17 @@ class FoldBatchNormPass(Pass):
             result.changes.extend(_apply_fold(index, editor, edit, batches.take(edit)))
         for low in lowerings:
             result.changes.append(_lower(index, editor, low, conv_mode))
+        for fold in qdq_folds:
+            result.changes.append(_apply_qdq_fold(index, editor, fold))
+        if qdq_folds:
+            result.quantized_tolerance = True  # one rounding step fewer: exact within quantization steps
         editor.commit()
         order = {name: i for i, name in enumerate(bn_names)}
         result.changes.sort(key=lambda change: order.get(change.node, 0))  # graph order in the report
 
         folded = sum(1 for c in result.changes if c.action.startswith("folded"))
+        if qdq_folds:
+            result.metrics["qdq_folded"] = len(qdq_folds)
         result.metrics.update({
             "batchnorm_before": total,
             "folded": folded,
@@ -772,3 +780,219 @@ def _nested_batchnorms(node: onnx.NodeProto) -> int:
             count += sub.op_type == "BatchNormalization"
             count += _nested_batchnorms(sub)
     return count
+
+
+# --- QDQ: Conv -> Q -> DQ -> BN -> Q folded into the conv's weight scale ---------------------------------------
+#
+#   DQ(W_q, s, zp) -> Conv -> Q(s1) -> DQ -> BN(a, b) -> Q(s2) -> DQ      (also ConvTranspose, group 1)
+#   DQ(W_q', s', zp) -> Conv(bias DQ(b_q', s_x * s', 0)) -> Q(s2) -> DQ
+#
+# with s'[m] = s[m] * |a[m]|, W_q'[m] = W_q[m] where a[m] >= 0 and 2 zp - W_q[m] (the reflection about the zero
+# point) where a[m] < 0, so DQ(W_q')[m] = a[m] * DQ(W_q)[m] exactly up to float32 rounding of the scale. A
+# reflection that leaves the integer range (int8 -128 with zp 0) requantizes that channel on its own new
+# symmetric scale (declared in the change). The bias a * bias + b is quantized on the conv's usual bias grid
+# s_x * s' (round to nearest, int32 range checked). The middle Q(s1) -> DQ disappears: the conv's output is
+# quantized once, by the BN's output quantizer. That removes one rounding step, so the result is exact within
+# quantization steps, not bit for bit: PassResult.quantized_tolerance.
+
+
+@dataclass
+class _QdqFold:
+    bn: onnx.NodeProto
+    conv: onnx.NodeProto
+    q1: onnx.NodeProto
+    dq1: onnx.NodeProto
+    weight: Any  # qdq.QuantizedConst
+    bias: Any  # qdq.QuantizedConst | None
+    x_scale: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    values: _QdqFolded | None = None
+
+
+def _qdq_value(index: GraphIndex, name: str) -> np.ndarray | None:
+    """A float constant, or the value of a DequantizeLinear of one (QDQ models quantize BN parameters too)."""
+    from onnx_npu_fix.qdq import quantized_const
+
+    value = _const(index, name)
+    if value is not None:
+        return value.astype(np.float64) if value.dtype.kind == "f" else None
+    const = quantized_const(index, name)
+    return None if const is None else const.dequantized().astype(np.float64)
+
+
+def _qdq_fold_plan(index: GraphIndex, bn: onnx.NodeProto) -> tuple[_QdqFold | None, str | None]:
+    """The QDQ fold of ``bn`` (None, None when the BN is not in that pattern; None, reason when it is but
+    cannot be folded)."""
+    from onnx_npu_fix.qdq import dequantizer_of, quant_params, quantized_const
+
+    dq1 = index.producer.get(bn.input[0])
+    if dq1 is None or dq1.op_type != "DequantizeLinear":
+        return None, None
+    q1 = index.producer.get(dq1.input[0])
+    if q1 is None or q1.op_type != "QuantizeLinear":
+        return None, None
+    conv = index.producer.get(q1.input[0])
+    if conv is None or conv.op_type not in ("Conv", "ConvTranspose"):
+        return None, None
+    if (index.single_consumer(conv.output[0]) is not q1 or index.single_consumer(q1.output[0]) is not dq1
+            or index.single_consumer(dq1.output[0]) is not bn):
+        return None, "the Conv -> Q -> DQ -> BN chain is also read elsewhere"
+    readers = index.consumers_of(bn.output[0])
+    if (not readers or bn.output[0] in index.output_set
+            or any(r.op_type != "QuantizeLinear" or quant_params(index, r) is None for r in readers)):
+        return None, "its output is not quantized by a QuantizeLinear (the folded conv would lose its quantizer)"
+    if any(o for o in bn.output[1:]) or get_attr(bn, "training_mode", 0):
+        return None, "training mode"
+    weight = quantized_const(index, conv.input[1]) if len(conv.input) > 1 else None
+    if weight is None or weight.params.dtype not in (np.int8, np.uint8):
+        return None, "its conv's weight is not an int8/uint8 DequantizeLinear of a constant"
+    transpose = conv.op_type == "ConvTranspose"
+    group = int(get_attr(conv, "group", 1))
+    if transpose and group != 1:
+        return None, "a grouped ConvTranspose cannot take a per-output-channel weight scale"
+    if weight.params.axis is not None and weight.params.axis != (1 if transpose else 0):
+        return None, f"its conv's weight is quantized per channel on axis {weight.params.axis}"
+    bias = None
+    if len(conv.input) > 2 and conv.input[2]:
+        bias = quantized_const(index, conv.input[2])
+        if bias is None and _const(index, conv.input[2]) is None:
+            return None, "its conv's bias is neither constant nor a DequantizeLinear of a constant"
+    x_dq = dequantizer_of(index, conv.input[0])
+    if x_dq is None or x_dq[1].per_channel:
+        return None, "its conv's input is not a per-tensor DequantizeLinear output (the bias scale needs it)"
+    params = [_qdq_value(index, name) for name in bn.input[1:5]]
+    if any(p is None for p in params):
+        return None, "a parameter is neither constant nor a DequantizeLinear of a constant"
+    gamma, beta, mean, var = params  # type: ignore[misc]
+    eps = float(get_attr(bn, "epsilon", 1e-5))
+    if np.any(var + eps <= 0):
+        return None, "var + eps <= 0"
+    a = gamma / np.sqrt(var + eps)
+    b = beta - mean * a
+    fold = _QdqFold(bn, conv, q1, dq1, weight, bias, x_dq[1].scale.astype(np.float64).reshape(()), a, b)
+    fold.values, problem = _qdq_fold_values(index, fold)
+    return (fold, None) if problem is None else (None, problem)
+
+
+@dataclass
+class _QdqFolded:
+    """The new integers and scales of one QDQ fold (computed while finding, so a bias overflow is a reason)."""
+
+    weight_q: np.ndarray
+    weight_scale: np.ndarray
+    weight_zero_point: np.ndarray
+    bias_q: np.ndarray
+    bias_scale: np.ndarray
+    requantized: list[int]
+    negated: int
+
+
+def _qdq_fold_values(index: GraphIndex, fold: _QdqFold) -> tuple[_QdqFolded | None, str | None]:
+    conv, weight = fold.conv, fold.weight
+    transpose = conv.op_type == "ConvTranspose"
+    axis = 1 if transpose else 0
+    q = weight.q.astype(np.int16)  # int8/uint8 reflections 2 zp - q fit in int16 (8x less memory than int64)
+    channels = q.shape[axis]
+    a = fold.a
+    if a.size != channels:
+        a = np.broadcast_to(a, (channels,))
+    params = weight.params
+    scale = np.broadcast_to(params.scale.astype(np.float64).reshape(-1), (channels,)).copy()
+    zp = np.broadcast_to(params.zero_point.astype(np.int16).reshape(-1), (channels,)).copy()
+    info = np.iinfo(params.dtype)
+    # Channel-major [M, rest] view, so every per-channel step is one vectorized numpy call.
+    rows = np.moveaxis(q, axis, 0).reshape(channels, -1)
+    new_rows = np.where((a < 0)[:, None], 2 * zp[:, None] - rows, rows)
+    new_scale = scale * np.abs(a)
+    zero = a == 0
+    new_rows[zero] = zp[zero, None]  # the channel is 0: its weights are the zero point, any positive scale
+    new_scale[zero] = scale[zero]
+    overflow = ~zero & ((new_rows.min(axis=1, initial=0) < info.min) | (new_rows.max(axis=1, initial=0) > info.max))
+    requantized = [int(m) for m in np.flatnonzero(overflow)]
+    for m in requantized:
+        # The reflection of -128 is 128: requantize this channel symmetrically on its own scale.
+        real = (rows[m] - zp[m]) * scale[m] * a[m]
+        new_scale[m] = float(np.abs(real).max()) / min(-info.min, info.max) if np.any(real) else scale[m]
+        new_rows[m] = np.clip(np.round(real / new_scale[m]) + zp[m], info.min, info.max)
+    moved = np.moveaxis(q, axis, 0).shape
+    new_q = np.moveaxis(new_rows.reshape(moved), 0, axis)
+    scale_dtype = params.scale.dtype
+    new_scale32 = new_scale.astype(scale_dtype)
+    if not np.all(np.isfinite(new_scale32)) or np.any(new_scale32 <= 0):
+        return None, "a folded weight scale s * |a| is not a positive finite number in the scale's dtype"
+    # Bias: a * bias + b on the grid s_x * s' (what the conv's int32 bias uses).
+    old_bias = np.zeros(channels)
+    if fold.bias is not None:
+        old_bias = fold.bias.dequantized().astype(np.float64).reshape(-1)
+    elif len(conv.input) > 2 and conv.input[2]:
+        old_bias = np.asarray(_const(index, conv.input[2]), dtype=np.float64).reshape(-1)
+    bias_value = a * old_bias + fold.b
+    bias_scale = (fold.x_scale * new_scale32.astype(np.float64)).astype(scale_dtype)
+    bias_q = np.round(bias_value / bias_scale.astype(np.float64))
+    int32 = np.iinfo(np.int32)
+    if not np.all(np.isfinite(bias_q)) or bias_q.min() < int32.min or bias_q.max() > int32.max:
+        return None, "the folded bias does not fit int32 on its scale (input scale x new weight scale)"
+    return _QdqFolded(new_q.astype(params.dtype), new_scale32, zp.astype(params.dtype), bias_q.astype(np.int32),
+                      bias_scale, requantized, int(np.count_nonzero(a < 0))), None
+
+
+def _apply_qdq_fold(index: GraphIndex, editor: GraphEditor, fold: _QdqFold) -> Change:
+    from onnx_npu_fix.qdq import quant_params, store_quantized
+
+    conv, values = fold.conv, fold.values
+    assert values is not None
+    channels = values.bias_q.size
+    axis = 1 if conv.op_type == "ConvTranspose" else 0
+    params = fold.weight.params
+    # A per-tensor scale becomes per-channel: the DequantizeLinear gets the output-channel axis.
+    store_quantized(index, editor, conv, 1, fold.weight, values.weight_q, values.weight_scale,
+                    values.weight_zero_point, axis=axis)
+    names = [editor.add_initializer(f"{conv.name}_bias_quantized", values.bias_q),
+             editor.add_initializer(f"{conv.name}_bias_scale", values.bias_scale),
+             editor.add_initializer(f"{conv.name}_bias_zero_point", np.zeros(channels, np.int32))]
+    bias_dq = editor.make_node("DequantizeLinear", names, [index.unique_name(f"{conv.name}_bias")],
+                               f"{conv.name}_bias_dequantize", axis=0)
+    editor.prepend([bias_dq])
+    while len(conv.input) < 3:
+        conv.input.append("")
+    conv.input[2] = bias_dq.output[0]
+    # The conv now writes the BN's output, quantized by the BN's quantizer; the middle Q -> DQ and the BN go.
+    conv.output[0] = fold.bn.output[0]
+    for node in (fold.q1, fold.dq1, fold.bn):
+        editor.remove(node)
+    q1 = quant_params(index, fold.q1)
+    detail: dict[str, Any] = {"rounding": "one requantization removed (the conv's own output quantizer)",
+                              "weight_scale": "per-tensor -> per-channel" if params.axis is None else "per-channel",
+                              "negated_channels": values.negated}
+    if q1 is not None and q1.axis is None:
+        info = np.iinfo(q1.dtype)
+        zero, step = int(q1.zero_point.reshape(-1)[0]), float(q1.scale.reshape(-1)[0])
+        # The removed quantizer also saturated: the folded conv's output is no longer clipped to its range.
+        detail["clip_removed"] = [round((info.min - zero) * step, 6), round((info.max - zero) * step, 6)]
+    if values.requantized:
+        detail["requantized_channels"] = values.requantized
+    return Change(fold.bn.name, fold.bn.op_type, "folded into QDQ conv scale", old=None, new=conv.name,
+                  detail=detail)
+
+
+def _find_qdq_folds(index: GraphIndex, nodes: list[onnx.NodeProto], result: PassResult,
+                    blocking: bool) -> tuple[list[_QdqFold], list[onnx.NodeProto]]:
+    """The BNs of ``nodes`` in the QDQ conv pattern (folded into the weight scale) and the nodes left for the
+    float rules; a BN in the pattern that cannot be folded gets its reason and stays (no float rule applies to
+    parameters that are DequantizeLinear outputs either)."""
+    folds: list[_QdqFold] = []
+    rest: list[onnx.NodeProto] = []
+    for node in nodes:
+        if not _is_batchnorm(node) or len(node.input) < 5:
+            rest.append(node)
+            continue
+        fold, problem = _qdq_fold_plan(index, node)
+        if fold is not None:
+            folds.append(fold)
+        elif problem is not None:
+            rest.append(node)  # the float rules report it (with their own reason) or fold it
+            result.warnings.append(f"{node.name}: not folded as a QDQ conv: {problem}")
+        else:
+            rest.append(node)
+    return folds, rest

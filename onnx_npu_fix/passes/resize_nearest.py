@@ -98,6 +98,7 @@ from onnx_npu_fix.graph import (
 )
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+from onnx_npu_fix.qdq import dequantizer_of, power_of_two_int8, quantize_new_weights, wrap_moves
 
 _RESIZE_OPS = ("Resize", "Upsample")
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -534,6 +535,10 @@ class ResizeNearestPass(Pass):
             site = _read_site(index, node, opset)
             site.opset = target_opset
             plan = self._plan(site, options, forbidden, result)
+            if plan is not None and _qdq_weights_problem(index, plan):
+                result.rejections.append(Rejection(node.name, node.op_type, _qdq_weights_problem(index, plan),
+                                                   blocking=options.require_nearest_resize))
+                continue
             if plan is not None:
                 plans.append(plan)
         # The bump is only worth it when some Upsample becomes a Resize (not when exact forms replace them all).
@@ -570,6 +575,10 @@ class ResizeNearestPass(Pass):
                                    f"{len(to_resize)} Upsample node(s) into Resize")
             result.metrics["opset"] = {"old": opset, "new": _BUMP_TARGET}
         for plan in plans:
+            if plan.action in ("conv-transpose", "matmul") and dequantizer_of(index, plan.site.node.input[0]):
+                # Interpolation weights k/16 on a quantization grid land on exact half steps: the exact form's
+                # other summation order rounds those ties the other way (measured, not exact within k steps).
+                result.quantized_tolerance = True
             change = self._rewrite(plan, editor)
             result.changes.append(change)
             forms[plan.action] = forms.get(plan.action, 0) + 1
@@ -754,6 +763,9 @@ class ResizeNearestPass(Pass):
             return Change(node.name, node.op_type, action, old=old, new=new, detail=detail)
         if plan.action == "conv-transpose":
             nodes = self._conv_transpose_nodes(plan, editor)
+            nodes = wrap_moves(editor.index, editor, node.input[0], nodes)  # QDQ model: Pad -> Q -> DQ
+            if dequantizer_of(editor.index, node.input[0]):
+                nodes = [*quantize_new_weights(editor.index, editor, nodes), *nodes]  # int8 kernel, 2^-p scale
             editor.replace(node, nodes)
             new = {"ops": [n.op_type for n in nodes], "nodes": [n.name for n in nodes],
                    "axes": {a: {"kernel": [round(float(w), 6) for w in f.kernel], "stride": f.stride,
@@ -762,6 +774,9 @@ class ResizeNearestPass(Pass):
             return Change(node.name, node.op_type, f"{site.mode}->conv-transpose", old=old, new=new,
                           detail=detail)
         nodes = self._matmul_nodes(plan, editor)
+        nodes = wrap_moves(editor.index, editor, node.input[0], nodes)  # QDQ model: moves -> Q -> DQ
+        if dequantizer_of(editor.index, node.input[0]):
+            nodes = [*quantize_new_weights(editor.index, editor, nodes), *nodes]  # int8 matrices, 2^-p scale
         editor.replace(node, nodes)
         new = {"ops": [n.op_type for n in nodes], "nodes": [n.name for n in nodes],
                "matrices": {a: list(m.shape) for a, m in plan.matrices.items()}}
@@ -920,3 +935,22 @@ def _bump_blockers(model: onnx.ModelProto, opset: int) -> list[str]:
         if old != new and op_type not in _BUMP_COMPATIBLE:
             blockers.add(f"{op_type} changes schema ({old} -> {new})")
     return sorted(blockers)
+
+
+def _qdq_weights_problem(index: GraphIndex, plan: _Plan) -> str:
+    """On a quantized Resize input, an exact form is used only when its weights are exactly int8 with a
+    power-of-two scale (qdq.power_of_two_int8), so the rewrite stays QDQ; else the reason ("" when fine)."""
+    if plan.action not in ("conv-transpose", "matmul") or not dequantizer_of(index, plan.site.node.input[0]):
+        return ""
+    if plan.action == "conv-transpose":
+        kernel = np.ones(1)
+        for form in plan.axis_forms.values():
+            kernel = np.multiply.outer(kernel, form.kernel)
+        weights = [kernel]
+    else:
+        weights = list(plan.matrices.values())
+    if all(power_of_two_int8(w.astype(np.float32)) is not None for w in weights):
+        return ""
+    return (f"the exact {plan.action} form's weights are not exactly int8 with a power-of-two scale, so on this "
+            f"quantized tensor it would leave a float weight in a QDQ model; left as it is (use --resize-mode "
+            f"nearest)")
