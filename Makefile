@@ -25,7 +25,7 @@ test: install
 	$(PY) -m pytest -q -m "not vendor and not slow"
 
 lint: install
-	$(VENV)/bin/ruff check onnx_npu_fix tests fixtures bench
+	$(VENV)/bin/ruff check onnx_npu_fix tests fixtures bench examples
 
 fixtures: install
 	$(PY) fixtures/build_fixtures.py

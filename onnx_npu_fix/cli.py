@@ -96,6 +96,8 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--passes", "only", help="Run only these passes (comma-separated, default order kept).")
 @click.option("--skip", help="Skip these passes (comma-separated).")
 @click.option("--list-passes", is_flag=True, help="List the passes in their default order and exit.")
+@click.option("--plugin", "plugins", multiple=True, metavar="MODULE:NAME|FILE.py[:NAME]|NAME",
+              help="Load a plugin pass (repeatable); it joins the run (see README, Plugin passes).")
 @click.option("--input-shape", multiple=True, metavar="NAME:D1,D2,...",
               help="Freeze a graph input's shape (repeatable), e.g. input:1,1,16000.")
 @click.option("--large-tensor", type=click.IntRange(min=0), default=1 << 20, show_default=True,
@@ -144,11 +146,14 @@ def main(ctx: click.Context, **params: Any) -> None:
 def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, target: str | None,
           list_targets: bool, check: bool, output_format: str, dump_shapes: bool, only: str | None,
           skip: str | None, list_passes: bool, report_path: str | None, quiet: bool, verbose: int,
-          **opts: Any) -> None:
+          plugins: tuple[str, ...] = (), **opts: Any) -> None:
     from onnx_npu_fix import api
 
     if list_passes:
-        click.echo(_render_pass_list(), nl=False)
+        try:
+            click.echo(_render_pass_list(api.list_passes(plugins)), nl=False)
+        except InputError as exc:
+            raise _InputProblem(str(exc)) from None
         return
     if list_targets:
         from onnx_npu_fix import targets
@@ -181,7 +186,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
                     _write_json(report_path, _record(path, None, options, None, time.perf_counter() - started,
                                                      code, checked))
             ctx.exit(exit_code)
-        passes = api.select_passes(_split_names(only), _split_names(skip) or ())
+        passes = api.select_passes(_split_names(only), _split_names(skip) or (), plugins=plugins)
         api.check_output_path(output, model)
         reference = None
         early = api.EarlyWrite(output)
@@ -317,13 +322,14 @@ def _run_check(model, options: FixOptions, output_format: str, dump_shapes: bool
     return (0 if report.clean else 1), report
 
 
-def _render_pass_list() -> str:
-    from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
-
+def _render_pass_list(rows) -> str:
     lines = []
-    for name, cls in PASSES.items():
+    for cls, name, where in rows:
+        if cls is None:
+            lines.append(f"{name:<16} {'-':<12} {where}")
+            continue
         kind = "exact" if cls.exact else "approximate"
-        extra = "" if cls in DEFAULT_ORDER else " (opt-in: run with --passes)"
+        extra = {"default": "", "opt-in": " (opt-in: run with --passes)"}.get(where, f" ({where})")
         lines.append(f"{name:<16} {kind:<12} {cls.summary}{extra}")
     return "\n".join(lines) + "\n"
 
