@@ -40,7 +40,7 @@ $(STAMP_MIN): pyproject.toml .ci/min_requirements.py
 	touch $(STAMP_MIN)
 
 lint: install
-	$(VENV)/bin/ruff check onnx_npu_fix tests fixtures bench
+	$(VENV)/bin/ruff check onnx_npu_fix tests fixtures bench examples
 
 fixtures: install
 	$(PY) fixtures/build_fixtures.py

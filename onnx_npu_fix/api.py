@@ -311,18 +311,45 @@ def _uses_external_data(model: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
-def select_passes(only: Sequence[str] | None = None, skip: Sequence[str] = ()) -> list[Pass]:
-    """The default order, restricted to ``only`` (kept in default order) and without ``skip``.
+def select_passes(only: Sequence[str] | None = None, skip: Sequence[str] = (),
+                  plugins: Sequence[str | type[Pass]] = ()) -> list[Pass]:
+    """The passes of a run, in order: the default order, restricted to ``only`` and without ``skip``, with the
+    ``plugins`` (``--plugin`` specs or pass classes) placed as :func:`onnx_npu_fix.plugins.place` says.
 
-    Unknown names raise InputError listing the valid ones.
+    Unknown names and unusable plugins raise InputError listing the valid names.
     """
-    known = list(PASSES)
+    from onnx_npu_fix import plugins as plugin_mod
+
+    loaded = [spec if isinstance(spec, type) else plugin_mod.load_spec(spec) for spec in plugins]
+    loaded = [plugin_mod.as_pass_class(cls, plugin_mod.origin_of(cls)) for cls in loaded]
+    known = plugin_mod.registry(loaded)
     for name in [*(only or ()), *skip]:
-        if name not in PASSES:
+        if name not in known:
             raise InputError(f"unknown pass '{name}'; passes: {', '.join(known)}")
-    chosen = [cls() for cls in DEFAULT_ORDER if (only is None or cls.name in only) and cls.name not in skip]
-    extra = [PASSES[n]() for n in (only or ()) if n in PASSES and PASSES[n] not in DEFAULT_ORDER]
-    return chosen + extra
+    return [cls() for cls in plugin_mod.place(only, skip, loaded, known)]
+
+
+def list_passes(plugins: Sequence[str | type[Pass]] = ()) -> list[tuple[type[Pass] | None, str, str]]:
+    """Every pass a run can name, for ``--list-passes``: (class or None when it fails to load, name, where from:
+    ``default``, ``opt-in``, ``installed: <entry point>``, ``plugin: <spec>`` or the load error)."""
+    from onnx_npu_fix import plugins as plugin_mod
+
+    given = [spec if isinstance(spec, type) else plugin_mod.load_spec(spec) for spec in plugins]
+    rows: list[tuple[type[Pass] | None, str, str]] = []
+    for name, held in plugin_mod.registry(given).items():
+        # identity, not ==: an EntryPoint's __eq__ fails on a class
+        if any(held is cls for cls in DEFAULT_ORDER):
+            rows.append((held, name, "default"))
+        elif any(held is cls for cls in PASSES.values()):
+            rows.append((held, name, "opt-in"))
+        elif isinstance(held, type):
+            rows.append((held, name, f"plugin: {plugin_mod.origin_of(held)}"))
+        else:
+            try:
+                rows.append((plugin_mod.load_entry_point(held), name, f"installed: {held.value}"))
+            except InputError as exc:
+                rows.append((None, name, str(exc)))
+    return rows
 
 
 def start_reference(path: str | os.PathLike, options: FixOptions) -> Reference | None:

@@ -114,6 +114,8 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--passes", "only", help="Run only these passes (comma-separated, default order kept).")
 @click.option("--skip", help="Skip these passes (comma-separated).")
 @click.option("--list-passes", is_flag=True, help="List the passes in their default order and exit.")
+@click.option("--plugin", "plugins", multiple=True, metavar="MODULE:NAME|FILE.py[:NAME]|NAME",
+              help="Load a plugin pass (repeatable); it joins the run (see README, Plugin passes).")
 @click.option("--input-shape", multiple=True, metavar="NAME:D1,D2,...",
               help="Freeze a graph input's shape (repeatable), e.g. input:1,1,16000.")
 @click.option("--freeze-input", multiple=True, metavar="NAME=VALUE",
@@ -198,11 +200,14 @@ def _stdout_closed() -> None:
 def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, target: str | None,
           list_targets: bool, check: bool, output_format: str, dump_shapes: bool, only: str | None,
           skip: str | None, list_passes: bool, report_path: str | None, quiet: bool, verbose: int,
-          **opts: Any) -> None:
+          plugins: tuple[str, ...] = (), **opts: Any) -> None:
     from onnx_npu_fix import api
 
     if list_passes:
-        click.echo(_render_pass_list(), nl=False)
+        try:
+            click.echo(_render_pass_list(api.list_passes(plugins)), nl=False)
+        except InputError as exc:
+            raise _InputProblem(str(exc)) from None
         return
     if list_targets:
         from onnx_npu_fix import targets
@@ -220,7 +225,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
         options = _build_options(ctx, target, opts, check)
         if check:
             ctx.exit(_check_models(models, options, output_format, dump_shapes, report_path, quiet, verbose))
-        passes = api.select_passes(_split_names(only), _split_names(skip) or ())
+        passes = api.select_passes(_split_names(only), _split_names(skip) or (), plugins=plugins)
         outcome = api.run(models[0], output, options, passes=passes, report_path=report_path, shapes=dump_shapes,
                           record=output_format == "json")
     except NpufixError as exc:
@@ -419,13 +424,14 @@ def _option_name(ctx: click.Context, field_name: str) -> str:
     return field_name
 
 
-def _render_pass_list() -> str:
-    from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
-
+def _render_pass_list(rows) -> str:
     lines = []
-    for name, cls in PASSES.items():
+    for cls, name, where in rows:
+        if cls is None:
+            lines.append(f"{name:<16} {'-':<12} {where}")
+            continue
         kind = "exact" if cls.exact else "approximate"
-        extra = "" if cls in DEFAULT_ORDER else " (opt-in: run with --passes)"
+        extra = {"default": "", "opt-in": " (opt-in: run with --passes)"}.get(where, f" ({where})")
         lines.append(f"{name:<16} {kind:<12} {cls.summary}{extra}")
     return "\n".join(lines) + "\n"
 
