@@ -27,8 +27,8 @@ from onnx_npu_fix.options import FixOptions
 def decompose_hardswish(graph: gs.Graph, options: FixOptions) -> None:
     for node in [n for n in graph.nodes if n.op == "HardSwish"]:
         x, y = node.inputs[0], node.outputs[0]
+        node.outputs.clear()  # first, so y has one producer at every moment; cleanup() then removes the dead node
         gate = gs.Variable(f"{node.name}/gate", dtype=x.dtype, shape=x.shape)
         graph.nodes.append(gs.Node("HardSigmoid", f"{node.name}/hardsigmoid", {"alpha": 1 / 6, "beta": 0.5},
                                    inputs=[x], outputs=[gate]))
         graph.nodes.append(gs.Node("Mul", f"{node.name}/mul", inputs=[x, gate], outputs=[y]))
-        node.outputs.clear()  # the HardSwish is now dead; the adapter's cleanup() removes it
