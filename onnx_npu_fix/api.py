@@ -323,3 +323,105 @@ def _read_prepared(path: str, options: FixOptions) -> onnx.ModelProto:
     model = read_model(path).model
     prepare(model, options)
     return model
+
+
+# --- --split: segments that fit the SRAM budget ---------------------------------------------------------
+
+
+@dataclass
+class SplitOutcome:
+    """What :func:`split_model` did: the plan, its chained validation, and where the segments went."""
+
+    plan: object  # split.SplitPlan
+    directory: str | None = None
+    """Where the segments and manifest.json were written (None: nothing written, the plan does not fit)."""
+    validation: object | None = None  # validate.Comparison, None when validation is off
+    hint: object | None = None  # split.ResolutionHint when a single layer does not fit
+    manifest: dict | None = None
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.plan.fits)
+
+    def to_json(self) -> dict:
+        return {"directory": self.directory, "manifest": self.manifest, **self.plan.to_json(),
+                "validation": self.validation.to_json() if self.validation is not None else None,
+                "resolution": self.hint.to_json() if self.hint is not None else None}
+
+
+def check_split_dir(directory: str | os.PathLike) -> None:
+    """--split DIR must be a new or empty directory whose parent exists (checked before any work)."""
+    directory = os.fspath(directory)
+    if os.path.exists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
+        raise InputError(f"--split {directory}: exists and is not an empty directory; npufix does not overwrite "
+                         f"segments, choose a new directory or remove it")
+    parent = os.path.dirname(os.path.abspath(directory))
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise InputError(f"--split {directory}: parent directory {parent} does not exist or is not writable")
+
+
+def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: FixOptions) -> SplitOutcome:
+    """Cut ``model`` (fixed, with fresh shapes: FixResult.model) into segments that each fit
+    ``options.sram_bytes`` (split.plan_split), check each segment's own estimate against the budget, validate
+    that running them in order reproduces ``model``'s outputs bit for bit, and write DIR atomically: the
+    segments and ``manifest.json`` go to a temporary sibling directory renamed into place at the end.
+
+    When a single layer exceeds the budget nothing is written: the outcome has ``fits`` False, the plan names
+    the layers and ``hint`` says which input size would fit. Raises PassFailed (pass name 'split') when the
+    chained segments do not reproduce the model, InputError for a bad ``--split-at`` name or directory."""
+    import json
+    import shutil
+
+    from onnx_npu_fix.errors import PassFailed
+    from onnx_npu_fix.graph import GraphIndex
+    from onnx_npu_fix.memory import estimate
+    from onnx_npu_fix.split import build_segments, plan_split, resolution_hint
+    from onnx_npu_fix.validate import validate_chain
+
+    directory = os.fspath(directory)
+    check_split_dir(directory)
+    plan = plan_split(GraphIndex(model), options.sram_bytes, options.act_bytes, split_at=options.split_at,
+                      budget=options.schedule_budget)
+    outcome = SplitOutcome(plan)
+    if not plan.fits:
+        outcome.hint = resolution_hint(model, options.sram_bytes, options.act_bytes)
+        return outcome
+    segments = build_segments(model, plan)
+    for k, (segment, planned) in enumerate(zip(segments, plan.segments)):
+        onnx.checker.check_model(segment)
+        peak = estimate(segment, options.act_bytes, reorder=False).peak_bytes
+        if options.sram_bytes is not None and peak > options.sram_bytes:
+            raise PassFailed(f"segment {k} as built peaks at {peak} B, above the budget (planned "
+                             f"{planned.peak_bytes} B)", pass_name="split")
+        planned.peak_bytes = peak
+    if options.validate != "none":
+        outcome.validation = validate_chain(model, segments, n=options.n_inputs, seed=options.seed)
+        if not outcome.validation.passed:
+            worst = outcome.validation.worst
+            what = outcome.validation.error or (f"output '{worst.name}' differs by {worst.max_abs:.3g}"
+                                                if worst else "outputs differ")
+            raise PassFailed(f"the chained segments do not reproduce the model: {what}", pass_name="split")
+    width = max(2, len(str(len(segments) - 1)))
+    names = [f"segment_{k:0{width}d}.onnx" for k in range(len(segments))]
+    manifest = {
+        "segments": [{"path": name, "inputs": s.inputs, "outputs": s.outputs, "peak_bytes": s.peak_bytes}
+                     for name, s in zip(names, plan.segments)],
+        "crossing_bytes": list(plan.crossing_bytes),
+    }
+    parent = os.path.dirname(os.path.abspath(directory))
+    tmp = tempfile.mkdtemp(prefix=".npufix-split-", dir=parent)
+    try:
+        for name, segment in zip(names, segments):
+            save_model(segment, os.path.join(tmp, name))
+        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2)
+            f.write("\n")
+        os.chmod(tmp, 0o777 & ~_umask())
+        if os.path.isdir(directory):
+            os.rmdir(directory)  # empty (checked above): replaced by the finished directory
+        os.replace(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    outcome.directory, outcome.manifest = directory, manifest
+    return outcome

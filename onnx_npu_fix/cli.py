@@ -112,6 +112,14 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--no-validate", is_flag=True, help="Same as --validate none.")
 @click.option("--keep-going", is_flag=True,
               help="Roll back a pass that fails validation and continue (default: stop, write nothing).")
+# --- fitting SRAM (README "Fitting SRAM"): segments, user cuts, the memory picture ---------------------------
+@click.option("--split", "split_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="After fixing, cut the model into segments that each fit --sram; write them and "
+                   "DIR/manifest.json (DIR must be new or empty).")
+@click.option("--split-at", "split_at", metavar="TENSOR,...",
+              help="With --split: also cut right after the producer of each of these tensors.")
+@click.option("--memory-plot", "memory_plot", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Draw live activation bytes per step (.png or .svg; needs onnx-npu-fix[plot]).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="Write the build record (JSON) here.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
@@ -147,6 +155,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
           **opts: Any) -> None:
     from onnx_npu_fix import api
 
+    fitting = _FittingArgs(opts.pop("split_dir"), _split_names(opts.pop("split_at")), opts.pop("memory_plot"))
     if list_passes:
         click.echo(_render_pass_list(), nl=False)
         return
@@ -166,6 +175,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
     _setup_logging(quiet, verbose)
     try:
         options = _build_options(ctx, target, opts)
+        options = fitting.prepare(options, check, output)
         if check:
             exit_code = 0
             for path in models:
@@ -225,6 +235,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
         try:
             checked = check_model(result.model, options, shapes=dump_shapes, prepared=True,
                                   memory=bool(report_path) or output_format == "json")
+            fitting.run(result.model, options, checked)
             api.save_model(result.model, output, external_data=external or None, serialized=result.serialized,
                            early=early)
         except OSError as exc:
@@ -236,7 +247,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
             kind = "exact" if report.final.exact else "approximate"
             _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
                         f"max rel {report.final.max_rel:.2e}")
-        if checked.violations:
+        if checked.violations or not fitting.ok:
             exit_code = 1
             for violation in checked.violations:
                 click.echo(f"unfixed: {violation.text()}", err=True)
@@ -249,11 +260,14 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
             from onnx_npu_fix.constraints import render_shapes
 
             click.echo(render_shapes(checked.shapes))
+        fitting.say(quiet)
         _say(quiet, f"wrote {output}")
     # The record hashes both models (0.2 s at 100 MB): built only when someone reads it.
     wanted = report_path or output_format == "json"
     record = _record(model, written, options, result, time.perf_counter() - started, exit_code, checked) \
         if wanted else {}
+    if wanted:
+        record["split"] = fitting.outcome.to_json() if fitting.outcome is not None else None
     if report_path:
         try:
             _write_json(report_path, record)
@@ -262,6 +276,70 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
     if output_format == "json":
         click.echo(json.dumps(record, indent=2, default=str))
     ctx.exit(exit_code)
+
+
+class _FittingArgs:
+    """--split / --split-at / --memory-plot: checked before any work, run once the fix has succeeded."""
+
+    def __init__(self, split_dir: str | None, split_at: list[str] | None, memory_plot: str | None) -> None:
+        self.split_dir, self.split_at, self.memory_plot = split_dir, split_at or [], memory_plot
+        self.outcome = None
+
+    def prepare(self, options: FixOptions, check: bool, output: str | None) -> FixOptions:
+        import dataclasses
+
+        from onnx_npu_fix import api
+
+        if self.split_at and not self.split_dir:
+            raise click.UsageError("--split-at needs --split DIR (where the segments go)")
+        if self.split_dir:
+            if check:
+                raise click.UsageError("--split writes segments: use it in a fixing run (-o), not with --check")
+            if options.sram_bytes is None and not self.split_at:
+                raise click.UsageError("--split needs --sram SIZE (the budget each segment must fit) or --split-at")
+            api.check_split_dir(self.split_dir)
+        return dataclasses.replace(options, split_at=tuple(self.split_at)) if self.split_at else options
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is None or self.outcome.fits
+
+    def run(self, model, options: FixOptions, checked) -> None:
+        """Split the fixed model (before it is saved: a failed split writes nothing). Segments that all fit
+        satisfy the SRAM budget: the whole model's 'sram' violation is then resolved."""
+        self.options = options
+        if not self.split_dir:
+            return
+        from onnx_npu_fix import api
+        from onnx_npu_fix.errors import PassFailed
+
+        try:
+            self.outcome = api.split_model(model, self.split_dir, options)
+        except PassFailed as exc:
+            click.echo(f"error: split failed: {exc}; nothing written", err=True)
+            raise click.exceptions.Exit(exc.exit_code) from None
+        if self.outcome.fits and options.sram_bytes is not None:
+            checked.violations = [v for v in checked.violations if v.constraint != "sram"]
+
+    def say(self, quiet: bool) -> None:
+        from onnx_npu_fix.memory import format_bytes
+
+        outcome, options = self.outcome, getattr(self, "options", None)
+        if outcome is None:
+            return
+        plan = outcome.plan
+        if not outcome.fits:  # the sram-layer violation names the layer and what would fit
+            node, op, size = plan.blocking[0]
+            click.echo(f"{'split':<16} not possible: {node} ({op}) alone needs {format_bytes(size)} > SRAM "
+                       f"{format_bytes(options.sram_bytes)}; nothing written to {self.split_dir}", err=True)
+            return
+        peaks = " / ".join(format_bytes(s.peak_bytes) for s in plan.segments)
+        crossing = ", ".join(format_bytes(b) for b in plan.crossing_bytes) or "none"
+        check = outcome.validation
+        verdict = "not validated" if check is None else f"chained segments bit-exact (max abs {check.max_abs:.1e})"
+        _say(quiet, f"{'split':<16} {len(plan.segments)} segment{'s' if len(plan.segments) != 1 else ''}, peaks "
+                    f"{peaks}; crossing {crossing}; {verdict}")
+        _say(quiet, f"wrote {os.path.join(self.split_dir, 'manifest.json')}")
 
 
 # Option name on the command line -> FixOptions field, for everything that becomes an option.

@@ -204,6 +204,11 @@ def _liveness(index: GraphIndex, act_bytes: int, const: set[str] | None = None) 
                      sz=[v or 0 for v in sizes], outputs=[t for t, o in enumerate(is_output) if o])
 
 
+# The liveness structure is shared with split.py (segment peaks over the same model of execution).
+Liveness = _Liveness
+liveness = _liveness
+
+
 def _spans(lv: _Liveness, order: Sequence[int]) -> tuple[list[int], list[int]]:
     """First and last step of every activation tensor under ``order`` (a permutation of node indices)."""
     n = len(order)

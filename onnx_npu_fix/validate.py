@@ -342,3 +342,41 @@ class _Accumulator:
             passed = rel_l2 <= max_approx_error
         return OutputDiff(name=name, max_abs=self.max_abs, max_rel=self.max_rel, rel_l2=rel_l2,
                           cosine=cosine, passed=passed, needed_atol=needed_atol)
+
+
+# --- a chain of sub-models (npufix --split) ------------------------------------------------------------
+
+
+def run_chain(segments: Sequence[onnx.ModelProto], feeds: Sequence[Feeds]) -> list[Outputs]:
+    """Run ``segments`` in order on every input set, passing tensors by name: each segment reads its inputs from
+    the caller's feeds or an earlier segment's outputs. Returns every tensor any segment produced, per input set."""
+    runners = [Runner(segment) for segment in segments]
+    try:
+        results = []
+        for feed in feeds:
+            values: dict[str, np.ndarray] = dict(feed)
+            for segment, runner in zip(segments, runners):
+                inputs = {vi.name: values[vi.name] for vi in segment.graph.input
+                          if vi.name not in {t.name for t in segment.graph.initializer}}
+                values.update(runner.run(inputs))
+            results.append(values)
+        return results
+    finally:
+        for runner in runners:
+            runner.close()
+
+
+def validate_chain(whole: onnx.ModelProto, segments: Sequence[onnx.ModelProto], *, n: int, seed: int) -> Comparison:
+    """Run ``whole`` and the chain of ``segments`` on the same seeded inputs and compare every graph output of
+    ``whole`` for equality (|a - b| <= 0: the segments run the same ops on the same values, so nothing but
+    bit-identical outputs is accepted)."""
+    feeds = make_inputs(whole, n, seed)
+    runner = Runner(whole)
+    try:
+        reference = runner.run_all(feeds)
+    finally:
+        runner.close()
+    chained = run_chain(segments, feeds)
+    names = [o.name for o in whole.graph.output]
+    candidate = [{name: values[name] for name in names if name in values} for values in chained]
+    return compare(reference, candidate, exact=True, rtol=0.0, atol=0.0, max_approx_error=0.0)
