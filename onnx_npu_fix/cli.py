@@ -480,6 +480,7 @@ def _record(model_path: str, output_path: str | None, options: FixOptions, resul
     record["violations"] = [v.to_json() for v in checked.violations] if checked is not None else None
     record["exempt"] = [v.to_json() for v in checked.exempt] if checked is not None else None
     record["memory"] = checked.memory.to_json() if checked is not None and checked.memory else None
+    record["split"] = None  # a fixing run with --split fills it in
     return record
 
 

@@ -439,7 +439,7 @@ def test_report_json_and_text():
     text = render_check(report)
     lines = text.splitlines()
     assert lines[len(report.violations)] == (
-        "4 violations: 3 fixable (align-channels 2, dilated-conv 1); 1 that no pass fixes")
+        "5 violations: 3 fixable (align-channels 2, dilated-conv 1); 2 that no pass fixes")
     assert "Activation memory" in text
 
 
