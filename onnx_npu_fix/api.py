@@ -312,11 +312,17 @@ def fix(model: onnx.ModelProto, options: FixOptions | None = None,
     FixResult.serialized is that same object when they are the result.
     ``source``: the file ``model`` was read from by :func:`read_model`, unchanged since: a rollback to the input
     reads it again instead of the pass manager keeping a copy of the model."""
+    from onnx_npu_fix.cost import model_cost
+
     options = options or FixOptions()
     prepare(model, options)
+    before = model_cost(model, options.act_bytes)  # the model is edited in place: its cost is taken now
     reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options)
-    return run_passes(model, options, list(passes) if passes is not None else select_passes(),
-                      reference=reference, on_serialized=on_serialized, reload=reload)
+    result = run_passes(model, options, list(passes) if passes is not None else select_passes(),
+                        reference=reference, on_serialized=on_serialized, reload=reload)
+    if result.ok:
+        result.report.cost = (before, model_cost(result.model, options.act_bytes))
+    return result
 
 
 def _read_prepared(path: str, options: FixOptions) -> onnx.ModelProto:

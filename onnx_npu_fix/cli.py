@@ -247,6 +247,11 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
             kind = "exact" if report.final.exact else "approximate"
             _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
                         f"max rel {report.final.max_rel:.2e}")
+        if report.cost is not None:
+            from onnx_npu_fix.cost import render_cost
+
+            for line in render_cost(*report.cost):
+                _say(quiet, line)
         if checked.violations or not fitting.ok:
             exit_code = 1
             for violation in checked.violations:
@@ -476,7 +481,8 @@ def _record(model_path: str, output_path: str | None, options: FixOptions, resul
     if result is not None:
         record.update(result.report.to_json())
     else:  # a check run: same keys, nothing ran
-        record.update({"passes": [], "final_validation": None, "validation_note": None, "warnings": []})
+        record.update({"passes": [], "final_validation": None, "validation_note": None, "warnings": [],
+                       "cost": None})
     record["violations"] = [v.to_json() for v in checked.violations] if checked is not None else None
     record["exempt"] = [v.to_json() for v in checked.exempt] if checked is not None else None
     record["memory"] = checked.memory.to_json() if checked is not None and checked.memory else None

@@ -72,6 +72,8 @@ class FixReport:
     """Why validation was partial (e.g. the original cannot be run by onnxruntime)."""
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    cost: tuple[Any, Any] | None = None
+    """(before, after) cost.Cost of the input and the output model (api.fix fills it when the run succeeded)."""
 
     @property
     def failed_pass(self) -> PassRecord | None:
@@ -88,6 +90,7 @@ class FixReport:
             "validation_note": self.validation_note,
             "warnings": self.warnings,
             "seconds": round(self.seconds, 4),
+            "cost": None if self.cost is None else {"before": self.cost[0].to_json(), "after": self.cost[1].to_json()},
         }
 
 

@@ -492,3 +492,38 @@ def test_property_search_is_exact_and_its_bound_is_sound(spec, budget):
         assert found.peak == optimum
     if budget == 20000:
         assert found.optimal and found.peak == optimum
+
+
+# --- cost table ---------------------------------------------------------------------------------------
+
+
+def test_cost_table_before_and_after_alignment(tmp_path):
+    """One Conv 3 -> 5 channels, 3x3, on 1x3x8x8 (pads 1), then Relu. --align 8 pads the conv to 8 output
+    channels and slices back to 5: by hand, MACs 8*8*5 * 3*9 = 8640 -> 8*8*8 * 3*9 = 13824; weights
+    5*3*9*4 = 540 B -> 8*3*9*4 = 864 B plus the Slice's constants."""
+    from click.testing import CliRunner
+
+    from onnx_npu_fix.api import fix
+    from onnx_npu_fix.cli import main
+    from onnx_npu_fix.options import FixOptions
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [1, 3, 8, 8])],
+                   [helper.make_tensor_value_info("y", F, [1, 5, 8, 8])], [_weight("w", (5, 3, 3, 3))])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    result = fix(onnx.load(path), FixOptions(align=8))
+    before, after = result.report.cost
+    assert before.ops == {"Conv": 1, "Relu": 1} and before.nodes == 2
+    assert (before.conv_macs, after.conv_macs) == (8640, 13824)
+    assert before.weight_bytes == 540 and after.weight_bytes >= 864
+    assert before.peak_bytes == estimate(model).peak_bytes
+    assert after.peak_bytes == estimate(result.model).peak_bytes > before.peak_bytes
+    assert after.ops.get("Slice", 0) >= 1
+    run = CliRunner().invoke(main, [str(path), "-o", str(tmp_path / "o.onnx"), "--report", str(tmp_path / "r.json")])
+    assert run.exit_code == 0, run.output
+    line = next(x for x in run.output.splitlines() if x.startswith("cost "))
+    assert "conv MACs 8,640 -> 13,824, +60%" in line
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["cost"]["before"]["conv_macs"] == 8640 and record["cost"]["after"]["conv_macs"] == 13824
