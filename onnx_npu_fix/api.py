@@ -344,6 +344,8 @@ class SplitOutcome:
     validation: object | None = None  # validate.Comparison, None when validation is off
     hint: object | None = None  # split.ResolutionHint when a single layer does not fit
     manifest: dict | None = None
+    segments: list | None = None
+    """The segment models written (for --memory-plot)."""
 
     @property
     def fits(self) -> bool:
@@ -429,5 +431,48 @@ def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: F
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    outcome.directory, outcome.manifest = directory, manifest
+    outcome.directory, outcome.manifest, outcome.segments = directory, manifest, segments
     return outcome
+
+
+def write_memory_plot(model: onnx.ModelProto, path: str | os.PathLike, options: FixOptions, *,
+                      split: SplitOutcome | None = None, prepared: bool = True) -> dict:
+    """Draw the activation profile of ``model`` (plot.py) to ``path`` (.png / .svg) and its numbers to
+    ``path + '.json'``, both atomically. ``prepared``: ``model`` has fresh inferred shapes (FixResult.model);
+    otherwise a light analysis copy is made. ``split``: also draw each segment. Returns the numbers.
+    Raises InputError (exit 2) when matplotlib is missing."""
+    import json
+
+    from onnx_npu_fix.memory import analysis_copy
+    from onnx_npu_fix.plot import check_plot_path, draw, profile_data
+
+    path = os.fspath(path)
+    check_plot_path(path)
+    if not prepared:
+        model, _ = analysis_copy(model, options.input_shapes)
+    segments = split.segments if split is not None and split.segments else ()
+    cuts = split.plan.cuts if segments else ()
+    data = profile_data(model, options.act_bytes, options.sram_bytes, segments=segments, cuts=cuts,
+                        budget=options.schedule_budget)
+    directory = os.path.dirname(os.path.abspath(path))
+    written = []
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".npufix-plot-", suffix=os.path.splitext(path)[1], dir=directory)
+        os.close(fd)
+        written.append(tmp)
+        draw(data, tmp)
+        fd, tmp_json = tempfile.mkstemp(prefix=".npufix-plot-", suffix=".json", dir=directory)
+        written.append(tmp_json)
+        with open(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        for name in written:
+            os.chmod(name, 0o666 & ~_umask())
+        os.replace(tmp_json, path + ".json")
+        os.replace(tmp, path)
+    except BaseException:
+        for name in written:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+        raise
+    return data

@@ -186,6 +186,8 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
                 if report_path:
                     _check_report_path(report_path, path, None, source.external_files)
                 code, checked = _run_check(loaded, options, output_format, dump_shapes, quiet)
+                if fitting.memory_plot and len(models) == 1:
+                    fitting.plot(loaded, options, prepared=False)
                 exit_code = max(exit_code, code)
                 if report_path:
                     _write_json(report_path, _record(path, None, options, None, time.perf_counter() - started,
@@ -303,6 +305,11 @@ class _FittingArgs:
             if options.sram_bytes is None and not self.split_at:
                 raise click.UsageError("--split needs --sram SIZE (the budget each segment must fit) or --split-at")
             api.check_split_dir(self.split_dir)
+        if self.memory_plot:
+            from onnx_npu_fix.plot import check_plot_path
+
+            check_plot_path(self.memory_plot)
+            api.check_output_path(self.memory_plot, what="--memory-plot")
         return dataclasses.replace(options, split_at=tuple(self.split_at)) if self.split_at else options
 
     @property
@@ -314,6 +321,7 @@ class _FittingArgs:
         satisfy the SRAM budget: the whole model's 'sram' violation is then resolved."""
         self.options = options
         if not self.split_dir:
+            self.plot(model, options, prepared=True)
             return
         from onnx_npu_fix import api
         from onnx_npu_fix.errors import PassFailed
@@ -325,11 +333,20 @@ class _FittingArgs:
             raise click.exceptions.Exit(exc.exit_code) from None
         if self.outcome.fits and options.sram_bytes is not None:
             checked.violations = [v for v in checked.violations if v.constraint != "sram"]
+        self.plot(model, options, prepared=True)
+
+    def plot(self, model, options: FixOptions, *, prepared: bool) -> None:
+        if self.memory_plot:
+            from onnx_npu_fix import api
+
+            api.write_memory_plot(model, self.memory_plot, options, split=self.outcome, prepared=prepared)
 
     def say(self, quiet: bool) -> None:
         from onnx_npu_fix.memory import format_bytes
 
         outcome, options = self.outcome, getattr(self, "options", None)
+        if self.memory_plot:
+            _say(quiet, f"wrote {self.memory_plot} (and {self.memory_plot}.json)")
         if outcome is None:
             return
         plan = outcome.plan

@@ -282,3 +282,48 @@ def test_fixtures_fit_above_the_floor_and_name_the_layer_below(tmp_path, fixture
     assert f"{est.floor_node} ({est.floor_op}): sram-layer" in below.output
     assert "fits the whole model" in below.output or "fits with --split" in below.output
     assert not (tmp_path / "b").exists()
+
+
+# --- the picture --------------------------------------------------------------------------------------
+
+
+def test_memory_plot_file_and_its_data_match_the_estimate(tmp_path):
+    pytest.importorskip("matplotlib")
+    src = tmp_path / "in.onnx"
+    onnx.save(skip_unet(), src)
+    est = estimate(skip_unet())
+    budget = est.floor_bytes + (est.best_peak - est.floor_bytes) // 2
+    out, seg, png = tmp_path / "out.onnx", tmp_path / "seg", tmp_path / "mem.png"
+    result = CliRunner().invoke(main, [str(src), "-o", str(out), "--align", "0", "--sram", str(budget),
+                                       "--split", str(seg), "--memory-plot", str(png)])
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    data = json.loads((tmp_path / "mem.png.json").read_text())
+    fixed = onnx.load(out)
+    stored, best, *segments = data["series"]
+    assert stored["profile"] == estimate(fixed).profile
+    assert max(best["profile"]) == best["peak_bytes"] == estimate(fixed).best_peak
+    manifest = json.loads((seg / "manifest.json").read_text())
+    assert len(segments) == len(manifest["segments"])
+    for s, m in zip(segments, manifest["segments"]):
+        assert s["profile"] == estimate(onnx.load(seg / m["path"])).profile
+        assert max(s["profile"]) == m["peak_bytes"] <= budget == data["sram_bytes"]
+    # the tensors live at the peak include the long skip
+    assert max(t["end"] - t["start"] for t in data["peak"]["live"]) > 10
+
+
+def test_memory_plot_svg_in_check_mode_and_bad_names(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    src = tmp_path / "in.onnx"
+    onnx.save(skip_unet(), src)
+    svg = tmp_path / "mem.svg"
+    result = CliRunner().invoke(main, [str(src), "--check", "--memory-plot", str(svg)])
+    assert result.exit_code in (0, 1), result.output
+    assert svg.read_text().lstrip().startswith("<?xml")
+    assert json.loads((tmp_path / "mem.svg.json").read_text())["series"][0]["profile"] == estimate(skip_unet()).profile
+    bad = CliRunner().invoke(main, [str(src), "--check", "--memory-plot", str(tmp_path / "mem.pdf")])
+    assert bad.exit_code == 2 and "choose a .png or .svg" in bad.output
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # as if the extra were not installed
+    missing = CliRunner().invoke(main, [str(src), "-o", str(tmp_path / "o.onnx"), "--memory-plot", str(svg)])
+    assert missing.exit_code == 2 and "pip install 'onnx-npu-fix[plot]'" in missing.output
+    assert not (tmp_path / "o.onnx").exists()
