@@ -327,3 +327,19 @@ def test_memory_plot_svg_in_check_mode_and_bad_names(tmp_path, monkeypatch):
     missing = CliRunner().invoke(main, [str(src), "-o", str(tmp_path / "o.onnx"), "--memory-plot", str(svg)])
     assert missing.exit_code == 2 and "pip install 'onnx-npu-fix[plot]'" in missing.output
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_the_field_reports_512_to_384():
+    """The report lowered a 512x512 U-Net to 384x384 to fit. With a budget that 384 meets and 416 does not, the
+    hint finds exactly 384, for the whole model and for the largest layer; both figures are re-estimated here on
+    models built at those sizes (shape inference only, no onnxruntime)."""
+    at = {size: estimate(skip_unet(size=size)) for size in (384, 416, 512)}
+    whole_budget = at[384].best_peak
+    assert at[416].best_peak > whole_budget
+    hint = resolution_hint(_inferred(skip_unet(size=512)), whole_budget)
+    assert hint.step == 32 and hint.whole == [1, 1, 384, 384] and hint.whole_peak == whole_budget
+    layer_budget = at[384].floor_bytes
+    assert at[416].floor_bytes > layer_budget
+    hint = resolution_hint(_inferred(skip_unet(size=512)), layer_budget)
+    assert hint.split == [1, 1, 384, 384] and hint.split_floor == layer_budget
+    assert hint.tiles == -(-at[512].floor_bytes // layer_budget)
