@@ -23,10 +23,12 @@ every segment that reads them instead of crossing a cut, so segments exchange ac
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import onnx
 
 from onnx_npu_fix.errors import InputError
@@ -98,46 +100,52 @@ class SplitPlan:
 
 
 class _Segmenter:
-    """Segment peaks over one order of one liveness structure."""
+    """Segment peaks over one order of one liveness structure, vectorised over tensors (numpy): the planner asks
+    for O(nodes) peaks, each over up to the whole graph."""
 
     def __init__(self, lv: Liveness, order: Sequence[int]) -> None:
         self.lv = lv
         self.order = list(order)
-        self.pos = [0] * len(order)
+        n = len(order)
+        self.pos = [0] * n
         for step, v in enumerate(order):
             self.pos[v] = step
         # per tensor: the order positions of its readers, sorted
         self.reader_steps = [sorted(self.pos[c] for c in cs) for cs in lv.consumers]
         self.produced_at = [self.pos[p] if p >= 0 else -1 for p in lv.producer]
+        self._size = np.array(lv.sz, dtype=np.int64)
+        self._start = np.array(self.produced_at, dtype=np.int64)
+        # Where an internal tensor's life ends in the whole order: its last reader, the end for a graph output,
+        # its producer's step when nobody reads it; a segment cuts that at its own last step.
+        ends = []
+        for t, steps in enumerate(self.reader_steps):
+            ends.append(n - 1 if lv.is_output[t] else (steps[-1] if steps else self.produced_at[t]))
+        self._end = np.array(ends, dtype=np.int64)
+        edges = sorted((r, t) for t, steps in enumerate(self.reader_steps) if lv.sz[t] for r in steps)
+        self._edge_step = np.array([r for r, _ in edges], dtype=np.int64)
+        self._edge_tensor = np.array([t for _, t in edges], dtype=np.int64)
 
     def peak(self, i: int, j: int) -> int:
-        """Peak on-chip bytes of the segment ``order[i:j]`` (see the module docstring)."""
-        lv, sz, length = self.lv, self.lv.sz, j - i
-        diff = [0] * (length + 1)
-        seen: set[int] = set()
-        for local in range(length):
-            v = self.order[i + local]
-            for t in lv.node_in[v]:
-                if sz[t] and t not in seen and self.produced_at[t] < i:  # a segment input
-                    seen.add(t)
-                    last = max(s for s in self.reader_steps[t] if s < j) - i
-                    diff[0] += sz[t]
-                    diff[last + 1] -= sz[t]
-            for t in lv.node_out[v]:
-                if not sz[t]:
-                    continue
-                steps = self.reader_steps[t]
-                if lv.is_output[t] or (steps and steps[-1] >= j):
-                    last = length - 1
-                else:
-                    last = (steps[-1] - i) if steps else local
-                diff[local] += sz[t]
-                diff[last + 1] -= sz[t]
-        live = best = 0
-        for step in range(length):
-            live += diff[step]
-            best = max(best, live)
-        return best
+        """Peak on-chip bytes of the segment ``order[i:j]`` (see the module docstring): tensors made inside live
+        from their producer to min(their end, the segment's last step); inputs (made before ``i``) from step 0 to
+        their last reader inside."""
+        length = j - i
+        size, start = self._size, self._start
+        inside = (start >= i) & (start < j) & (size > 0)
+        sizes = size[inside]
+        diff = np.bincount(start[inside] - i, weights=sizes, minlength=length + 1)
+        diff -= np.bincount(np.minimum(self._end[inside], j - 1) - i + 1, weights=sizes, minlength=length + 1)
+        lo, hi = np.searchsorted(self._edge_step, [i, j])
+        tensors, steps = self._edge_tensor[lo:hi], self._edge_step[lo:hi]
+        outside = start[tensors] < i
+        if outside.any():
+            tensors, steps = tensors[outside], steps[outside]
+            last = np.full(len(size), -1, dtype=np.int64)
+            np.maximum.at(last, tensors, steps)
+            read = np.nonzero(last >= 0)[0]
+            diff[0] += size[read].sum()
+            diff -= np.bincount(last[read] - i + 1, weights=size[read], minlength=length + 1)
+        return int(round(np.cumsum(diff[:length]).max())) if length else 0
 
     def crossing(self) -> list[int]:
         """Bytes crossing a cut at every position 0..n (activations produced before it, read at or after it)."""
@@ -198,20 +206,29 @@ def plan_split(index: GraphIndex, sram_bytes: int | None, act_bytes: int = 1, *,
             j += 1
         reach[i] = j
     cross = seg.crossing()
+    # best[p]: the least (segments, crossing bytes) covering order[:p]; the last segment [start, p) needs
+    # reach[start] >= p, and the starts allowed for p form a window [lo, p) that only slides right, so a
+    # monotonic deque of the window's keys (best[start] plus the bytes crossing a cut at start) gives each
+    # minimum in O(1) amortised: O(nodes) for the programme.
     inf = (n + 1, 0)
     best: list[tuple[int, int]] = [inf] * (n + 1)
     back = [0] * (n + 1)
     best[0] = (0, 0)
+    window: collections.deque[tuple[tuple[int, int], int]] = collections.deque()
     lo = 0
     for end in range(1, n + 1):
+        start = end - 1
+        if best[start] != inf:
+            key = (best[start][0] + 1, best[start][1] + (cross[start] if start else 0))
+            while window and window[-1][0] >= key:
+                window.pop()
+            window.append((key, start))
         while reach[lo] < end:
             lo += 1
-        for start in range(lo, end):
-            if best[start] == inf:
-                continue
-            cand = (best[start][0] + 1, best[start][1] + (cross[start] if start else 0))
-            if cand < best[end]:
-                best[end], back[end] = cand, start
+        while window and window[0][1] < lo:
+            window.popleft()
+        if window:
+            best[end], back[end] = window[0]
     cuts = []
     p = n
     while p > 0:

@@ -148,11 +148,12 @@ def test_skip_unet_peak_is_above_its_largest_layer():
     assert est.best_optimal
 
 
-@pytest.mark.parametrize("act_bytes", [1, 4])
-def test_plan_is_minimal_and_every_segment_fits(act_bytes):
-    model = _inferred(skip_unet(levels=1, convs=3, base=4, size=8))
+@pytest.mark.parametrize(("act_bytes", "share", "levels"), [(1, 0.5, 1), (4, 0.5, 1), (1, 0.0, 1), (1, 0.9, 2),
+                                                              (4, 0.3, 2)])
+def test_plan_is_minimal_and_every_segment_fits(act_bytes, share, levels):
+    model = _inferred(skip_unet(levels=levels, convs=3, base=4, size=8))
     est = estimate(model, act_bytes)
-    budget = (est.floor_bytes + est.best_peak) // 2
+    budget = est.floor_bytes + int(share * (est.best_peak - est.floor_bytes))
     plan = plan_split(GraphIndex(model), budget, act_bytes)
     order, n = plan.order, len(plan.order)
     assert len(plan.segments) >= 2 and plan.fits
