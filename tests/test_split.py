@@ -344,3 +344,41 @@ def test_the_field_reports_512_to_384():
     hint = resolution_hint(_inferred(skip_unet(size=512)), layer_budget)
     assert hint.split == [1, 1, 384, 384] and hint.split_floor == layer_budget
     assert hint.tiles == -(-at[512].floor_bytes // layer_budget)
+
+
+def test_split_of_a_model_quantized_by_onnxruntime(tmp_path):
+    """QDQ from onnxruntime's own quantizer: weight DequantizeLinear nodes are constant-only, so they are
+    recomputed in each segment that reads them and only (quantized) activations cross the cuts."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.sets = iter([{"image": np.random.default_rng(i).standard_normal((1, 1, 16, 16)).astype(np.float32)}
+                              for i in range(4)])
+
+        def get_next(self):
+            return next(self.sets, None)
+
+    src, quantized = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(skip_unet(), src)
+    quantize_static(str(src), str(quantized), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    fixed = api.fix(api.load_model(quantized), FixOptions(align=0)).model
+    est = estimate(fixed)
+    assert est.floor_bytes < est.best_peak
+    budget = est.floor_bytes + (est.best_peak - est.floor_bytes) // 2
+    outcome = api.split_model(fixed, tmp_path / "seg", FixOptions(sram_bytes=budget))
+    assert len(outcome.plan.segments) >= 2 and outcome.validation.passed and outcome.validation.max_abs == 0
+    dq_weights = {n.output[0] for n in fixed.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in
+                  {t.name for t in fixed.graph.initializer}}
+    for s in outcome.manifest["segments"]:
+        assert not set(s["inputs"]) & dq_weights  # recomputed, never passed between segments
+        check = CliRunner().invoke(main, [str(tmp_path / "seg" / s["path"]), "--check", "--sram", str(budget),
+                                          "--align", "0", "--format", "json"])
+        data = json.loads(check.output)
+        assert not [v for v in data["violations"] if v["constraint"].startswith("sram")]
+        assert data["memory"]["peak"]["bytes"] == s["peak_bytes"] <= budget
+    feeds = {"image": np.random.default_rng(9).standard_normal((1, 1, 16, 16)).astype(np.float32)}
+    onnx.save(fixed, tmp_path / "fixed.onnx")
+    chained = _run_chain(tmp_path / "seg", feeds)[0]["mask"]
+    assert np.array_equal(chained, _run(str(tmp_path / "fixed.onnx"), feeds)["mask"])
