@@ -255,8 +255,9 @@ def _peak_of(lv: _Liveness, order: Sequence[int]) -> int:
 # --- memory-aware order ----------------------------------------------------------------------------
 
 
-def _greedy(lv: _Liveness, variant: str) -> list[int] | None:
-    """List scheduling over the ready nodes; None if the graph has a cycle.
+def _greedy(lv: _Liveness, variant: str, prefix: Sequence[int] = ()) -> list[int] | None:
+    """List scheduling over the ready nodes; None if the graph has a cycle. ``prefix``: a valid partial order run
+    first (the exact search completes its best partial orders with this).
 
     ``net``: fewest bytes added (new outputs that stay live minus inputs freed), ties by stored position;
     ``net-lifo``: same key, ties to the most recently readied node (finish a branch before starting one);
@@ -292,10 +293,9 @@ def _greedy(lv: _Liveness, variant: str) -> list[int] | None:
             tick += 1
             push(v)
     order: list[int] = []
-    while heap:
-        _, _, ver, v = heapq.heappop(heap)
-        if done[v] or ver != version[v]:
-            continue
+
+    def run(v: int) -> None:
+        nonlocal tick
         done[v] = True
         order.append(v)
         for t in lv.node_in[v]:
@@ -312,6 +312,14 @@ def _greedy(lv: _Liveness, variant: str) -> list[int] | None:
                 ready_tick[s] = tick
                 tick += 1
                 push(s)
+
+    for v in prefix:
+        run(v)
+    while heap:
+        _, _, ver, v = heapq.heappop(heap)
+        if done[v] or ver != version[v]:
+            continue
+        run(v)
     return order if len(order) == n else None
 
 
@@ -407,7 +415,9 @@ def _exact_search(lv: _Liveness, incumbent_peak: int, lower: int, budget: int,
             return order, g, g, True, expanded
         if expanded >= budget or (expanded & 255 == 0 and time.monotonic() > deadline):
             heapq.heappush(heap, (g, neg_depth, mask))
-            return None, incumbent_peak, max(lower, min(incumbent_peak, heap[0][0])), False, expanded
+            bound = max(lower, min(incumbent_peak, heap[0][0]))
+            found, peak = _complete_best(lv, heap, info, best_g, closed, incumbent_peak)
+            return found, peak, min(bound, peak), False, expanded
         expanded += 1
         closed.add(mask)
         resident, ready, _, _ = info[mask]
@@ -440,6 +450,37 @@ def _exact_search(lv: _Liveness, incumbent_peak: int, lower: int, budget: int,
     return None, incumbent_peak, incumbent_peak, True, expanded
 
 
+COMPLETIONS = 16
+"""Open states the search completes greedily when its budget runs out (the best found, not proved)."""
+
+
+def _complete_best(lv: _Liveness, heap: list[tuple[int, int, int]], info: dict, best_g: dict[int, int],
+                   closed: set[int], incumbent_peak: int) -> tuple[list[int] | None, int]:
+    """Finish the most promising partial orders (lowest bottleneck, deepest first) with the greedy list
+    schedulers; the best complete order if it is below the incumbent."""
+    best, best_peak, tried = None, incumbent_peak, 0
+    for g, _, mask in sorted(heap):
+        if tried >= COMPLETIONS or g >= best_peak:
+            break
+        if mask in closed or g > best_g[mask]:
+            continue
+        tried += 1
+        prefix: list[int] = []
+        at = mask
+        while at:
+            _, _, parent, v = info[at]
+            prefix.append(v)
+            at = parent
+        prefix.reverse()
+        for variant in ("net", "net-lifo"):
+            order = _greedy(lv, variant, prefix)
+            if order is not None:
+                peak = _peak_of(lv, order)
+                if peak < best_peak:
+                    best, best_peak = order, peak
+    return best, best_peak
+
+
 def best_schedule(lv: _Liveness, budget: int = DEFAULT_SEARCH_BUDGET, *, stored_peak: int | None = None,
                   seconds: float = SEARCH_SECONDS_CAP) -> SearchResult:
     """The lowest-peak topological order provable within ``budget`` state expansions: the greedy orders first
@@ -455,7 +496,7 @@ def best_schedule(lv: _Liveness, budget: int = DEFAULT_SEARCH_BUDGET, *, stored_
         return SearchResult(order, peak, method, lower, False, 0)
     found, best, bound, optimal, expanded = _exact_search(lv, peak, lower, budget, seconds)
     if found is not None and best < peak:
-        order, peak, method = found, _peak_of(lv, found), "exact"
+        order, peak, method = found, _peak_of(lv, found), "exact" if optimal else "search"
     return SearchResult(order, peak, method, bound, optimal, expanded)
 
 
@@ -467,7 +508,8 @@ class OrderPlan:
     peak_before: int
     peak_after: int
     method: str
-    """'stored', the greedy variant that won ('net', 'net-lifo', 'lifo'), or 'exact' (the search found it)."""
+    """'stored', the greedy variant that won ('net', 'net-lifo', 'lifo'), 'exact' (the search found the optimum)
+    or 'search' (its budget ran out: a greedy completion of its best partial order, not proved optimal)."""
     unknown: int
     """Activation tensors of unknown size (counted as 0 bytes)."""
     lower_bound: int = 0

@@ -436,14 +436,17 @@ def test_exact_search_beats_greedy_and_matches_brute_force():
 
 
 def test_exhausted_budget_claims_no_optimality_and_keeps_a_true_bound():
-    from onnx_npu_fix.memory import best_schedule, node_floors
+    from onnx_npu_fix.memory import _peak_of, best_schedule, node_floors
 
     lv = _lv(_greedy_trap())
     found = best_schedule(lv, budget=1)
-    assert not found.optimal
-    assert found.peak == 128  # the greedy incumbent
+    assert not found.optimal and found.expanded == 1
+    assert found.peak == 128  # the greedy incumbent: no completion of the first partial orders does better
     assert max(node_floors(lv)) <= found.lower_bound <= 112  # the bound never exceeds the true optimum
-    assert found.expanded == 1
+    # a few more states: the best partial orders, completed greedily, beat greedy without a proof
+    found = best_schedule(lv, budget=3)
+    assert 112 <= found.peak < 128 and (found.method, found.optimal) == ("search", False)
+    assert _peak_of(lv, found.order) == found.peak and found.lower_bound <= 112
 
 
 def test_reorder_pass_uses_the_exact_schedule():
