@@ -291,6 +291,7 @@ class _FittingArgs:
     def __init__(self, split_dir: str | None, split_at: list[str] | None, memory_plot: str | None) -> None:
         self.split_dir, self.split_at, self.memory_plot = split_dir, split_at or [], memory_plot
         self.outcome = None
+        self.options: FixOptions | None = None
 
     def prepare(self, options: FixOptions, check: bool, output: str | None) -> FixOptions:
         import dataclasses
@@ -331,20 +332,31 @@ class _FittingArgs:
         except PassFailed as exc:
             click.echo(f"error: split failed: {exc}; nothing written", err=True)
             raise click.exceptions.Exit(exc.exit_code) from None
+        except InputError as exc:  # a --split-at name the model does not have
+            raise _InputProblem(f"{exc}; nothing written") from None
+        except OSError as exc:
+            raise _InputProblem(f"cannot write --split {self.split_dir}: {exc.strerror or exc}; nothing written") \
+                from None
         if self.outcome.fits and options.sram_bytes is not None:
             checked.violations = [v for v in checked.violations if v.constraint != "sram"]
         self.plot(model, options, prepared=True)
 
     def plot(self, model, options: FixOptions, *, prepared: bool) -> None:
-        if self.memory_plot:
-            from onnx_npu_fix import api
+        if not self.memory_plot:
+            return
+        from onnx_npu_fix import api
 
+        try:
             api.write_memory_plot(model, self.memory_plot, options, split=self.outcome, prepared=prepared)
+        except InputError as exc:
+            raise _InputProblem(str(exc)) from None
+        except OSError as exc:
+            raise _InputProblem(f"cannot write --memory-plot {self.memory_plot}: {exc.strerror or exc}") from None
 
     def say(self, quiet: bool) -> None:
         from onnx_npu_fix.memory import format_bytes
 
-        outcome, options = self.outcome, getattr(self, "options", None)
+        outcome, options = self.outcome, self.options
         if self.memory_plot:
             _say(quiet, f"wrote {self.memory_plot} (and {self.memory_plot}.json)")
         if outcome is None:

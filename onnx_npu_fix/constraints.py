@@ -227,7 +227,7 @@ def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = F
         if memory or options.sram_bytes is not None:
             estimate = estimate_index(index, options.act_bytes, options.sram_bytes, constants=ctx.const)
             if estimate.sram_bytes is not None and not estimate.fits:
-                ctx.found.append(_memory_violation(estimate, light))
+                ctx.found.append(_memory_violation(estimate))
                 if not estimate.floor_fits:
                     ctx.found.append(_floor_violation(estimate, light))
         return CheckReport(ctx.found, estimate, _listing(index, ctx.const) if shapes else None, ctx.exempt)
@@ -543,7 +543,7 @@ def _batch(shape: Shape | None) -> int:
     return shape[0]
 
 
-def _memory_violation(memory: MemoryEstimate, model: onnx.ModelProto | None = None) -> Violation:
+def _memory_violation(memory: MemoryEstimate) -> Violation:
     live = ", ".join(f"{t.name} {format_bytes(t.bytes)} ({t.producer} -> {t.last_consumer})"
                      for t in memory.live_at_peak[:4])
     more = f" and {len(memory.live_at_peak) - 4} more" if len(memory.live_at_peak) > 4 else ""
@@ -554,12 +554,12 @@ def _memory_violation(memory: MemoryEstimate, model: onnx.ModelProto | None = No
     fixed_by = "reorder-memory" if memory.reorder_fits else ("--split" if memory.floor_fits else None)
     if memory.reordered_peak is not None:
         message += f"; the memory-aware order peaks at {format_bytes(memory.reordered_peak)}"
-    message += _floor_text(memory, model)
+    message += _floor_text(memory)
     return Violation(memory.peak_node or "(graph)", memory.peak_op or "(graph)", "sram", memory.peak_bytes,
                      memory.sram_bytes, fixed_by, message)
 
 
-def _floor_text(memory: MemoryEstimate, model: onnx.ModelProto | None) -> str:
+def _floor_text(memory: MemoryEstimate) -> str:
     """What the largest single layer says about the budget (README "Fitting SRAM")."""
     if memory.floor_node is None or memory.sram_bytes is None:
         return ""

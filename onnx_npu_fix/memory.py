@@ -15,9 +15,12 @@ padding, no scratch buffers and no memory inside If/Loop bodies. A tensor of unk
 bytes and is listed, so the peak is then a lower bound.
 
 A skip connection shows up as a tensor with a long producer -> last-consumer span, live across the peak.
-``memory_aware_order`` looks for a topological order with a lower peak by greedy list scheduling (run the
-ready node that adds the fewest bytes once the inputs it is the last reader of are freed), in
-O((nodes + edges) log nodes), and keeps the stored order unless a candidate is strictly lower.
+``best_schedule`` looks for the topological order with the lowest peak: greedy list scheduling first (run the
+ready node that adds the fewest bytes once the inputs it is the last reader of are freed, O((nodes + edges) log
+nodes)), then, up to EXACT_MAX_NODES nodes, an exact best-first search over the sets of scheduled nodes with a
+deterministic budget of state expansions (``_exact_search``). No order can go below a node's *floor* (its
+activation inputs plus outputs, all live at its step), so the largest floor is a lower bound, raised by the search;
+the result says whether the order is proved optimal. The stored order is kept unless a candidate is strictly lower.
 """
 
 from __future__ import annotations
@@ -379,6 +382,8 @@ def _exact_search(lv: _Liveness, incumbent_peak: int, lower: int, budget: int,
     keeps and whose step fits under ``g(S)`` is run at once (moving it earlier never raises a later step:
     every later resident set loses at least what it gains), which collapses constant chains and
     memory-neutral tails into a single successor.
+    When ``budget`` expansions are spent, the bound is the least ``g`` left open (every cheaper partial order was
+    expanded), and :func:`_complete_best` finishes the most promising open partial orders greedily.
     Returns (a better order or None, the best peak, the proved lower bound, whether it is optimal, states
     expanded).
     """

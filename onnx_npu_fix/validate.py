@@ -350,15 +350,15 @@ class _Accumulator:
 def run_chain(segments: Sequence[onnx.ModelProto], feeds: Sequence[Feeds]) -> list[Outputs]:
     """Run ``segments`` in order on every input set, passing tensors by name: each segment reads its inputs from
     the caller's feeds or an earlier segment's outputs. Returns every tensor any segment produced, per input set."""
+    fed = [[vi.name for vi in s.graph.input if vi.name not in {t.name for t in s.graph.initializer}]
+           for s in segments]
     runners = [Runner(segment) for segment in segments]
     try:
         results = []
         for feed in feeds:
             values: dict[str, np.ndarray] = dict(feed)
-            for segment, runner in zip(segments, runners):
-                inputs = {vi.name: values[vi.name] for vi in segment.graph.input
-                          if vi.name not in {t.name for t in segment.graph.initializer}}
-                values.update(runner.run(inputs))
+            for names, runner in zip(fed, runners):
+                values.update(runner.run({name: values[name] for name in names}))
             results.append(values)
         return results
     finally:

@@ -262,6 +262,10 @@ def test_cli_split_refuses_a_nonempty_dir_and_writes_nothing(tmp_path):
     assert not (tmp_path / "out.onnx").exists() and os.listdir(seg) == ["keep.txt"]
     usage = CliRunner().invoke(main, [str(src), "-o", str(tmp_path / "out.onnx"), "--split-at", "pool0"])
     assert usage.exit_code == 2 and "--split-at needs --split" in usage.output
+    unknown = CliRunner().invoke(main, [str(src), "-o", str(tmp_path / "out.onnx"), "--split", str(tmp_path / "new"),
+                                        "--split-at", "nope"])
+    assert unknown.exit_code == 2 and "--split-at names 'nope'" in unknown.output and "Traceback" not in unknown.output
+    assert not (tmp_path / "out.onnx").exists() and not (tmp_path / "new").exists()
 
 
 @pytest.mark.parametrize(("name", "act_bytes"), [("unet.onnx", 1), ("unet.onnx", 4), ("torch_unet.onnx", 1),
