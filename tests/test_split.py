@@ -386,3 +386,44 @@ def test_split_of_a_model_quantized_by_onnxruntime(tmp_path):
     onnx.save(fixed, tmp_path / "fixed.onnx")
     chained = _run_chain(tmp_path / "seg", feeds)[0]["mask"]
     assert np.array_equal(chained, _run(str(tmp_path / "fixed.onnx"), feeds)["mask"])
+
+
+# --- random graphs ------------------------------------------------------------------------------------
+
+
+def _random_spec(draw_int, n):
+    spec = []
+    for i in range(n):
+        k = min(draw_int(1, 2), i + 1)
+        first = draw_int(0, i)
+        inputs = (first,) if k == 1 else tuple(sorted({first, draw_int(0, i)}))
+        spec.append((inputs, draw_int(1, 6)))
+    return spec
+
+
+def test_property_random_dags_split_fit_and_chain_exactly():
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from test_memory import _dag_model
+
+    from onnx_npu_fix.split import build_segments
+    from onnx_npu_fix.validate import validate_chain
+
+    @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.data())
+    def check(data):
+        n = data.draw(st.integers(3, 10))
+        spec = _random_spec(lambda lo, hi: data.draw(st.integers(lo, hi)), n)
+        model = _inferred(_dag_model(spec))
+        est = estimate(model)
+        budget = data.draw(st.integers(est.floor_bytes, max(est.floor_bytes, est.best_peak)))
+        plan = plan_split(GraphIndex(model), budget)
+        assert plan.fits
+        segments = build_segments(model, plan)
+        for segment, planned in zip(segments, plan.segments):
+            onnx.checker.check_model(segment)
+            assert estimate(segment, reorder=False).peak_bytes == planned.peak_bytes <= budget
+        assert validate_chain(model, segments, n=1, seed=0).passed
+        assert len(plan.segments) == 1 or est.best_peak > budget  # no cut unless the whole does not fit
+
+    check()
