@@ -346,6 +346,8 @@ class SplitOutcome:
     manifest: dict | None = None
     segments: list | None = None
     """The segment models written (for --memory-plot)."""
+    note: str | None = None
+    """Why the chain was not validated, when onnxruntime cannot run the model itself."""
 
     @property
     def fits(self) -> bool:
@@ -354,6 +356,7 @@ class SplitOutcome:
     def to_json(self) -> dict:
         return {"directory": self.directory, "manifest": self.manifest, **self.plan.to_json(),
                 "validation": self.validation.to_json() if self.validation is not None else None,
+                "validation_note": self.note,
                 "resolution": self.hint.to_json() if self.hint is not None else None}
 
 
@@ -384,7 +387,7 @@ def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: F
     from onnx_npu_fix.graph import GraphIndex
     from onnx_npu_fix.memory import estimate
     from onnx_npu_fix.split import build_segments, plan_split, resolution_hint
-    from onnx_npu_fix.validate import validate_chain
+    from onnx_npu_fix.validate import CannotRun, validate_chain
 
     directory = os.fspath(directory)
     check_split_dir(directory)
@@ -403,7 +406,11 @@ def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: F
                              f"{planned.peak_bytes} B)", pass_name="split")
         planned.peak_bytes = peak
     if options.validate != "none":
-        outcome.validation = validate_chain(model, segments, n=options.n_inputs, seed=options.seed)
+        try:
+            outcome.validation = validate_chain(model, segments, n=options.n_inputs, seed=options.seed)
+        except CannotRun as exc:
+            outcome.note = f"onnxruntime cannot run the model ({exc}), so the chain is not validated"
+    if outcome.validation is not None:
         if not outcome.validation.passed:
             worst = outcome.validation.worst
             what = outcome.validation.error or (f"output '{worst.name}' differs by {worst.max_abs:.3g}"

@@ -370,7 +370,8 @@ class _FittingArgs:
         peaks = " / ".join(format_bytes(s.peak_bytes) for s in plan.segments)
         crossing = ", ".join(format_bytes(b) for b in plan.crossing_bytes) or "none"
         check = outcome.validation
-        verdict = "not validated" if check is None else f"chained segments bit-exact (max abs {check.max_abs:.1e})"
+        verdict = f"not validated: {outcome.note}" if outcome.note else "not validated" if check is None else \
+            f"chained segments bit-exact (max abs {check.max_abs:.1e})"
         _say(quiet, f"{'split':<16} {len(plan.segments)} segment{'s' if len(plan.segments) != 1 else ''}, peaks "
                     f"{peaks}; crossing {crossing}; {verdict}")
         _say(quiet, f"wrote {os.path.join(self.split_dir, 'manifest.json')}")

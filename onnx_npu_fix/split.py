@@ -376,8 +376,10 @@ class ResolutionHint:
         if self.split is not None and self.split != self.whole:
             parts.append(f"input {self.input} {_dims(self.split)} fits with --split (largest layer "
                          f"{self.split_floor:,} B)")
-        if not parts:
-            parts.append(f"no smaller input the model accepts (grid {self.step}) fits")
+        if not parts and self.input is None:
+            parts.append("no input with spatial axes (rank >= 3) to shrink")
+        elif not parts:
+            parts.append(f"no smaller input {self.input} the model accepts (multiples of {self.step}) fits")
         parts.append(f"or >= {self.tiles} spatial tiles of the largest layer (halos not counted)")
         return "; ".join(parts)
 

@@ -427,3 +427,29 @@ def test_property_random_dags_split_fit_and_chain_exactly():
         assert len(plan.segments) == 1 or est.best_peak > budget  # no cut unless the whole does not fit
 
     check()
+
+
+def test_split_of_models_onnxruntime_cannot_run_says_not_validated(tmp_path):
+    from hostile.build_hostile import build
+
+    corpus = build(tmp_path / "corpus")
+    for case in ("custom_domain", "opset_3"):
+        seg = tmp_path / f"seg_{case}"
+        result = CliRunner().invoke(main, [str(corpus[case]), "-o", str(tmp_path / f"{case}.onnx"), "--sram", "1MiB",
+                                           "--split", str(seg)])
+        assert "internal error" not in result.output, result.output
+        assert "so the chain is not validated" in result.output
+        manifest = json.loads((seg / "manifest.json").read_text())
+        assert len(manifest["segments"]) == 1
+
+
+def test_split_through_if_and_loop_bodies(tmp_path):
+    """Subgraph bodies read outer tensors implicitly: a cut must make those segment inputs too."""
+    from hostile.build_hostile import build
+
+    corpus = build(tmp_path / "corpus")
+    for case, cut in (("if_subgraph", "t"), ("loop_subgraph", None)):
+        model = api.fix(api.load_model(corpus[case]), FixOptions(validate="none")).model
+        at = [cut] if cut else [model.graph.node[0].output[0]]
+        outcome = api.split_model(model, tmp_path / f"seg_{case}", FixOptions(split_at=tuple(at)))
+        assert len(outcome.plan.segments) == 2 and outcome.validation.passed, outcome.validation
