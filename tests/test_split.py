@@ -453,3 +453,23 @@ def test_split_through_if_and_loop_bodies(tmp_path):
         at = [cut] if cut else [model.graph.node[0].output[0]]
         outcome = api.split_model(model, tmp_path / f"seg_{case}", FixOptions(split_at=tuple(at)))
         assert len(outcome.plan.segments) == 2 and outcome.validation.passed, outcome.validation
+
+
+def test_segments_pass_check_with_a_targets_options(tmp_path):
+    """With the stm32n6 profile (8-aligned channels, nearest Resize, static shapes, batch 1...), every segment of
+    the split passes ``--check --sram`` with the same profile: the cuts never expose what the fix removed."""
+    src = tmp_path / "in.onnx"
+    onnx.save(skip_unet(levels=2, base=32, size=16), src)
+    fixed = api.fix(api.load_model(src), FixOptions(validate="none")).model
+    est = estimate(fixed)
+    assert est.floor_bytes < est.best_peak
+    budget = str(est.floor_bytes)
+    seg = tmp_path / "seg"
+    result = CliRunner().invoke(main, [str(src), "-o", str(tmp_path / "out.onnx"), "--target", "stm32n6",
+                                       "--sram", budget, "--split", str(seg)])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((seg / "manifest.json").read_text())
+    assert len(manifest["segments"]) >= 2
+    for s in manifest["segments"]:
+        check = CliRunner().invoke(main, [str(seg / s["path"]), "--check", "--target", "stm32n6", "--sram", budget])
+        assert check.exit_code == 0, check.output
