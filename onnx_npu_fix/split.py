@@ -238,7 +238,13 @@ def plan_split(index: GraphIndex, sram_bytes: int | None, act_bytes: int = 1, *,
     plan.cuts = sorted(cuts)
     plan.crossing_bytes = [cross[c] for c in plan.cuts]
     bounds = [0, *plan.cuts, n]
-    plan.segments = _segment_io(index, const, lv, order, bounds, seg)
+    segments = _segment_io(index, const, lv, order, bounds, seg)
+    # A run of constant-only nodes is recomputed where it is read: a segment left without nodes of its own
+    # (possible only between forced cuts) writes nothing: it disappears, and so does the cut that opened it.
+    kept = [k for k, s in enumerate(segments) if s.outputs]
+    plan.segments = [segments[k] for k in kept]
+    plan.cuts = [bounds[k] for k in kept[1:]]
+    plan.crossing_bytes = [cross[c] for c in plan.cuts]
     return plan
 
 
