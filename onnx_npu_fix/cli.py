@@ -120,6 +120,8 @@ def _split_names(value: str | None) -> list[str] | None:
               help="With --split: also cut right after the producer of each of these tensors.")
 @click.option("--memory-plot", "memory_plot", type=click.Path(dir_okay=False), metavar="FILE",
               help="Draw live activation bytes per step (.png or .svg; needs onnx-npu-fix[plot]).")
+@click.option("--schedule-budget", "schedule_budget", type=click.IntRange(min=0), default=None, metavar="N",
+              help="States the exact schedule search may expand (default 20000; 0: greedy orders only).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="Write the build record (JSON) here.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
@@ -155,7 +157,8 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
           **opts: Any) -> None:
     from onnx_npu_fix import api
 
-    fitting = _FittingArgs(opts.pop("split_dir"), _split_names(opts.pop("split_at")), opts.pop("memory_plot"))
+    fitting = _FittingArgs(opts.pop("split_dir"), _split_names(opts.pop("split_at")), opts.pop("memory_plot"),
+                           opts.pop("schedule_budget"))
     if list_passes:
         click.echo(_render_pass_list(), nl=False)
         return
@@ -288,8 +291,10 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
 class _FittingArgs:
     """--split / --split-at / --memory-plot: checked before any work, run once the fix has succeeded."""
 
-    def __init__(self, split_dir: str | None, split_at: list[str] | None, memory_plot: str | None) -> None:
+    def __init__(self, split_dir: str | None, split_at: list[str] | None, memory_plot: str | None,
+                 schedule_budget: int | None = None) -> None:
         self.split_dir, self.split_at, self.memory_plot = split_dir, split_at or [], memory_plot
+        self.schedule_budget = schedule_budget
         self.outcome = None
         self.options: FixOptions | None = None
 
@@ -311,7 +316,11 @@ class _FittingArgs:
 
             check_plot_path(self.memory_plot)
             api.check_output_path(self.memory_plot, what="--memory-plot")
-        return dataclasses.replace(options, split_at=tuple(self.split_at)) if self.split_at else options
+        if self.split_at:
+            options = dataclasses.replace(options, split_at=tuple(self.split_at))
+        if self.schedule_budget is not None:
+            options = dataclasses.replace(options, schedule_budget=self.schedule_budget)
+        return options
 
     @property
     def ok(self) -> bool:

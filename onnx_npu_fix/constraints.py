@@ -225,7 +225,8 @@ def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = F
         _check_graph_outputs(ctx)
         estimate = None
         if memory or options.sram_bytes is not None:
-            estimate = estimate_index(index, options.act_bytes, options.sram_bytes, constants=ctx.const)
+            estimate = estimate_index(index, options.act_bytes, options.sram_bytes, constants=ctx.const,
+                                      search_budget=options.schedule_budget)
             if estimate.sram_bytes is not None and not estimate.fits:
                 ctx.found.append(_memory_violation(estimate))
                 if not estimate.floor_fits:

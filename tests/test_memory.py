@@ -530,3 +530,32 @@ def test_cost_table_before_and_after_alignment(tmp_path):
     assert "conv MACs 8,640 -> 13,824, +60%" in line
     record = json.loads((tmp_path / "r.json").read_text())
     assert record["cost"]["before"]["conv_macs"] == 8640 and record["cost"]["after"]["conv_macs"] == 13824
+
+
+def test_cli_schedule_budget_reaches_the_pass_and_the_check(tmp_path):
+    from click.testing import CliRunner
+
+    from onnx_npu_fix.cli import main
+
+    path = tmp_path / "trap.onnx"
+    onnx.save(_greedy_trap(), path)
+    runner = CliRunner()
+    runs = {}
+    for budget in ("0", "20000"):
+        report = tmp_path / f"r{budget}.json"
+        result = runner.invoke(main, [str(path), "-o", str(tmp_path / f"o{budget}.onnx"), "--align", "0",
+                                      "--passes", "reorder-memory", "--schedule-budget", budget,
+                                      "--report", str(report)])
+        assert result.exit_code == 0, result.output
+        runs[budget] = json.loads(report.read_text())
+    greedy = next(p for p in runs["0"]["passes"] if p["name"] == "reorder-memory")["metrics"]
+    exact = next(p for p in runs["20000"]["passes"] if p["name"] == "reorder-memory")["metrics"]
+    assert (greedy["peak_bytes_after"], greedy["optimal"], greedy["states_expanded"]) == (128, False, 0)
+    assert (exact["peak_bytes_after"], exact["optimal"]) == (112, True)
+    assert runs["0"]["memory"]["schedule"]["optimal"] is False  # the output's check uses the same budget
+    from onnx_npu_fix.memory import node_floors
+
+    check = runner.invoke(main, [str(path), "--check", "--align", "0", "--schedule-budget", "0", "--format", "json"])
+    floor = max(node_floors(_lv(_greedy_trap())))
+    assert json.loads(check.output)["memory"]["schedule"] == {"peak_bytes": 128, "lower_bound_bytes": floor,
+                                                               "optimal": False}
