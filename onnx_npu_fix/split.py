@@ -390,6 +390,9 @@ class ResolutionHint:
         return "; ".join(parts)
 
 
+LARGE_GRAPH_NODES = 20000
+
+
 def _dims(dims: Sequence[int]) -> str:
     return "x".join(str(d) for d in dims)
 
@@ -413,6 +416,8 @@ def resolution_hint(model: onnx.ModelProto, sram_bytes: int, act_bytes: int = 1,
     index = GraphIndex(model)
     lv = liveness(index, act_bytes)
     floor = max(node_floors(lv), default=0)
+    if len(lv.nodes) > LARGE_GRAPH_NODES:  # a shape inference costs about a second per 100k nodes
+        max_trials = min(max_trials, 8)
     hint = ResolutionHint(None, None, tiles=max(1, -(-floor // max(1, sram_bytes))))
     inputs = [vi for vi in model.graph.input if vi.name not in index.initializers]
     spatial = [(vi.name, index.static_shape(vi.name)) for vi in inputs]
