@@ -219,6 +219,85 @@ def build_unet_qdq(path: str, *, base: int, size: int, seed: int = 12) -> None:
     os.unlink(float_path)
 
 
+def build_skip_unet(path: str, *, levels: int, convs: int, base: int, size: int, seed: int = 15) -> None:
+    """A ~1k-node U-Net for the SRAM row: per level ``convs`` x (Conv 3x3 -> Relu), the skip taken after the
+    first (so it stays live across the rest of the block: the peak is above the largest layer, and only a cut
+    lowers it), MaxPool; decoder: nearest x2 Resize, a 1x1 conv to a quarter of the skip's channels, Concat, a
+    3x3 conv. 4 levels x 121 convs: 999 nodes."""
+    b = Builder(seed)
+
+    def conv(x: str, c_in: int, c_out: int, p: str, k: int = 3) -> str:
+        x = b.conv(x, c_in, c_out, (k, k), p, pads=[k // 2] * 4, bias=False)
+        return b.node("Relu", [x], f"{p}.relu")
+
+    scales = b.const("up.scales", np.array([1, 1, 2, 2], dtype=np.float32))
+    x, c, skips = "image", 1, []
+    for lvl in range(levels):
+        w = base * 2 ** lvl
+        x = conv(x, c, w, f"down{lvl}.conv0")
+        skips.append((x, w))
+        for j in range(1, convs):
+            x = conv(x, w, w, f"down{lvl}.conv{j}")
+        x, c = b.node("MaxPool", [x], f"pool{lvl}", kernel_shape=[2, 2], strides=[2, 2]), w
+    x = conv(x, c, c, "bottom")
+    for lvl in reversed(range(levels)):
+        skip, w = skips[lvl]
+        up = b.node("Resize", [x, "", scales], f"up{lvl}", mode="nearest")
+        small = max(1, w // 4)
+        x = conv(b.node("Concat", [conv(up, c, small, f"dec{lvl}.reduce", k=1), skip], f"cat{lvl}", axis=1),
+                 small + w, w, f"dec{lvl}.conv")
+        c = w
+    b.conv(x, c, 1, (1, 1), "head", bias=False)
+    b.nodes[-1].output[0] = "mask"
+    b.save(path, [_io("image", (1, 1, size, size))], [_io("mask", (1, 1, size, size))], "skip_unet")
+
+
+def sram_row(workdir: str, quick: bool) -> str:
+    """Schedule search and split on the ~1k-node skip U-Net, in-process (library calls, medians of 3), as a
+    Markdown table: the exact schedule search (memory.best_schedule), the split plan (split.plan_split), and the
+    whole --split use case (api.split_model: plan, build, check each segment, chained onnxruntime validation,
+    atomic write)."""
+    from onnx_npu_fix import api
+    from onnx_npu_fix.graph import GraphIndex, infer_shapes
+    from onnx_npu_fix.memory import best_schedule, estimate, format_bytes, liveness
+    from onnx_npu_fix.options import FixOptions
+    from onnx_npu_fix.split import plan_split
+
+    params = dict(levels=4, convs=12 if quick else 121, base=8, size=64)
+    path = os.path.join(workdir, "models", f"skip-unet-{'quick' if quick else 'full'}.onnx")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    build_skip_unet(path, **params)
+    model = onnx.load(path)
+    infer_shapes(model)
+    est = estimate(model)
+    budget = (est.floor_bytes + est.best_peak) // 2
+
+    def timed(fn: Callable[[], Any], runs: int = 3) -> tuple[float, Any]:
+        times, value = [], None
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            value = fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times), value
+
+    t_search, found = timed(lambda: best_schedule(liveness(GraphIndex(model), 1)))
+    t_plan, plan = timed(lambda: plan_split(GraphIndex(model), budget))
+    with tempfile.TemporaryDirectory(prefix="split-", dir=workdir) as scratch:
+        dirs = iter(os.path.join(scratch, f"seg{k}") for k in range(3))
+        t_split, outcome = timed(lambda: api.split_model(model, next(dirs), FixOptions(sram_bytes=budget)))
+    lines = [
+        "| model | nodes | peak (best order) | largest layer | search | optimal | states | budget | segments | "
+        "crossing | plan | split + validate + write |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| skip U-Net {params} | {len(model.graph.node)} | {format_bytes(found.peak)} | "
+        f"{format_bytes(est.floor_bytes)} | {t_search:.3f} s | {found.optimal} | {found.expanded} | "
+        f"{format_bytes(budget)} | {len(plan.segments)} | "
+        f"{', '.join(format_bytes(b) for b in plan.crossing_bytes)} | {t_plan:.3f} s | {t_split:.2f} s "
+        f"(validated: {outcome.validation.passed}) |",
+    ]
+    return "\n".join(lines)
+
+
 def build_chain(path: str, *, blocks: int, channels: int = 8, size: int = 4, seed: int = 13) -> None:
     """``blocks`` x (Conv 3x3 -> BatchNormalization -> Relu) on a tiny feature map: 3 nodes and 5 initializers
     per block, the shape of a graph where per-node overhead dominates.
@@ -801,12 +880,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", nargs="?", const="c", choices=["b", "c"],
                         help="also run npufix (c, or b) under cProfile per model and print the top functions")
     parser.add_argument("--keep-outputs", action="store_true", help="keep the fixed models in the workdir")
+    parser.add_argument("--sram-row", action="store_true",
+                        help="only time the schedule search and the split on a ~1k-node U-Net (in-process)")
     parser.add_argument("--_latency", nargs=2, metavar=("ORIGINAL", "FIXED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._latency:
         _latency_main(*args._latency, args.latency_runs)
         return 0
     args.argv = argv
+    if args.sram_row:
+        os.makedirs(args.workdir, exist_ok=True)
+        print(sram_row(os.path.abspath(args.workdir), args.quick))
+        return 0
     if args.repeat is None:
         args.repeat = 1 if args.quick else 5  # sub-second steps vary by 30% run to run on a shared machine
     args.rss_limit = int(args.rss_limit * GIB)
@@ -839,8 +924,11 @@ def main(argv: list[str] | None = None) -> int:
     for case in CASES:
         if case.name in chosen:
             results.append(run_case(case, args))
+    sram = sram_row(args.workdir, args.quick) if not args.only else None
     seconds = time.perf_counter() - started
     text = report(results, info, args, seconds)
+    if sram:
+        text += "\n\n## Fitting SRAM (in-process, medians of 3; `--sram-row` runs only this)\n\n" + sram
     if args.no_onnxsim:
         text = text.replace("| not run |", "| not installed |")
     print(table(results).replace("| not run |", "| not installed |") if args.no_onnxsim else table(results))

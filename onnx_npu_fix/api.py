@@ -29,7 +29,7 @@ import onnx.external_data_helper
 from google.protobuf.message import DecodeError
 
 from onnx_npu_fix.constraints import CheckReport, Violation
-from onnx_npu_fix.errors import EXIT_OK, EXIT_PASS_FAILED, EXIT_VIOLATIONS, InputError, first_line
+from onnx_npu_fix.errors import EXIT_OK, EXIT_PASS_FAILED, EXIT_VIOLATIONS, InputError, PassFailed, first_line
 from onnx_npu_fix.freeze import FrozenInput, freeze_inputs
 from onnx_npu_fix.graph import TWO_GB, approx_model_bytes, infer_shapes, write_with_external_data
 from onnx_npu_fix.options import FixOptions
@@ -399,8 +399,11 @@ def _fix_in_place(model: onnx.ModelProto, options: FixOptions | None = None,
                   on_serialized: Callable[[bytes], None] | None = None,
                   source: str | os.PathLike | None = None) -> FixResult:
     """:func:`fix` on ``model`` itself (edited in place): for a model nobody else holds, e.g. just read."""
+    from onnx_npu_fix.cost import model_cost
+
     options = options or FixOptions()
     prepare(model, options)
+    before = model_cost(model, options.act_bytes)  # the model is edited in place: its cost is taken now
     reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options)
     frozen, own_reference = _freeze(model, options, reference)
     try:
@@ -411,6 +414,8 @@ def _fix_in_place(model: onnx.ModelProto, options: FixOptions | None = None,
         if own_reference is not None:
             own_reference.close()
     result.report.frozen_inputs = {name: f.to_json() for name, f in frozen.items()}
+    if result.ok:
+        result.report.cost = (before, model_cost(result.model, options.act_bytes))
     return result
 
 
@@ -467,6 +472,10 @@ class RunOutcome:
     """The build record, when it was asked for (``report_path`` or ``record=True``)."""
     error: str | None = None
     """One line: why nothing was written (a pass failed, the output does not match the original)."""
+    split: SplitOutcome | None = None
+    """``split_dir``: the segments that fit the SRAM budget (or why none could), see :func:`split_model`."""
+    memory_plot: str | None = None
+    """``memory_plot``: the picture written (its numbers are next to it, ``+ '.json'``)."""
 
     @property
     def report(self) -> FixReport | None:
@@ -480,7 +489,8 @@ class RunOutcome:
 def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
         options: FixOptions | None = None, *, passes: Sequence[Pass] | None = None,
         report_path: str | os.PathLike | None = None, check: bool = False, shapes: bool = False,
-        record: bool = False, command: Sequence[str] | None = None) -> RunOutcome:
+        record: bool = False, command: Sequence[str] | None = None,
+        split_dir: str | os.PathLike | None = None, memory_plot: str | os.PathLike | None = None) -> RunOutcome:
     """Load ``input_path``, fix it (``passes``, default order unless given), re-check the constraints, write
     ``output`` atomically and the build record to ``report_path``; or with ``check=True`` only check the input.
 
@@ -489,6 +499,9 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
     a failing pass is not raised: the outcome says so (exit 3, ``error``) and nothing is written.
     ``shapes``: also list every node's shapes (``checked.shapes``). ``record``: build the record even without
     ``report_path``. ``command``: recorded as the command line (default sys.argv).
+    ``split_dir``: once fixed, cut the model into segments that each fit ``options.sram_bytes`` and write them
+    with ``manifest.json`` there (:func:`split_model`; before the model is saved, so a failed split writes
+    nothing). ``memory_plot``: draw the activation profile (:func:`write_memory_plot`).
     """
     from onnx_npu_fix.constraints import check_model, split_requested
     from onnx_npu_fix.report import build_record, write_json
@@ -497,6 +510,9 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
     options = options or FixOptions()
     path = os.fspath(input_path)
     report_path = None if report_path is None else os.fspath(report_path)
+    split_dir = None if split_dir is None else os.fspath(split_dir)
+    memory_plot = None if memory_plot is None else os.fspath(memory_plot)
+    _check_fitting(options, path, check, split_dir, memory_plot)
     if check:
         source = read_model(path)
         if report_path:
@@ -505,9 +521,12 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
         counted, others = split_requested(checked.violations, options)
         outcome = RunOutcome(EXIT_VIOLATIONS if counted else EXIT_OK, "check", path, checked=checked,
                              violations=counted, not_requested=others)
+        if memory_plot:
+            _plot(outcome, source.model, memory_plot, options, prepared=False)
         if report_path or record:
             outcome.record = build_record(path, None, options, None, time.perf_counter() - started,
                                           outcome.exit_code, checked, command, counted, others)
+            outcome.record["split"] = None
         if report_path:
             _write_report(report_path, outcome.record, write_json)
         return outcome
@@ -552,26 +571,69 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
         try:
             outcome.checked = check_model(result.model, options, shapes=shapes, prepared=True,
                                           memory=bool(report_path) or record)
-            save_model(result.model, output, external_data=external or None, serialized=result.serialized,
-                       early=early)
+            if split_dir:
+                try:
+                    outcome.split = split_model(result.model, split_dir, options)
+                except PassFailed as exc:
+                    outcome.exit_code, outcome.error = exc.exit_code, f"split failed: {exc}; nothing written"
+                except OSError as exc:
+                    raise InputError(f"cannot write --split {split_dir}: {exc.strerror or exc}; nothing written") \
+                        from None
+                if outcome.split.fits and options.sram_bytes is not None:
+                    # Segments that all fit satisfy the budget: the whole model's 'sram' finding is resolved.
+                    outcome.checked.violations = [v for v in outcome.checked.violations if v.constraint != "sram"]
+            if memory_plot and outcome.error is None:
+                _plot(outcome, result.model, memory_plot, options, prepared=True)
+            if outcome.error is None:
+                save_model(result.model, output, external_data=external or None, serialized=result.serialized,
+                           early=early)
         except OSError as exc:
             raise InputError(f"cannot write {output}: {exc.strerror or exc}; nothing written") from None
         finally:
             early.close()
-        outcome.written = output
-        outcome.violations, outcome.not_requested = split_requested(
-            outcome.checked.violations, options, [p.name for p in chosen])
-        if outcome.violations:
-            outcome.exit_code = EXIT_VIOLATIONS
+        if outcome.error is None:
+            outcome.written = output
+            outcome.violations, outcome.not_requested = split_requested(
+                outcome.checked.violations, options, [p.name for p in chosen])
+            if outcome.violations or (outcome.split is not None and not outcome.split.fits):
+                outcome.exit_code = EXIT_VIOLATIONS
     # The record hashes both models (0.2 s at 100 MB): built only when someone reads it.
     if report_path or record:
         outcome.record = build_record(path, outcome.written, options, result.report, time.perf_counter() - started,
                                       outcome.exit_code, outcome.checked, command,
                                       outcome.violations if outcome.checked is not None else None,
                                       outcome.not_requested)
+        outcome.record["split"] = outcome.split.to_json() if outcome.split is not None else None
     if report_path:
         _write_report(report_path, outcome.record, write_json)
     return outcome
+
+
+def _check_fitting(options: FixOptions, input_path: str, check: bool, split_dir: str | None,
+                   memory_plot: str | None) -> None:
+    """--split / --split-at / --memory-plot make sense together and their paths can be written: checked before
+    any work (InputError, exit 2)."""
+    if options.split_at and not split_dir:
+        raise InputError("--split-at needs --split DIR (where the segments go)")
+    if split_dir:
+        if check:
+            raise InputError("--split writes segments: use it in a fixing run (-o), not with --check")
+        if options.sram_bytes is None and not options.split_at:
+            raise InputError("--split needs --sram SIZE (the budget each segment must fit) or --split-at")
+        check_split_dir(split_dir)
+    if memory_plot:
+        from onnx_npu_fix.plot import check_plot_path
+
+        check_plot_path(memory_plot)
+        check_output_path(memory_plot, input_path, what="--memory-plot")
+
+
+def _plot(outcome: RunOutcome, model: onnx.ModelProto, path: str, options: FixOptions, *, prepared: bool) -> None:
+    try:
+        write_memory_plot(model, path, options, split=outcome.split, prepared=prepared)
+    except OSError as exc:
+        raise InputError(f"cannot write --memory-plot {path}: {exc.strerror or exc}") from None
+    outcome.memory_plot = path
 
 
 def _write_report(path: str, data: dict[str, Any] | None, write_json: Callable[[str, Any], None]) -> None:
@@ -627,3 +689,157 @@ def check(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None
     report = check_model(model, options, shapes=shapes)
     report.violations, _ = split_requested(report.violations, options)
     return report
+
+
+# --- --split: segments that fit the SRAM budget ---------------------------------------------------------
+
+
+@dataclass
+class SplitOutcome:
+    """What :func:`split_model` did: the plan, its chained validation, and where the segments went."""
+
+    plan: object  # split.SplitPlan
+    directory: str | None = None
+    """Where the segments and manifest.json were written (None: nothing written, the plan does not fit)."""
+    validation: object | None = None  # validate.Comparison, None when validation is off
+    hint: object | None = None  # split.ResolutionHint when a single layer does not fit
+    manifest: dict | None = None
+    segments: list | None = None
+    """The segment models written (for --memory-plot)."""
+    note: str | None = None
+    """Why the chain was not validated, when onnxruntime cannot run the model itself."""
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.plan.fits)
+
+    def to_json(self) -> dict:
+        return {"directory": self.directory, "manifest": self.manifest, **self.plan.to_json(),
+                "validation": self.validation.to_json() if self.validation is not None else None,
+                "validation_note": self.note,
+                "resolution": self.hint.to_json() if self.hint is not None else None}
+
+
+def check_split_dir(directory: str | os.PathLike) -> None:
+    """--split DIR must be a new or empty directory whose parent exists (checked before any work)."""
+    directory = os.fspath(directory)
+    if os.path.exists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
+        raise InputError(f"--split {directory}: exists and is not an empty directory; npufix does not overwrite "
+                         f"segments, choose a new directory or remove it")
+    parent = os.path.dirname(os.path.abspath(directory))
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise InputError(f"--split {directory}: parent directory {parent} does not exist or is not writable")
+
+
+def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: FixOptions) -> SplitOutcome:
+    """Cut ``model`` (fixed, with fresh shapes: FixResult.model) into segments that each fit
+    ``options.sram_bytes`` (split.plan_split), check each segment's own estimate against the budget, validate
+    that running them in order reproduces ``model``'s outputs bit for bit, and write DIR atomically: the
+    segments and ``manifest.json`` go to a temporary sibling directory renamed into place at the end.
+
+    When a single layer exceeds the budget nothing is written: the outcome has ``fits`` False, the plan names
+    the layers and ``hint`` says which input size would fit. Raises PassFailed (pass name 'split') when the
+    chained segments do not reproduce the model, InputError for a bad ``--split-at`` name or directory."""
+    import json
+    import shutil
+
+    from onnx_npu_fix.errors import PassFailed
+    from onnx_npu_fix.graph import GraphIndex
+    from onnx_npu_fix.memory import estimate
+    from onnx_npu_fix.split import build_segments, plan_split, resolution_hint
+    from onnx_npu_fix.validate import CannotRun, validate_chain
+
+    directory = os.fspath(directory)
+    check_split_dir(directory)
+    plan = plan_split(GraphIndex(model), options.sram_bytes, options.act_bytes, split_at=options.split_at,
+                      budget=options.schedule_budget)
+    outcome = SplitOutcome(plan)
+    if not plan.fits:
+        outcome.hint = resolution_hint(model, options.sram_bytes, options.act_bytes)
+        return outcome
+    segments = build_segments(model, plan)
+    for k, (segment, planned) in enumerate(zip(segments, plan.segments)):
+        onnx.checker.check_model(segment)
+        peak = estimate(segment, options.act_bytes, reorder=False).peak_bytes
+        if options.sram_bytes is not None and peak > options.sram_bytes:
+            raise PassFailed(f"segment {k} as built peaks at {peak} B, above the budget (planned "
+                             f"{planned.peak_bytes} B)", pass_name="split")
+        planned.peak_bytes = peak
+    if options.validate != "none":
+        try:
+            outcome.validation = validate_chain(model, segments, n=options.n_inputs, seed=options.seed)
+        except CannotRun as exc:
+            outcome.note = f"onnxruntime cannot run the model ({exc}), so the chain is not validated"
+    if outcome.validation is not None:
+        if not outcome.validation.passed:
+            worst = outcome.validation.worst
+            what = outcome.validation.error or (f"output '{worst.name}' differs by {worst.max_abs:.3g}"
+                                                if worst else "outputs differ")
+            raise PassFailed(f"the chained segments do not reproduce the model: {what}", pass_name="split")
+    width = max(2, len(str(len(segments) - 1)))
+    names = [f"segment_{k:0{width}d}.onnx" for k in range(len(segments))]
+    manifest = {
+        "segments": [{"path": name, "inputs": s.inputs, "outputs": s.outputs, "peak_bytes": s.peak_bytes}
+                     for name, s in zip(names, plan.segments)],
+        "crossing_bytes": list(plan.crossing_bytes),
+    }
+    parent = os.path.dirname(os.path.abspath(directory))
+    tmp = tempfile.mkdtemp(prefix=".npufix-split-", dir=parent)
+    try:
+        for name, segment in zip(names, segments):
+            save_model(segment, os.path.join(tmp, name))
+        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2)
+            f.write("\n")
+        os.chmod(tmp, 0o777 & ~_umask())
+        if os.path.isdir(directory):
+            os.rmdir(directory)  # empty (checked above): replaced by the finished directory
+        os.replace(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    outcome.directory, outcome.manifest, outcome.segments = directory, manifest, segments
+    return outcome
+
+
+def write_memory_plot(model: onnx.ModelProto, path: str | os.PathLike, options: FixOptions, *,
+                      split: SplitOutcome | None = None, prepared: bool = True) -> dict:
+    """Draw the activation profile of ``model`` (plot.py) to ``path`` (.png / .svg) and its numbers to
+    ``path + '.json'``, both atomically. ``prepared``: ``model`` has fresh inferred shapes (FixResult.model);
+    otherwise a light analysis copy is made. ``split``: also draw each segment. Returns the numbers.
+    Raises InputError (exit 2) when matplotlib is missing."""
+    import json
+
+    from onnx_npu_fix.memory import analysis_copy
+    from onnx_npu_fix.plot import check_plot_path, draw, profile_data
+
+    path = os.fspath(path)
+    check_plot_path(path)
+    if not prepared:
+        model, _ = analysis_copy(model, options.input_shapes)
+    segments = split.segments if split is not None and split.segments else ()
+    cuts = split.plan.cuts if segments else ()
+    data = profile_data(model, options.act_bytes, options.sram_bytes, segments=segments, cuts=cuts,
+                        budget=options.schedule_budget)
+    directory = os.path.dirname(os.path.abspath(path))
+    written = []
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".npufix-plot-", suffix=os.path.splitext(path)[1], dir=directory)
+        os.close(fd)
+        written.append(tmp)
+        draw(data, tmp)
+        fd, tmp_json = tempfile.mkstemp(prefix=".npufix-plot-", suffix=".json", dir=directory)
+        written.append(tmp_json)
+        with open(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        for name in written:
+            os.chmod(name, 0o666 & ~_umask())
+        os.replace(tmp_json, path + ".json")
+        os.replace(tmp, path)
+    except BaseException:
+        for name in written:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+        raise
+    return data

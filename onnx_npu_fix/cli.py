@@ -9,6 +9,7 @@ except what was asked for (--list-passes, --check output, --dump-shapes, --forma
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
@@ -137,6 +138,16 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--no-validate", is_flag=True, help="Same as --validate none.")
 @click.option("--keep-going", is_flag=True,
               help="Roll back a pass that fails validation and continue (default: stop, write nothing).")
+# --- fitting SRAM (README "Fitting SRAM"): segments, user cuts, the memory picture ---------------------------
+@click.option("--split", "split_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="After fixing, cut the model into segments that each fit --sram; write them and "
+                   "DIR/manifest.json (DIR must be new or empty).")
+@click.option("--split-at", "split_at", metavar="TENSOR,...",
+              help="With --split: also cut right after the producer of each of these tensors.")
+@click.option("--memory-plot", "memory_plot", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Draw live activation bytes per step (.png or .svg; needs onnx-npu-fix[plot]).")
+@click.option("--schedule-budget", "schedule_budget", type=click.IntRange(min=0), default=None, metavar="N",
+              help="States the exact schedule search may expand (default 20000; 0: greedy orders only).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="Write the build record (JSON) here.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
@@ -203,6 +214,8 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
           plugins: tuple[str, ...] = (), **opts: Any) -> None:
     from onnx_npu_fix import api
 
+    split_dir, memory_plot = opts.pop("split_dir"), opts.pop("memory_plot")
+    split_at, schedule_budget = _split_names(opts.pop("split_at")), opts.pop("schedule_budget")
     if list_passes:
         try:
             click.echo(_render_pass_list(api.list_passes(plugins)), nl=False)
@@ -223,11 +236,16 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
     _setup_logging(quiet, verbose)
     try:
         options = _build_options(ctx, target, opts, check)
+        fitting: dict[str, Any] = {"split_at": tuple(split_at or ())}
+        if schedule_budget is not None:
+            fitting["schedule_budget"] = schedule_budget
+        options = dataclasses.replace(options, **fitting)
         if check:
-            ctx.exit(_check_models(models, options, output_format, dump_shapes, report_path, quiet, verbose))
+            ctx.exit(_check_models(models, options, output_format, dump_shapes, report_path, quiet, verbose,
+                                   memory_plot))
         passes = api.select_passes(_split_names(only), _split_names(skip) or (), plugins=plugins)
         outcome = api.run(models[0], output, options, passes=passes, report_path=report_path, shapes=dump_shapes,
-                          record=output_format == "json")
+                          record=output_format == "json", split_dir=split_dir, memory_plot=memory_plot)
     except NpufixError as exc:
         raise _InputProblem(str(exc), exc.exit_code) from None
     _print_outcome(outcome, quiet, verbose, dump_shapes)
@@ -243,7 +261,7 @@ _DEFAULTS_LINE = ("checking npufix's default constraints (align 8, nearest Resiz
 
 
 def _check_models(models: tuple[str, ...], options: FixOptions, output_format: str, dump_shapes: bool,
-                  report_path: str | None, quiet: bool, verbose: int) -> int:
+                  report_path: str | None, quiet: bool, verbose: int, memory_plot: str | None = None) -> int:
     """--check over every model: findings prefixed with the file, like ruff; with --format json one document
     (the model's object, or an array of them with several models). Returns the exit code (the worst)."""
     from onnx_npu_fix import api
@@ -254,7 +272,8 @@ def _check_models(models: tuple[str, ...], options: FixOptions, output_format: s
     documents = []
     for path in models:
         try:
-            outcome = api.run(path, options=options, check=True, report_path=report_path, shapes=dump_shapes)
+            outcome = api.run(path, options=options, check=True, report_path=report_path, shapes=dump_shapes,
+                              memory_plot=memory_plot if len(models) == 1 else None)
         except NpufixError as exc:
             if len(models) == 1:
                 raise
@@ -324,6 +343,11 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
         kind = "exact" if report.final.exact else "approximate"
         _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
                     f"max rel {report.final.max_rel:.2e}{quant_summary(report.final)}")
+    if report.cost is not None:
+        from onnx_npu_fix.cost import render_cost
+
+        for line in render_cost(*report.cost):
+            _say(quiet, line)
     if outcome.violations:
         for violation in outcome.violations:
             click.echo(f"unfixed: {violation.text()}", err=True)
@@ -345,7 +369,33 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
         from onnx_npu_fix.constraints import render_shapes
 
         click.echo(render_shapes(checked.shapes))
+    _print_fitting(outcome, quiet)
     _say(quiet, f"wrote {outcome.written}")
+
+
+def _print_fitting(outcome, quiet: bool) -> None:
+    """The --memory-plot and --split lines (README "Fitting SRAM")."""
+    from onnx_npu_fix.memory import format_bytes
+
+    if outcome.memory_plot:
+        _say(quiet, f"wrote {outcome.memory_plot} (and {outcome.memory_plot}.json)")
+    split = outcome.split
+    if split is None:
+        return
+    plan = split.plan
+    if not split.fits:  # the sram-layer violation names the layer and what would fit
+        node, op, size = plan.blocking[0]
+        click.echo(f"{'split':<16} not possible: {node} ({op}) alone needs {format_bytes(size)} > SRAM "
+                   f"{format_bytes(plan.sram_bytes)}; no segments written", err=True)
+        return
+    peaks = " / ".join(format_bytes(s.peak_bytes) for s in plan.segments)
+    crossing = ", ".join(format_bytes(b) for b in plan.crossing_bytes) or "none"
+    check = split.validation
+    verdict = f"not validated: {split.note}" if split.note else "not validated" if check is None else \
+        f"chained segments bit-exact (max abs {check.max_abs:.1e})"
+    _say(quiet, f"{'split':<16} {len(plan.segments)} segment{'s' if len(plan.segments) != 1 else ''}, peaks "
+                f"{peaks}; crossing {crossing}; {verdict}")
+    _say(quiet, f"wrote {os.path.join(split.directory, 'manifest.json')}")
 
 
 # Option name on the command line -> FixOptions field, for everything that becomes an option. An option whose

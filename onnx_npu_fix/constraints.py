@@ -76,6 +76,7 @@ LIMIT_TEXT: dict[str, str] = {
     "max-stride": "max {}",
     "sram": "SRAM {}",
     "control-flow": "{}",
+    "sram-layer": "SRAM {}",
 }
 CONSTRAINTS: tuple[str, ...] = tuple(LIMIT_TEXT)
 
@@ -110,12 +111,14 @@ class Violation:
 
     def text(self) -> str:
         """``node (op): constraint: value vs limit -> fixed by <pass> | no pass fixes this``"""
-        if self.constraint == "sram":
+        if self.constraint in ("sram", "sram-layer"):
             value, limit = format_bytes(self.value), LIMIT_TEXT["sram"].format(format_bytes(self.limit))
         else:
             value = _fmt(self.value)
             limit = LIMIT_TEXT.get(self.constraint, "{}").format(_fmt(self.limit))
         fix = f"fixed by {self.fixed_by}" if self.fixed_by else "no pass fixes this"
+        if self.constraint == "sram-layer":  # what would fit is the point of this line
+            fix += f"; {self.message}"
         return f"{self.node} ({self.op}): {self.constraint}: {value} vs {limit} -> {fix}"
 
     __str__ = text
@@ -226,9 +229,12 @@ def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = F
         _check_graph_outputs(ctx)
         estimate = None
         if memory or options.sram_bytes is not None:
-            estimate = estimate_index(index, options.act_bytes, options.sram_bytes, constants=ctx.const)
+            estimate = estimate_index(index, options.act_bytes, options.sram_bytes, constants=ctx.const,
+                                      search_budget=options.schedule_budget)
             if estimate.sram_bytes is not None and not estimate.fits:
                 ctx.found.append(_memory_violation(estimate))
+                if not estimate.floor_fits:
+                    ctx.found.append(_floor_violation(estimate, light))
         return CheckReport(ctx.found, estimate, _listing(index, ctx.const) if shapes else None, ctx.exempt)
 
 
@@ -603,11 +609,32 @@ def _memory_violation(memory: MemoryEstimate) -> Violation:
               f"live: {live}{more}"
     if memory.unknown:
         message += f"; {len(memory.unknown)} tensors of unknown size not counted"
-    fixed_by = "reorder-memory" if memory.reorder_fits else None
+    fixed_by = "reorder-memory" if memory.reorder_fits else ("--split" if memory.floor_fits else None)
     if memory.reordered_peak is not None:
         message += f"; the memory-aware order peaks at {format_bytes(memory.reordered_peak)}"
+    message += _floor_text(memory)
     return Violation(memory.peak_node or "(graph)", memory.peak_op or "(graph)", "sram", memory.peak_bytes,
                      memory.sram_bytes, fixed_by, message)
+
+
+def _floor_text(memory: MemoryEstimate) -> str:
+    """What the largest single layer says about the budget (README "Fitting SRAM")."""
+    if memory.floor_node is None or memory.sram_bytes is None:
+        return ""
+    if memory.floor_fits:
+        return (f"; every layer fits (largest {memory.floor_node}: {format_bytes(memory.floor_bytes)}): "
+                "--split DIR cuts the model into segments that fit")
+    return (f"; layer {memory.floor_node} ({memory.floor_op}) alone needs {format_bytes(memory.floor_bytes)} "
+            "(inputs + outputs): no order or split fits it (sram-layer)")
+
+
+def _floor_violation(memory: MemoryEstimate, model: onnx.ModelProto) -> Violation:
+    """The largest layer alone is above the budget: name it and what input size (or tiling) would fit."""
+    from onnx_npu_fix.split import resolution_hint
+
+    hint = resolution_hint(model, memory.sram_bytes, memory.act_bytes)
+    return Violation(memory.floor_node or "(graph)", memory.floor_op or "(graph)", "sram-layer", memory.floor_bytes,
+                     memory.sram_bytes, None, f"inputs + outputs of one layer; would fit: {hint.text()}")
 
 
 # --- shapes ----------------------------------------------------------------------------------------
@@ -692,7 +719,8 @@ ASKED_BY: dict[str, tuple[str, ...]] = {
     "in-channels-align": ("align",), "out-channels-align": ("align",), "concat-align": ("concat_align",),
     "batchnorm": ("allow_batchnorm",), "resize-mode": ("require_nearest_resize",), "max-rank": ("max_rank",),
     "batch-one": ("batch_one",), "forbidden-op": ("forbidden_ops",), "max-kernel": ("max_kernel",),
-    "max-stride": ("max_stride",), "sram": ("sram_bytes",),
+    "max-stride": ("max_stride",), "sram": ("sram_bytes",), "sram-layer": ("sram_bytes",),
+    "control-flow": ("allow_control_flow",),
     "shape-inference": (), "dynamic-shape": (), "unknown-shape": (), "leftover-op": (),
 }
 

@@ -15,9 +15,12 @@ padding, no scratch buffers and no memory inside If/Loop bodies. A tensor of unk
 bytes and is listed, so the peak is then a lower bound.
 
 A skip connection shows up as a tensor with a long producer -> last-consumer span, live across the peak.
-``memory_aware_order`` looks for a topological order with a lower peak by greedy list scheduling (run the
-ready node that adds the fewest bytes once the inputs it is the last reader of are freed), in
-O((nodes + edges) log nodes), and keeps the stored order unless a candidate is strictly lower.
+``best_schedule`` looks for the topological order with the lowest peak: greedy list scheduling first (run the
+ready node that adds the fewest bytes once the inputs it is the last reader of are freed, O((nodes + edges) log
+nodes)), then, up to EXACT_MAX_NODES nodes, an exact best-first search over the sets of scheduled nodes with a
+deterministic budget of state expansions (``_exact_search``). No order can go below a node's *floor* (its
+activation inputs plus outputs, all live at its step), so the largest floor is a lower bound, raised by the search;
+the result says whether the order is proved optimal. The stored order is kept unless a candidate is strictly lower.
 """
 
 from __future__ import annotations
@@ -204,6 +207,11 @@ def _liveness(index: GraphIndex, act_bytes: int, const: set[str] | None = None) 
                      sz=[v or 0 for v in sizes], outputs=[t for t, o in enumerate(is_output) if o])
 
 
+# The liveness structure is shared with split.py (segment peaks over the same model of execution).
+Liveness = _Liveness
+liveness = _liveness
+
+
 def _spans(lv: _Liveness, order: Sequence[int]) -> tuple[list[int], list[int]]:
     """First and last step of every activation tensor under ``order`` (a permutation of node indices)."""
     n = len(order)
@@ -250,8 +258,9 @@ def _peak_of(lv: _Liveness, order: Sequence[int]) -> int:
 # --- memory-aware order ----------------------------------------------------------------------------
 
 
-def _greedy(lv: _Liveness, variant: str) -> list[int] | None:
-    """List scheduling over the ready nodes; None if the graph has a cycle.
+def _greedy(lv: _Liveness, variant: str, prefix: Sequence[int] = ()) -> list[int] | None:
+    """List scheduling over the ready nodes; None if the graph has a cycle. ``prefix``: a valid partial order run
+    first (the exact search completes its best partial orders with this).
 
     ``net``: fewest bytes added (new outputs that stay live minus inputs freed), ties by stored position;
     ``net-lifo``: same key, ties to the most recently readied node (finish a branch before starting one);
@@ -287,10 +296,9 @@ def _greedy(lv: _Liveness, variant: str) -> list[int] | None:
             tick += 1
             push(v)
     order: list[int] = []
-    while heap:
-        _, _, ver, v = heapq.heappop(heap)
-        if done[v] or ver != version[v]:
-            continue
+
+    def run(v: int) -> None:
+        nonlocal tick
         done[v] = True
         order.append(v)
         for t in lv.node_in[v]:
@@ -307,6 +315,14 @@ def _greedy(lv: _Liveness, variant: str) -> list[int] | None:
                 ready_tick[s] = tick
                 tick += 1
                 push(s)
+
+    for v in prefix:
+        run(v)
+    while heap:
+        _, _, ver, v = heapq.heappop(heap)
+        if done[v] or ver != version[v]:
+            continue
+        run(v)
     return order if len(order) == n else None
 
 
@@ -325,6 +341,170 @@ def _best_order(lv: _Liveness, stored_peak: int | None = None) -> tuple[list[int
     return best, best_peak, method
 
 
+def node_floors(lv: _Liveness) -> list[int]:
+    """Bytes every node needs on its own step, whatever the order: its distinct activation inputs plus all its
+    outputs. No order and no cut can put a node's step below this; the largest one bounds every peak."""
+    sz = lv.sz
+    return [sum(sz[t] for t in ins) + sum(sz[t] for t in outs) for ins, outs in zip(lv.node_in, lv.node_out)]
+
+
+EXACT_MAX_NODES = 5000
+"""Graphs above this many nodes get the greedy orders only (the exact search keeps a bitmask per state)."""
+DEFAULT_SEARCH_BUDGET = 20000
+"""States the exact search may expand before it settles for the best order found (deterministic)."""
+SEARCH_SECONDS_CAP = 20.0
+"""Safety net only: a wall-time cap far above what the default budget takes on any machine."""
+
+
+@dataclass
+class SearchResult:
+    order: list[int]
+    peak: int
+    method: str
+    lower_bound: int
+    """No topological order peaks below this: the largest node floor, raised to the least bottleneck of the
+    search frontier when the search stopped early (every cheaper partial order was expanded)."""
+    optimal: bool
+    """True only when the search proved no order is lower than ``peak``."""
+    expanded: int
+
+
+def _exact_search(lv: _Liveness, incumbent_peak: int, lower: int, budget: int,
+                  seconds: float) -> tuple[list[int] | None, int, int, bool, int]:
+    """Bottleneck best-first search over the sets of scheduled nodes (each a down-set of the DAG).
+
+    A state S (a bitmask of the nodes run so far) determines what is resident: every tensor produced in S
+    (or a graph input) with a reader outside S, and the graph outputs produced. Running a ready node v next
+    costs ``resident(S) + bytes(outputs of v)`` at its step; the peak of a path is its largest step, and
+    ``g(S)`` the least peak over all paths to S. States pop in increasing ``g`` (ties: the deepest first), so
+    the first complete state popped is optimal, and when the heap empties with every successor at or above
+    the incumbent's peak pruned, the incumbent is optimal. Dominance: a ready node that frees at least what it
+    keeps and whose step fits under ``g(S)`` is run at once (moving it earlier never raises a later step:
+    every later resident set loses at least what it gains), which collapses constant chains and
+    memory-neutral tails into a single successor.
+    When ``budget`` expansions are spent, the bound is the least ``g`` left open (every cheaper partial order was
+    expanded), and :func:`_complete_best` finishes the most promising open partial orders greedily.
+    Returns (a better order or None, the best peak, the proved lower bound, whether it is optimal, states
+    expanded).
+    """
+    import time
+
+    n = len(lv.nodes)
+    sz, is_output, consumers, node_in, node_out = lv.sz, lv.is_output, lv.consumers, lv.node_in, lv.node_out
+    succs, preds = lv.successors(), lv.preds
+    keeps = [sum(sz[t] for t in outs if consumers[t] or is_output[t]) for outs in node_out]
+    step_bytes = [sum(sz[t] for t in outs) for outs in node_out]
+    resident0 = sum(sz[t] for t in range(len(lv.names)) if lv.producer[t] < 0 and (consumers[t] or is_output[t]))
+    unused_inputs = sum(sz[t] for t in range(len(lv.names)) if lv.producer[t] < 0 and not consumers[t]
+                        and not is_output[t])
+    full = (1 << n) - 1
+    g0 = resident0 + unused_inputs
+    ready0 = tuple(v for v in range(n) if not preds[v])
+    best_g: dict[int, int] = {0: g0}
+    info: dict[int, tuple[int, tuple[int, ...], int, int]] = {0: (resident0, ready0, -1, -1)}  # R, ready, parent, v
+    heap: list[tuple[int, int, int]] = [(g0, 0, 0)]
+    closed: set[int] = set()
+    expanded = 0
+    deadline = time.monotonic() + seconds
+    while heap:
+        g, neg_depth, mask = heapq.heappop(heap)
+        if mask in closed or g > best_g[mask]:
+            continue
+        if mask == full:
+            order: list[int] = []
+            while mask:
+                _, _, parent, v = info[mask]
+                order.append(v)
+                mask = parent
+            order.reverse()
+            return order, g, g, True, expanded
+        if expanded >= budget or (expanded & 255 == 0 and time.monotonic() > deadline):
+            heapq.heappush(heap, (g, neg_depth, mask))
+            bound = max(lower, min(incumbent_peak, heap[0][0]))
+            found, peak = _complete_best(lv, heap, info, best_g, closed, incumbent_peak)
+            return found, peak, min(bound, peak), False, expanded
+        expanded += 1
+        closed.add(mask)
+        resident, ready, _, _ = info[mask]
+        extra = unused_inputs if mask == 0 else 0
+        moves = []
+        for v in ready:
+            bit = 1 << v
+            done = mask | bit
+            freed = 0
+            for t in node_in[v]:
+                if sz[t] and not is_output[t] and all((done >> c) & 1 for c in consumers[t]):
+                    freed += sz[t]
+            after = resident + keeps[v] - freed
+            step = resident + step_bytes[v] + extra
+            if after <= resident and step <= g:
+                moves = [(v, done, after, g)]
+                break
+            moves.append((v, done, after, max(g, step)))
+        for v, done, after, ng in moves:
+            if ng >= incumbent_peak or done in closed or ng >= best_g.get(done, incumbent_peak):
+                continue
+            best_g[done] = ng
+            new_ready = [u for u in ready if u != v]
+            for s in succs[v]:
+                if all((done >> p) & 1 for p in preds[s]):
+                    new_ready.append(s)
+            info[done] = (after, tuple(new_ready), mask, v)
+            heapq.heappush(heap, (ng, neg_depth - 1, done))
+    # Every partial order below the incumbent's peak was expanded without completing: the incumbent is optimal.
+    return None, incumbent_peak, incumbent_peak, True, expanded
+
+
+COMPLETIONS = 16
+"""Open states the search completes greedily when its budget runs out (the best found, not proved)."""
+
+
+def _complete_best(lv: _Liveness, heap: list[tuple[int, int, int]], info: dict, best_g: dict[int, int],
+                   closed: set[int], incumbent_peak: int) -> tuple[list[int] | None, int]:
+    """Finish the most promising partial orders (lowest bottleneck, deepest first) with the greedy list
+    schedulers; the best complete order if it is below the incumbent."""
+    best, best_peak, tried = None, incumbent_peak, 0
+    for g, _, mask in sorted(heap):
+        if tried >= COMPLETIONS or g >= best_peak:
+            break
+        if mask in closed or g > best_g[mask]:
+            continue
+        tried += 1
+        prefix: list[int] = []
+        at = mask
+        while at:
+            _, _, parent, v = info[at]
+            prefix.append(v)
+            at = parent
+        prefix.reverse()
+        for variant in ("net", "net-lifo"):
+            order = _greedy(lv, variant, prefix)
+            if order is not None:
+                peak = _peak_of(lv, order)
+                if peak < best_peak:
+                    best, best_peak = order, peak
+    return best, best_peak
+
+
+def best_schedule(lv: _Liveness, budget: int = DEFAULT_SEARCH_BUDGET, *, stored_peak: int | None = None,
+                  seconds: float = SEARCH_SECONDS_CAP) -> SearchResult:
+    """The lowest-peak topological order provable within ``budget`` state expansions: the greedy orders first
+    (the incumbent), then :func:`_exact_search` when the graph has at most EXACT_MAX_NODES nodes and the
+    incumbent is above the largest node floor. The stored order wins ties."""
+    n = len(lv.nodes)
+    order, peak, method = _best_order(lv, stored_peak)
+    floors = node_floors(lv)
+    lower = max(floors, default=0)
+    if n == 0 or peak <= lower:
+        return SearchResult(order, peak, method, min(lower, peak), True, 0)
+    if n > EXACT_MAX_NODES or budget <= 0 or _greedy(lv, "lifo") is None:
+        return SearchResult(order, peak, method, lower, False, 0)
+    found, best, bound, optimal, expanded = _exact_search(lv, peak, lower, budget, seconds)
+    if found is not None and best < peak:
+        order, peak, method = found, _peak_of(lv, found), "exact" if optimal else "search"
+    return SearchResult(order, peak, method, bound, optimal, expanded)
+
+
 @dataclass
 class OrderPlan:
     """The stored order's peak and the best order found (``order`` is the stored one if none is lower)."""
@@ -333,26 +513,35 @@ class OrderPlan:
     peak_before: int
     peak_after: int
     method: str
-    """'stored' or the greedy variant that won: 'net', 'net-lifo' or 'lifo'."""
+    """'stored', the greedy variant that won ('net', 'net-lifo', 'lifo'), 'exact' (the search found the optimum)
+    or 'search' (its budget ran out: a greedy completion of its best partial order, not proved optimal)."""
     unknown: int
     """Activation tensors of unknown size (counted as 0 bytes)."""
+    lower_bound: int = 0
+    """No topological order peaks below this (see :class:`SearchResult`)."""
+    optimal: bool = False
+    """Whether ``peak_after`` is proved to be the lowest peak of any topological order."""
+    expanded: int = 0
+    """States the exact search expanded."""
 
     @property
     def improves(self) -> bool:
         return self.peak_after < self.peak_before
 
 
-def order_plan(index: GraphIndex, act_bytes: int = 1) -> OrderPlan:
-    """Search a lower-peak topological order for the graph behind ``index`` (shapes must be inferred)."""
+def order_plan(index: GraphIndex, act_bytes: int = 1, budget: int = DEFAULT_SEARCH_BUDGET) -> OrderPlan:
+    """Search the lowest-peak topological order for the graph behind ``index`` (shapes must be inferred), with at
+    most ``budget`` state expansions of the exact search (:func:`best_schedule`)."""
     lv = _liveness(index, act_bytes)
     before = _peak_of(lv, list(range(len(lv.nodes))))
-    order, after, method = _best_order(lv, before)
-    return OrderPlan(order, before, after, method, sum(1 for s in lv.sizes if s is None))
+    found = best_schedule(lv, budget, stored_peak=before)
+    return OrderPlan(found.order, before, found.peak, found.method, sum(1 for s in lv.sizes if s is None),
+                     found.lower_bound, found.optimal, found.expanded)
 
 
 def memory_aware_order(model: onnx.ModelProto, act_bytes: int = 1) -> tuple[list[int], int]:
     """A topological order of ``model.graph.node`` (as node indices) whose estimated peak is as low as the
-    heuristics find, never above the stored order's, and that peak in bytes. Uses the model's value_info as is
+    search finds, never above the stored order's, and that peak in bytes. Uses the model's value_info as is
     (run ``infer_shapes`` first)."""
     plan = order_plan(GraphIndex(model), act_bytes)
     return plan.order, plan.peak_after
@@ -416,6 +605,21 @@ class MemoryEstimate:
     """Peak of the memory-aware order, only when it is lower than ``peak_bytes``."""
     reordered_method: str | None = None
     reordered_order: list[int] | None = None
+    floor_bytes: int = 0
+    """The largest node floor (its activation inputs plus outputs): no order or cut goes below it."""
+    floor_node: str | None = None
+    floor_op: str | None = None
+    best_peak: int | None = None
+    """The lowest peak the schedule search found (the stored order's when none is lower)."""
+    best_lower_bound: int | None = None
+    """No topological order peaks below this."""
+    best_optimal: bool | None = None
+    """Whether ``best_peak`` is proved optimal."""
+
+    @property
+    def floor_fits(self) -> bool | None:
+        """Whether the largest single node fits the budget (if not, no order and no split can help)."""
+        return None if self.sram_bytes is None else self.floor_bytes <= self.sram_bytes
 
     @property
     def fits(self) -> bool | None:
@@ -450,6 +654,11 @@ class MemoryEstimate:
                 "fits": self.reorder_fits, "method": self.reordered_method, "pass": "reorder-memory"},
             "unknown_tensors": list(self.unknown),
             "lower_bound": bool(self.unknown),
+            "floor": {"bytes": self.floor_bytes, "node": self.floor_node, "op": self.floor_op,
+                      "fits": self.floor_fits},
+            "schedule": None if self.best_peak is None else {
+                "peak_bytes": self.best_peak, "lower_bound_bytes": self.best_lower_bound,
+                "optimal": self.best_optimal},
         }
         if profile:
             out["profile"] = list(self.profile)
@@ -472,7 +681,8 @@ def estimate(model: onnx.ModelProto, act_bytes: int = 1, sram_bytes: int | None 
 
 def estimate_index(index: GraphIndex, act_bytes: int = 1, sram_bytes: int | None = None,
                    order: Sequence[int] | None = None, *, reorder: bool = True,
-                   constants: set[str] | None = None) -> MemoryEstimate:
+                   constants: set[str] | None = None,
+                   search_budget: int = DEFAULT_SEARCH_BUDGET) -> MemoryEstimate:
     """:func:`estimate` over a prepared GraphIndex (its shapes must be inferred). ``constants``: the result of
     :func:`constant_names` when the caller has it already."""
     if act_bytes <= 0:
@@ -519,10 +729,15 @@ def estimate_index(index: GraphIndex, act_bytes: int = 1, sram_bytes: int | None
         peak_node=peak_node.name if peak_node is not None else None,
         peak_op=peak_node.op_type if peak_node is not None else None,
         live_at_peak=[describe(t) for t in live], largest=largest, unknown=unknown, profile=profile)
+    if n:
+        floors = node_floors(lv)
+        worst = max(range(n), key=lambda v: (floors[v], -v))
+        est.floor_bytes, est.floor_node, est.floor_op = floors[worst], lv.nodes[worst].name, lv.nodes[worst].op_type
     if reorder and n:
-        best, best_peak, method = _best_order(lv)
-        if best_peak < peak:
-            est.reordered_peak, est.reordered_method, est.reordered_order = best_peak, method, best
+        found = best_schedule(lv, search_budget)
+        est.best_peak, est.best_lower_bound, est.best_optimal = found.peak, found.lower_bound, found.optimal
+        if found.peak < peak:
+            est.reordered_peak, est.reordered_method, est.reordered_order = found.peak, found.method, found.order
     return est
 
 
@@ -585,6 +800,13 @@ def render_memory(est: MemoryEstimate, *, max_tensors: int = 12) -> str:
         saving = format_bytes(est.peak_bytes - est.reordered_peak)
         lines.append(f"  memory-aware order: peak {_fmt_exact(est.reordered_peak)}, {saving} lower{verdict} "
                      "(pass reorder-memory)")
+    if est.best_peak is not None:
+        proof = "optimal" if est.best_optimal else f"no order below {_fmt_exact(est.best_lower_bound or 0)}"
+        lines.append(f"  best order      {_fmt_exact(est.best_peak)} ({proof})")
+    if est.floor_node is not None:
+        verdict = {None: "", True: "", False: " — above the SRAM budget: no order or split fits it"}[est.floor_fits]
+        lines.append(f"  largest layer   {_fmt_exact(est.floor_bytes)} inputs + outputs of {est.floor_node} "
+                     f"({est.floor_op}){verdict}")
     if est.unknown:
         shown = ", ".join(est.unknown[:5]) + (", ..." if len(est.unknown) > 5 else "")
         lines.append(f"  unknown size: {len(est.unknown)} tensors not counted ({shown}); the peak is a lower "

@@ -90,6 +90,12 @@ class FixOptions:
     act_bytes: int = 1
     """Bytes per activation element in the memory estimate (1 for int8, 4 for float32)."""
 
+    # --- fitting SRAM (reorder-memory, --split) ---------------------------------------------------
+    schedule_budget: int = 20000
+    """States the exact schedule search may expand (memory.DEFAULT_SEARCH_BUDGET); deterministic, no wall time."""
+    split_at: tuple[str, ...] = ()
+    """--split-at: tensors after whose producer the split must cut."""
+
     # --- which constraints count (set by the CLI; a library caller may leave them) -------------------
     target: str | None = None
     """Name of the target profile these options came from (None: no target). With a target, the constraints

@@ -85,6 +85,8 @@ class FixReport:
     seconds: float = 0.0
     frozen_inputs: dict[str, Any] = field(default_factory=dict)
     """Graph inputs replaced by constants (--freeze-input): name -> dtype, shape, value or sha256."""
+    cost: tuple[Any, Any] | None = None
+    """(before, after) cost.Cost of the input and the output model (api.fix fills it when the run succeeded)."""
 
     @property
     def failed_pass(self) -> PassRecord | None:
@@ -102,6 +104,7 @@ class FixReport:
             "warnings": self.warnings,
             "seconds": round(self.seconds, 4),
             "frozen_inputs": self.frozen_inputs,
+            "cost": None if self.cost is None else {"before": self.cost[0].to_json(), "after": self.cost[1].to_json()},
         }
 
 
@@ -212,7 +215,7 @@ def build_record(model_path: str, output_path: str | None, options: Any, report:
         record.update(report.to_json())
     else:  # a check run: same keys, nothing ran
         record.update({"passes": [], "final_validation": None, "validation_note": None, "warnings": [],
-                       "frozen_inputs": {}})
+                       "frozen_inputs": {}, "cost": None})
     if counted is None and checked is not None:
         counted = checked.violations
     record["violations"] = [v.to_json() for v in counted] if counted is not None else None

@@ -405,7 +405,10 @@ def test_sram_overflow():
         ("b1", "sram", 1088, 700, "reorder-memory")]
     assert fits_after_reorder[0].text() == "b1 (Conv): sram: 1.1 KiB vs SRAM 700 B -> fixed by reorder-memory"
     too_small = find_violations(model, FixOptions(align=0, sram_bytes=600))
-    assert [(v.constraint, v.fixed_by) for v in too_small] == [("sram", None)]
+    # every single layer fits 600 B (the largest, a Conv 8x8 -> 8x8x8, needs 64 + 512): --split can fit it
+    assert [(v.constraint, v.fixed_by) for v in too_small] == [("sram", "--split")]
+    below_floor = find_violations(model, FixOptions(align=0, sram_bytes=500))
+    assert [(v.constraint, v.fixed_by) for v in below_floor] == [("sram", None), ("sram-layer", None)]
     assert find_violations(model, FixOptions(align=0, sram_bytes=1088)) == []
     assert find_violations(model, FixOptions(align=0, sram_bytes=None)) == []
     # act_bytes 4: the peak is 4 * 1088
@@ -428,7 +431,7 @@ def test_report_json_and_text():
     data = json.loads(json.dumps(report.to_json()))
     assert data["clean"] is False
     assert {v["constraint"] for v in data["violations"]} == {"dilation", "out-channels-align", "in-channels-align",
-                                                            "sram"}
+                                                            "sram", "sram-layer"}  # 100 B is below any layer
     assert set(data["violations"][0]) == {"node", "op", "constraint", "value", "limit", "fixed_by", "message"}
     assert all(v["constraint"] in CONSTRAINTS for v in data["violations"])
     assert data["memory"]["peak"]["bytes"] == report.memory.peak_bytes
@@ -436,7 +439,7 @@ def test_report_json_and_text():
     text = render_check(report)
     lines = text.splitlines()
     assert lines[len(report.violations)] == (
-        "4 violations: 3 fixable (align-channels 2, dilated-conv 1); 1 that no pass fixes")
+        "5 violations: 3 fixable (align-channels 2, dilated-conv 1); 2 that no pass fixes")
     assert "Activation memory" in text
 
 
@@ -532,3 +535,14 @@ def test_violations_claimed_fixable_are_fixed_by_the_named_passes():
         (v.node, v.constraint) for v in before if not v.fixable} == set()
     assert {(v.node, v.constraint) for v in after.exempt} == {("conv1", "in-channels-align"),
                                                               ("conv3", "in-channels-align")}
+
+
+def test_every_constraint_says_which_option_asks_for_it():
+    """A constraint missing from ASKED_BY would never count under an explicit option (only under a target):
+    every constraint --check can report names the FixOptions fields that request it."""
+    from onnx_npu_fix.constraints import ASKED_BY, LIMIT_TEXT
+    from onnx_npu_fix.options import FixOptions
+
+    assert set(LIMIT_TEXT) <= set(ASKED_BY), set(LIMIT_TEXT) - set(ASKED_BY)
+    fields = set(FixOptions.__dataclass_fields__)
+    assert all(f in fields for names in ASKED_BY.values() for f in names)

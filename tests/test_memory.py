@@ -360,3 +360,202 @@ def test_unet_fixture_peak_names_its_skip_connection(fixture_path):
     assert skips, render_memory(est)
     text = render_memory(est)
     assert all(f"{t.producer} -> {t.last_consumer}" in text for t in skips)
+
+
+# --- exact schedule search ------------------------------------------------------------------------
+
+
+def _brute_force_min_peak(lv):
+    """The lowest peak over every topological order, by enumeration (independent of the search)."""
+    import itertools
+
+    from onnx_npu_fix.memory import _peak_of
+
+    n = len(lv.nodes)
+    best = None
+    for perm in itertools.permutations(range(n)):
+        pos = {v: i for i, v in enumerate(perm)}
+        if all(pos[p] < pos[v] for v in range(n) for p in lv.preds[v]):
+            peak = _peak_of(lv, perm)
+            best = peak if best is None else min(best, peak)
+    return best
+
+
+def _dag_model(spec, in_channels=2):
+    """spec: per node, (input indices, out channels); index 0 is x, node i writes tensor i + 1. One input ->
+    a 1x1 Conv to `out channels`; several -> a channel Concat. Unread tensors are graph outputs."""
+    channels = [in_channels]
+    nodes, inits = [], []
+    for i, (inputs, out_c) in enumerate(spec):
+        names = ["x" if j == 0 else f"t{j}" for j in inputs]
+        if len(inputs) == 1:
+            inits.append(numpy_helper.from_array(np.ones((out_c, channels[inputs[0]], 1, 1), np.float32), f"w{i}"))
+            nodes.append(helper.make_node("Conv", [names[0], f"w{i}"], [f"t{i + 1}"], name=f"n{i}"))
+            channels.append(out_c)
+        else:
+            nodes.append(helper.make_node("Concat", names, [f"t{i + 1}"], name=f"n{i}", axis=1))
+            channels.append(sum(channels[j] for j in inputs))
+    read = {j for inputs, _ in spec for j in inputs}
+    outs = [helper.make_tensor_value_info(f"t{j}", F, [1, channels[j], 2, 2])
+            for j in range(1, len(spec) + 1) if j not in read]
+    return _model(nodes, [helper.make_tensor_value_info("x", F, [1, in_channels, 2, 2])], outs, inits)
+
+
+def _lv(model):
+    from onnx_npu_fix.graph import infer_shapes
+    from onnx_npu_fix.memory import _liveness
+
+    infer_shapes(model)
+    return _liveness(GraphIndex(model), 1)
+
+
+# A 7-node DAG where every greedy variant peaks at 128 bytes but an order reaching 112 exists (found by a random
+# search against the brute force below, then frozen here). 4 bytes per channel (2x2 maps, 1 byte/element).
+GREEDY_TRAP = [((0,), 6), ((1,), 2), ((2, 1), None), ((1,), 6), ((2, 3), None), ((1,), 3), ((3,), 3)]
+
+
+def _greedy_trap():
+    return _dag_model([(ins, c or 0) for ins, c in GREEDY_TRAP])
+
+
+def test_exact_search_beats_greedy_and_matches_brute_force():
+    from onnx_npu_fix.memory import _best_order, _peak_of, best_schedule
+
+    lv = _lv(_greedy_trap())
+    _, greedy_peak, _ = _best_order(lv)
+    optimum = _brute_force_min_peak(lv)
+    assert (greedy_peak, optimum) == (128, 112)
+    found = best_schedule(lv)
+    assert (found.peak, found.method, found.optimal) == (112, "exact", True)
+    assert _peak_of(lv, found.order) == 112
+    assert found.lower_bound <= found.peak
+    # a valid topological order
+    pos = {v: i for i, v in enumerate(found.order)}
+    assert sorted(found.order) == list(range(len(lv.nodes)))
+    assert all(pos[p] < pos[v] for v in range(len(lv.nodes)) for p in lv.preds[v])
+
+
+def test_exhausted_budget_claims_no_optimality_and_keeps_a_true_bound():
+    from onnx_npu_fix.memory import _peak_of, best_schedule, node_floors
+
+    lv = _lv(_greedy_trap())
+    found = best_schedule(lv, budget=1)
+    assert not found.optimal and found.expanded == 1
+    assert found.peak == 128  # the greedy incumbent: no completion of the first partial orders does better
+    assert max(node_floors(lv)) <= found.lower_bound <= 112  # the bound never exceeds the true optimum
+    # a few more states: the best partial orders, completed greedily, beat greedy without a proof
+    found = best_schedule(lv, budget=3)
+    assert 112 <= found.peak < 128 and (found.method, found.optimal) == ("search", False)
+    assert _peak_of(lv, found.order) == found.peak and found.lower_bound <= 112
+
+
+def test_reorder_pass_uses_the_exact_schedule():
+    model = _greedy_trap()
+    fixed, result = apply_pass(model, ReorderMemoryPass())
+    assert result.metrics["peak_bytes_after"] == 112 and result.metrics["optimal"] is True
+    assert result.metrics["lower_bound_bytes"] <= 112
+    assert result.changes and result.changes[0].detail["method"] == "exact"
+    assert estimate(fixed).peak_bytes == 112
+    assert_equivalent(model, fixed)
+    assert apply_pass(fixed, ReorderMemoryPass())[1].changes == []  # idempotent
+
+
+def test_estimate_reports_floor_and_bound():
+    est = estimate(_greedy_trap(), sram_bytes=100)
+    assert est.best_peak == 112 and est.best_optimal is True
+    assert est.floor_bytes <= est.best_lower_bound <= est.best_peak
+    data = est.to_json()
+    assert data["schedule"] == {"peak_bytes": 112, "lower_bound_bytes": est.best_lower_bound, "optimal": True}
+    assert data["floor"]["node"] == est.floor_node and data["floor"]["fits"] == (est.floor_bytes <= 100)
+    assert "best order" in render_memory(est)
+
+
+@st.composite
+def small_dags(draw):
+    n = draw(st.integers(2, 7))
+    spec = []
+    for i in range(n):
+        k = draw(st.integers(1, min(2, i + 1)))
+        inputs = tuple(sorted(draw(st.lists(st.integers(0, i), min_size=k, max_size=k, unique=True))))
+        spec.append((inputs, draw(st.integers(1, 8))))
+    return spec
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(small_dags(), st.sampled_from([1, 3, 20000]))
+def test_property_search_is_exact_and_its_bound_is_sound(spec, budget):
+    from onnx_npu_fix.memory import _peak_of, best_schedule
+
+    lv = _lv(_dag_model(spec))
+    optimum = _brute_force_min_peak(lv)
+    found = best_schedule(lv, budget=budget)
+    assert _peak_of(lv, found.order) == found.peak >= optimum
+    assert found.lower_bound <= optimum
+    if found.optimal:
+        assert found.peak == optimum
+    if budget == 20000:
+        assert found.optimal and found.peak == optimum
+
+
+# --- cost table ---------------------------------------------------------------------------------------
+
+
+def test_cost_table_before_and_after_alignment(tmp_path):
+    """One Conv 3 -> 5 channels, 3x3, on 1x3x8x8 (pads 1), then Relu. --align 8 pads the conv to 8 output
+    channels and slices back to 5: by hand, MACs 8*8*5 * 3*9 = 8640 -> 8*8*8 * 3*9 = 13824; weights
+    5*3*9*4 = 540 B -> 8*3*9*4 = 864 B plus the Slice's constants."""
+    from click.testing import CliRunner
+
+    from onnx_npu_fix.api import fix
+    from onnx_npu_fix.cli import main
+    from onnx_npu_fix.options import FixOptions
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F, [1, 3, 8, 8])],
+                   [helper.make_tensor_value_info("y", F, [1, 5, 8, 8])], [_weight("w", (5, 3, 3, 3))])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    result = fix(onnx.load(path), FixOptions(align=8))
+    before, after = result.report.cost
+    assert before.ops == {"Conv": 1, "Relu": 1} and before.nodes == 2
+    assert (before.conv_macs, after.conv_macs) == (8640, 13824)
+    assert before.weight_bytes == 540 and after.weight_bytes >= 864
+    assert before.peak_bytes == estimate(model).peak_bytes
+    assert after.peak_bytes == estimate(result.model).peak_bytes > before.peak_bytes
+    assert after.ops.get("Slice", 0) >= 1
+    run = CliRunner().invoke(main, [str(path), "-o", str(tmp_path / "o.onnx"), "--report", str(tmp_path / "r.json")])
+    assert run.exit_code == 0, run.output
+    line = next(x for x in run.output.splitlines() if x.startswith("cost "))
+    assert "conv MACs 8,640 -> 13,824, +60%" in line
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["cost"]["before"]["conv_macs"] == 8640 and record["cost"]["after"]["conv_macs"] == 13824
+
+
+def test_cli_schedule_budget_reaches_the_pass_and_the_check(tmp_path):
+    from click.testing import CliRunner
+
+    from onnx_npu_fix.cli import main
+
+    path = tmp_path / "trap.onnx"
+    onnx.save(_greedy_trap(), path)
+    runner = CliRunner()
+    runs = {}
+    for budget in ("0", "20000"):
+        report = tmp_path / f"r{budget}.json"
+        result = runner.invoke(main, [str(path), "-o", str(tmp_path / f"o{budget}.onnx"), "--align", "0",
+                                      "--passes", "reorder-memory", "--schedule-budget", budget,
+                                      "--report", str(report)])
+        assert result.exit_code == 0, result.output
+        runs[budget] = json.loads(report.read_text())
+    greedy = next(p for p in runs["0"]["passes"] if p["name"] == "reorder-memory")["metrics"]
+    exact = next(p for p in runs["20000"]["passes"] if p["name"] == "reorder-memory")["metrics"]
+    assert (greedy["peak_bytes_after"], greedy["optimal"], greedy["states_expanded"]) == (128, False, 0)
+    assert (exact["peak_bytes_after"], exact["optimal"]) == (112, True)
+    assert runs["0"]["memory"]["schedule"]["optimal"] is False  # the output's check uses the same budget
+    from onnx_npu_fix.memory import node_floors
+
+    check = runner.invoke(main, [str(path), "--check", "--align", "0", "--schedule-budget", "0", "--format", "json"])
+    floor = max(node_floors(_lv(_greedy_trap())))
+    assert json.loads(check.output)["memory"]["schedule"] == {"peak_bytes": 128, "lower_bound_bytes": floor,
+                                                               "optimal": False}

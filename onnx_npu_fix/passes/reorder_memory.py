@@ -6,9 +6,13 @@
 
 Only the order of ``graph.node`` changes — every node keeps its inputs, outputs and attributes — so the pass
 is exact by construction (same dataflow graph, same values). The order comes from
-:func:`onnx_npu_fix.memory.memory_aware_order` (greedy list scheduling over the ready nodes, see
-memory.py for the liveness model and its assumptions); the graph is rewritten only when that order's estimated
-peak is strictly lower than the stored order's, so a second run changes nothing. The peak depends on shapes:
+:func:`onnx_npu_fix.memory.order_plan`: greedy list scheduling over the ready nodes gives an incumbent, then an
+exact best-first search over the sets of scheduled nodes (graphs up to ``EXACT_MAX_NODES`` nodes, at most
+``options.schedule_budget`` state expansions, so the result does not depend on the machine) either proves it
+optimal, finds the optimum, or stops with a lower bound — the largest (inputs + outputs) of a single node, or
+the least peak of the unexplored partial orders. See memory.py for the liveness model and its assumptions. The
+graph is rewritten only when the order's estimated peak is strictly lower than the stored order's, so a second
+run changes nothing. The peak depends on shapes:
 tensors of unknown shape count as 0 bytes, and the pass says so in a warning.
 """
 
@@ -17,7 +21,7 @@ from __future__ import annotations
 import onnx
 
 from onnx_npu_fix.graph import GraphIndex
-from onnx_npu_fix.memory import format_bytes, order_plan
+from onnx_npu_fix.memory import EXACT_MAX_NODES, format_bytes, order_plan
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
 
@@ -31,12 +35,19 @@ class ReorderMemoryPass(Pass):
         result = PassResult()
         graph = model.graph
         # Peaks scale with act_bytes uniformly; it only matters for the figures in the report.
-        plan = order_plan(GraphIndex(model), max(1, options.act_bytes))
+        plan = order_plan(GraphIndex(model), max(1, options.act_bytes), options.schedule_budget)
         if plan.unknown:
             result.warnings.append(f"{plan.unknown} activation tensors have unknown shapes and count as 0 "
                                    "bytes; the memory-aware order may not be the best")
         result.metrics.update({"peak_bytes_before": plan.peak_before, "peak_bytes_after": plan.peak_after,
-                               "act_bytes": options.act_bytes})
+                               "act_bytes": options.act_bytes, "lower_bound_bytes": plan.lower_bound,
+                               "optimal": plan.optimal, "states_expanded": plan.expanded})
+        if not plan.optimal:
+            stopped = (f"stopped after {plan.expanded} states (options.schedule_budget)" if plan.expanded
+                       else f"did not run (above {EXACT_MAX_NODES} nodes, or a cycle)")
+            result.warnings.append(f"the exact schedule search {stopped}; the best order "
+                                   f"found peaks at {format_bytes(plan.peak_after)}, no order is below "
+                                   f"{format_bytes(plan.lower_bound)}")
         if not plan.improves:
             return result
         order, before, after = plan.order, plan.peak_before, plan.peak_after
@@ -46,7 +57,8 @@ class ReorderMemoryPass(Pass):
         graph.node.extend(reordered)
         result.changes.append(Change(
             graph.name or "(graph)", "(graph)", "reordered nodes", old=before, new=after,
-            detail={"nodes_moved": moved, "method": plan.method,
+            detail={"nodes_moved": moved, "method": plan.method, "optimal": plan.optimal,
+                    "lower_bound_bytes": plan.lower_bound,
                     "peak": f"{format_bytes(before)} -> {format_bytes(after)}"}))
         return result
 

@@ -1,0 +1,126 @@
+"""``--memory-plot``: the live activation bytes per step, as data (a JSON sidecar) and as a picture.
+
+The data come from the same estimate as ``--check`` (memory.py): the stored order's profile, the best order's
+(memory.best_schedule) and, after ``--split``, each segment's own profile placed at the steps of the best order it
+covers. The picture (matplotlib, the optional extra ``onnx-npu-fix[plot]``) draws them with the SRAM budget as a
+horizontal line, and below them the tensors live at the best order's peak as bars from producer to last reader, so
+a skip connection shows as a long bar.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import onnx
+
+from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.graph import GraphIndex
+from onnx_npu_fix.memory import DEFAULT_SEARCH_BUDGET, best_schedule, estimate_index, format_bytes, liveness
+
+FORMATS = (".png", ".svg")
+MISSING = "--memory-plot needs matplotlib: pip install 'onnx-npu-fix[plot]'"
+
+
+def require_matplotlib() -> None:
+    """Raise InputError (exit 2, one line) when the plotting extra is not installed."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InputError(MISSING) from None
+
+
+def check_plot_path(path: str) -> None:
+    if os.path.splitext(path)[1].lower() not in FORMATS:
+        raise InputError(f"--memory-plot {path}: choose a .png or .svg file name")
+    require_matplotlib()
+
+
+def profile_data(model: onnx.ModelProto, act_bytes: int = 1, sram_bytes: int | None = None, *,
+                 segments: Sequence[onnx.ModelProto] = (), cuts: Sequence[int] = (),
+                 budget: int = DEFAULT_SEARCH_BUDGET) -> dict[str, Any]:
+    """The plotted numbers. ``model`` must have inferred shapes (the pass manager's output, or
+    memory.analysis_copy). ``segments``/``cuts``: a split's segment models and the best-order steps where each
+    after the first starts."""
+    index = GraphIndex(model)
+    lv = liveness(index, act_bytes)
+    stored = estimate_index(index, act_bytes, sram_bytes, reorder=False)
+    found = best_schedule(lv, budget)
+    best = estimate_index(index, act_bytes, sram_bytes, found.order, reorder=False)
+    series = [{"label": "stored order", "start": 0, "profile": stored.profile, "peak_bytes": stored.peak_bytes},
+              {"label": "best order" + (" (optimal)" if found.optimal else ""), "start": 0,
+               "profile": best.profile, "peak_bytes": best.peak_bytes}]
+    starts = [0, *cuts]
+    for k, segment in enumerate(segments):
+        seg = estimate_index(GraphIndex(segment), act_bytes, sram_bytes, reorder=False)
+        series.append({"label": f"segment {k}", "start": starts[k], "profile": seg.profile,
+                       "peak_bytes": seg.peak_bytes})
+    live = [{"name": t.name, "bytes": t.bytes, "start": t.producer_step, "end": t.last_step,
+             "producer": t.producer, "last_consumer": t.last_consumer} for t in best.live_at_peak if t.bytes]
+    return {"act_bytes": act_bytes, "sram_bytes": sram_bytes, "steps": stored.steps, "series": series,
+            "peak": {"series": series[1]["label"], "step": best.peak_step, "node": best.peak_node,
+                     "bytes": best.peak_bytes, "live": live},
+            "lower_bound_bytes": found.lower_bound}
+
+
+def draw(data: dict[str, Any], path: str, *, title: str = "") -> None:
+    """Write the picture of ``data`` (from :func:`profile_data`) to ``path`` (.png or .svg)."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    live = sorted(data["peak"]["live"], key=lambda t: (t["start"], -t["bytes"]))[:16]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7.5), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 2] if live else [3, 0.01]})
+    scale, unit = _unit(max([max(s["profile"], default=0) for s in data["series"]] + [data["sram_bytes"] or 0]))
+    stored, best, *segments = data["series"]
+    same = stored["profile"] == best["profile"]
+    for s, style in ((best, dict(color="C3", lw=1.8)), (stored, dict(color="0.35", lw=1.0, ls="--"))):
+        if s is stored and same:
+            continue
+        label = f"{'stored order = ' if same else ''}{s['label']}: peak {format_bytes(s['peak_bytes'])}"
+        xs = list(range(s["start"], s["start"] + len(s["profile"]) + 1))  # step k spans [k - 0.5, k + 0.5)
+        ys = [v / scale for v in s["profile"]] + [s["profile"][-1] / scale if s["profile"] else 0]
+        top.step([x - 0.5 for x in xs], ys, where="post", label=label, **style)
+    for s in segments:
+        xs = [x - 0.5 for x in range(s["start"], s["start"] + len(s["profile"]) + 1)]
+        ys = [v / scale for v in s["profile"]] + [s["profile"][-1] / scale if s["profile"] else 0]
+        top.fill_between(xs, ys, step="post", alpha=0.35, label=f"{s['label']}: peak {format_bytes(s['peak_bytes'])}")
+    if data["sram_bytes"]:
+        top.axhline(data["sram_bytes"] / scale, color="k", lw=1.2, ls=":",
+                    label=f"SRAM {format_bytes(data['sram_bytes'])}")
+    peak = data["peak"]
+    if peak["step"] is not None:
+        top.axvline(peak["step"], color="C3", lw=0.8, alpha=0.5)
+        top.annotate(f"peak {format_bytes(peak['bytes'])}\n{peak['node']}", (peak["step"], peak["bytes"] / scale),
+                     textcoords="offset points", xytext=(8, -4), fontsize=8, va="top")
+    top.set_ylabel(f"live activations ({unit})")
+    top.set_ylim(bottom=0)
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8, loc="best", framealpha=0.85)
+    top.set_title(title or f"Activation memory per step ({data['act_bytes']} B/element; estimate: no tiling)",
+                  fontsize=10)
+    if live:
+        for row, t in enumerate(live):
+            bottom.barh(row, t["end"] - t["start"] + 1, left=t["start"] - 0.5, height=0.6, color="C0", alpha=0.7)
+            bottom.text(t["start"], row, f" {t['name']}  {format_bytes(t['bytes'])}", va="center", fontsize=7)
+        bottom.axvline(peak["step"], color="C3", lw=0.8, alpha=0.5)
+        bottom.set_yticks([])
+        bottom.invert_yaxis()
+        bottom.set_ylabel("live at the peak")
+        bottom.grid(axis="x", alpha=0.3)
+    bottom.set_xlabel("step (node in execution order)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _unit(top: int) -> tuple[float, str]:
+    if top >= 1 << 20:
+        return float(1 << 20), "MiB"
+    if top >= 1 << 10:
+        return 1024.0, "KiB"
+    return 1.0, "B"
