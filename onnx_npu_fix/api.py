@@ -27,6 +27,7 @@ from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.pipeline import FixResult, prepare, run_passes
+from onnx_npu_fix.structure import structural_problem
 from onnx_npu_fix.validate import Reference
 
 
@@ -36,6 +37,8 @@ class LoadedModel:
     path: str
     external_files: set[str]
     """Absolute paths of the external data files the model was read from (empty for a self-contained file)."""
+    data: bytes | None = None
+    """The bytes read, for a self-contained file (None otherwise, or once :func:`start_reference` took them)."""
 
 
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
@@ -91,7 +94,10 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
             onnx.checker.check_model(path)
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{path}: the model fails the onnx checker: {first_line(exc)}") from None
-    return LoadedModel(model, path, external)
+    problem = structural_problem(model)
+    if problem:
+        raise InputError(f"{path}: invalid model: {problem}")
+    return LoadedModel(model, path, external, raw if not external and not sparse else None)
 
 
 def external_data_files(model: onnx.ModelProto, base_dir: str) -> set[str]:
@@ -291,14 +297,28 @@ def select_passes(only: Sequence[str] | None = None, skip: Sequence[str] = ()) -
     return chosen + extra
 
 
-def start_reference(path: str | os.PathLike, options: FixOptions) -> Reference | None:
-    """Start computing the original's outputs from the file at ``path`` on a worker thread, while the passes
-    run (pass the result to :func:`fix`, and close it when done). Call it after :func:`read_model` accepted the
-    file: onnxruntime should only see models the onnx checker passed. None when the run will not validate, or when
-    ``--input-shape`` overrides make the file's own shapes the wrong ones to run."""
+def start_reference(source: LoadedModel | str | os.PathLike, options: FixOptions) -> Reference | None:
+    """Start computing the original's outputs on a worker thread, while the passes run (pass the result to
+    :func:`fix`, and close it when done). ``source``: what :func:`read_model` returned; onnxruntime should only
+    see models the onnx checker passed. The session is built from the bytes already read (taken from
+    ``source.data``, so no second copy stays alive), or for a model with external data from the model in memory:
+    a file changed or removed during the run cannot change the reference. None when the run will not validate,
+    when ``--input-shape`` overrides or repeated node names (which onnxruntime refuses, :func:`fix` renames) make
+    the model as read the wrong one to run, or when a model above 2 GB leaves the pass manager to compute the
+    reference itself."""
     if options.validate == "none" or options.input_shapes:
         return None
-    return Reference(os.fspath(path))
+    if not isinstance(source, LoadedModel):
+        source = read_model(source)
+    data, source.data = source.data, None
+    names = [node.name for node in source.model.graph.node if node.name]
+    if len(set(names)) != len(names):
+        return None  # onnxruntime refuses repeated node names: the pass manager runs the renamed (prepared) model
+    if data is None:
+        if approx_model_bytes(source.model) >= TWO_GB:
+            return None
+        data = source.model.SerializeToString()
+    return Reference(data)
 
 
 def fix(model: onnx.ModelProto, options: FixOptions | None = None,

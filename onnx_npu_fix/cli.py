@@ -19,8 +19,9 @@ from typing import Any
 import click
 
 from onnx_npu_fix import __version__
-from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.errors import InputError, StrictRefused
 from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.pipeline import NOT_VALIDATED
 
 EXAMPLE = """\b
 Example (the CI step before a vendor compiler):
@@ -110,6 +111,13 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--validate", "validate_policy", type=click.Choice(["each", "final", "none"]), default="each",
               show_default=True, help="Validate after every changed pass, once at the end, or never.")
 @click.option("--no-validate", is_flag=True, help="Same as --validate none.")
+@click.option("--validation-data", type=click.Path(), default=None, metavar="FILE.npz|DIR",
+              help="Validate on these inputs instead of generated ones: an .npz keyed by input name (one set), "
+                   "or a folder of .npz files / <input>.npy files.")
+@click.option("--input-range", multiple=True, metavar="NAME:LO,HI",
+              help="Range of generated values for an input (repeatable): floats uniform, integers inclusive.")
+@click.option("--strict", is_flag=True,
+              help="Refuse any approximate change (exit 4, nothing written) instead of measuring it.")
 @click.option("--keep-going", is_flag=True,
               help="Roll back a pass that fails validation and continue (default: stop, write nothing).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
@@ -188,7 +196,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
         try:
             loaded = api.read_model(model)
             # Only a model that passed the onnx checker goes to onnxruntime: malformed graphs can crash it.
-            reference = api.start_reference(model, options)
+            reference = api.start_reference(loaded, options)
             api.check_output_path(output, model, protected=loaded.external_files)
             if report_path:
                 _check_report_path(report_path, model, output, loaded.external_files)
@@ -203,6 +211,9 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
                 reference.close()
     except InputError as exc:
         raise _InputProblem(str(exc)) from None
+    except StrictRefused as exc:
+        click.echo(f"error: {_one_line(str(exc))}", err=True)
+        ctx.exit(StrictRefused.exit_code)
 
     report = result.report
     _print_passes(report, quiet, verbose)
@@ -250,6 +261,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
 
             click.echo(render_shapes(checked.shapes))
         _say(quiet, f"wrote {output}")
+        _print_validation_verdict(report, quiet)
     # The record hashes both models (0.2 s at 100 MB): built only when someone reads it.
     wanted = report_path or output_format == "json"
     record = _record(model, written, options, result, time.perf_counter() - started, exit_code, checked) \
@@ -271,6 +283,7 @@ _OPTION_FIELDS = {
     "max_rank": "max_rank", "sram": "sram_bytes", "act_bytes": "act_bytes", "large_tensor": "large_tensor_bytes",
     "input_shape": "input_shapes", "seed": "seed", "n_inputs": "n_inputs", "rtol": "rtol", "atol": "atol",
     "validate_policy": "validate", "keep_going": "keep_going",
+    "validation_data": "validation_data", "input_range": "input_ranges", "strict": "strict",
 }
 
 
@@ -284,6 +297,13 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any])
         value = opts[param]
         if param == "input_shape":
             value = _parse_input_shape(value)
+        elif param == "input_range":
+            from onnx_npu_fix.inputs import parse_input_ranges
+
+            try:
+                parse_input_ranges(value)
+            except InputError as exc:
+                raise click.BadParameter(str(exc), param_hint="--input-range") from None
         elif param == "sram" and value is not None:
             from onnx_npu_fix.targets import parse_size
 
@@ -341,11 +361,22 @@ def _print_passes(report, quiet: bool, verbose: int) -> None:
                 _say(quiet, f"    kept {rejection.node} ({rejection.op}): {rejection.reason}")
         for warning in record.warnings:
             _say(quiet, f"    warning: {warning}")
-    if report.validation_note:
+    if report.validation_note and report.validation_note != NOT_VALIDATED:  # that one ends the summary
         _say(quiet, f"note: {report.validation_note}")
     if verbose > 1:
         for warning in report.warnings:
             _say(quiet, warning)
+
+
+def _print_validation_verdict(report, quiet: bool) -> None:
+    """The summary's last line when the output is not fully validated or not exact."""
+    from onnx_npu_fix.report import approximation_summary
+
+    if report.validation_note == NOT_VALIDATED:
+        _say(quiet, report.validation_note)
+    approximate = approximation_summary(report)
+    if approximate:
+        _say(quiet, approximate)
 
 
 def _final_problem(final) -> str:

@@ -25,6 +25,12 @@ class PassFailed(NpufixError):
         self.pass_name = pass_name
 
 
+class StrictRefused(NpufixError):
+    """``--strict``: the run would need an approximate change; nothing written (exit 4)."""
+
+    exit_code = 4
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type name when empty), at most 300 characters: the form
     every one-line error of npufix quotes a library's complaint in."""

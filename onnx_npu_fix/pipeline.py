@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnx_npu_fix.errors import InputError, first_line
+from onnx_npu_fix.errors import InputError, StrictRefused, first_line
 from onnx_npu_fix.graph import (
     TWO_GB,
     approx_model_bytes,
@@ -34,9 +34,10 @@ from onnx_npu_fix.graph import (
     remove_unused,
     set_input_shapes,
 )
+from onnx_npu_fix.inputs import validation_feeds
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass
-from onnx_npu_fix.report import FixReport, PassRecord
+from onnx_npu_fix.report import EXACT_ALTERNATIVE, FixReport, PassRecord
 from onnx_npu_fix.validate import (
     Comparison,
     Feeds,
@@ -44,11 +45,24 @@ from onnx_npu_fix.validate import (
     Reference,
     Runner,
     compare,
-    make_inputs,
     runtime_errors,
 )
 
 log = logging.getLogger("onnx_npu_fix")
+
+NOT_VALIDATED = "validation: none (requested): nothing was compared with the original"
+"""FixReport.validation_note of a run with validate="none" (the CLI prints it as the summary's last line)."""
+
+
+def strict_message(record: PassRecord) -> str:
+    """The one-line --strict refusal of an approximate change by ``record``'s pass."""
+    nodes = record.metrics.get("approximate_nodes") or [c.node for c in record.changes
+                                                        if c.detail.get("exact") is False]
+    shown = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+    alternative = EXACT_ALTERNATIVE.get(record.name)
+    hint = f"use {alternative}, or drop --strict" if alternative else f"--skip {record.name}, or drop --strict"
+    return (f"--strict: pass {record.name} would change {len(nodes) or 'some'} node(s) approximately"
+            f"{f' ({shown})' if shown else ''}; nothing written ({hint} to accept it measured)")
 
 
 
@@ -103,7 +117,8 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     """
     started = time.perf_counter()
     report = FixReport()
-    validator = _Validator(model, options, report, reference=reference)
+    approximate = any(not p.exact and p.may_change(model, options) for p in passes)
+    validator = _Validator(model, options, report, reference=reference, approximate=approximate)
     try:
         data = _Run(model, options, list(passes), report, validator, on_serialized, reload).run()
     finally:
@@ -193,6 +208,8 @@ class _Run:
             record.metrics, record.warnings = result.metrics, result.warnings
             if "exact" in result.metrics:  # a pass whose rewrites this run were all exact says so
                 record.exact = bool(result.metrics["exact"])
+            if self.options.strict and result.changed and not record.exact:
+                raise StrictRefused(strict_message(record))
             if not result.changed:
                 i += 1
                 continue
@@ -266,6 +283,7 @@ class _Run:
         report, validator, data = self.report, self.validator, self.data
         if report.failed_pass is not None and not self.options.keep_going:
             return None
+        validator.require_original()
         problem = None
         if not self.each and validator.changed:
             # Without per-pass validation the checker still runs once, before anything is written. The model
@@ -348,7 +366,7 @@ class _Validator:
     """
 
     def __init__(self, model: onnx.ModelProto, options: FixOptions, report: FixReport, *,
-                 reference: Reference | None = None) -> None:
+                 reference: Reference | None = None, approximate: bool = False) -> None:
         self.options = options
         self.report = report
         self.feeds: list[Feeds] = []
@@ -358,9 +376,11 @@ class _Validator:
         self.all_exact = True
         self.changed = False
         if options.validate == "none":
-            report.validation_note = "validation disabled (--no-validate)"
+            report.validation_note = NOT_VALIDATED
             return
-        self.feeds = make_inputs(model, options.n_inputs, options.seed)
+        self.feeds = validation_feeds(model, n_inputs=options.n_inputs, seed=options.seed,
+                                      data=options.validation_data, ranges=options.input_ranges,
+                                      approximate=approximate and not options.strict)
         if reference is None and approx_model_bytes(model) >= TWO_GB:
             # No file to start from and too large for bytes: the scratch copy must be written now, before the
             # passes change the model, so this one is computed here.
@@ -372,16 +392,27 @@ class _Validator:
     def _settle(self, compute) -> None:  # noqa: ANN001 - a zero-argument callable returning the outputs
         try:
             self._original = compute()
-        except runtime_errors() as exc:  # the runtime's refusal is information, not a crash
-            self.report.validation_note = (f"onnxruntime cannot run the original model ({first_line(exc)}); "
-                                           f"passes are validated from the first model it can run")
-            self._original = None
+        except runtime_errors() as exc:
+            # Without the original's outputs nothing can be validated, and nothing is written unvalidated
+            # unless the user asked for it.
+            raise InputError(f"onnxruntime cannot run the original model ({first_line(exc)}), so no change "
+                             f"could be validated; nothing written (fix the model, or --validate none to write "
+                             f"it unvalidated)") from None
         self._current = self._original
 
     def _wait(self) -> None:
         if self._reference is not None:
             reference, self._reference = self._reference, None
-            self._settle(reference.outputs)
+            try:
+                self._settle(reference.outputs)
+            finally:
+                reference.close()
+
+    def require_original(self) -> None:
+        """Raise InputError unless the original's outputs exist (or validation is off): a run that changed
+        nothing still proves that the model it hands back runs."""
+        if self.options.validate != "none":
+            self._wait()
 
     @property
     def original(self) -> list[Outputs] | None:
@@ -434,19 +465,9 @@ class _Validator:
             # (two models computing at once would only fight over the cores).
             outputs = self._run(model, data, before_runs=self._wait)
         except runtime_errors() as exc:
-            if self.current is None:
-                for record in records:
-                    self.accept_unvalidated(record)
-                return None, data
+            self._wait()  # an original that cannot run either is the input's problem, not this pass's
             return f"onnxruntime cannot run the model after this pass: {first_line(exc)}", data
-        if self.current is None:
-            # The first model the runtime accepts becomes the reference for every later pass.
-            for record in records:
-                record.status = "not validated"
-                self._accept(record)
-            records[-1].warnings.append("first model onnxruntime can run: later passes are validated against it")
-            self._current = outputs
-            return None, data
+        assert self.current is not None  # the original ran (else _wait raised)
         exact = all(r.exact for r in records)
         comparison = self._compare(self.current, outputs, exact=exact)
         for record in records:

@@ -7,9 +7,10 @@ would make an original and a wrongly folded model look alike, and session creati
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,10 +48,12 @@ _NUMPY_OF_ONNX = {
 }
 
 
-def make_inputs(model: onnx.ModelProto, n: int, seed: int) -> list[Feeds]:
+def make_inputs(model: onnx.ModelProto, n: int, seed: int, *,
+                ranges: Mapping[str, tuple[float, float]] | None = None) -> list[Feeds]:
     """``n`` input sets from one seeded generator: floats ~ N(0, 1), integers in [0, 8), bools fair coins.
 
-    Integer inputs stay small and non-negative because they are usually indices or lengths.
+    Integer inputs stay small and non-negative because they are usually indices or lengths. ``ranges``: per
+    input, floats uniform in [lo, hi) and integers in [lo, hi] instead (``--input-range``).
     Raises InputError when an input's shape is not static.
     """
     dynamic = dynamic_inputs(model)
@@ -82,7 +85,9 @@ def make_inputs(model: onnx.ModelProto, n: int, seed: int) -> list[Feeds]:
     for _ in range(n):
         feed: Feeds = {}
         for name, shape, dtype in specs:
-            if np.issubdtype(dtype, np.floating):
+            if ranges and name in ranges:
+                feed[name] = _in_range(rng, shape, dtype, *ranges[name])
+            elif np.issubdtype(dtype, np.floating):
                 feed[name] = rng.standard_normal(shape).astype(dtype)
             elif dtype == np.bool_:
                 feed[name] = rng.integers(0, 2, shape).astype(np.bool_)
@@ -90,6 +95,24 @@ def make_inputs(model: onnx.ModelProto, n: int, seed: int) -> list[Feeds]:
                 feed[name] = rng.integers(0, 8, shape).astype(dtype)
         feeds.append(feed)
     return feeds
+
+
+def numpy_dtype(elem_type: int) -> type | None:
+    """The numpy type of an ONNX element type validation can feed (None: one it cannot, e.g. strings)."""
+    return _NUMPY_OF_ONNX.get(elem_type)
+
+
+def _in_range(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, lo: float, hi: float) -> np.ndarray:
+    """Values for ``--input-range``: floats uniform in [lo, hi), integers in [lo, hi], bools in {lo, hi} & {0, 1}."""
+    if np.issubdtype(dtype, np.floating):
+        return rng.uniform(lo, hi, shape).astype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(max(0, math.ceil(lo)), min(1, math.floor(hi)) + 1, shape).astype(np.bool_)
+    info = np.iinfo(dtype)
+    low, high = max(info.min, math.ceil(lo)), min(info.max, math.floor(hi))
+    if low > high:
+        raise InputError(f"--input-range {lo:g},{hi:g} holds no {np.dtype(dtype).name} value")
+    return rng.integers(low, high, shape, endpoint=True).astype(dtype)
 
 
 def runtime_errors() -> tuple[type[BaseException], ...]:
@@ -153,17 +176,22 @@ class Reference:
 
     The session is built as soon as the model file has passed the onnx checker, while npufix rewrites it; the
     runs start when :meth:`run` hands over the inputs. onnxruntime releases the GIL while it works, and its idle
-    workers do not spin (see Runner), so the passes keep a core. ``source``: a file path or serialized bytes.
+    workers do not spin (see Runner), so the passes keep a core. ``source``: serialized bytes (the bytes the
+    model was read from: a file changed during the run changes nothing here), or a file path. The Reference
+    lets go of the bytes once the session is built (onnxruntime holds its own copy of the model then).
     """
 
     def __init__(self, source: str | bytes) -> None:
         self._feeds: concurrent.futures.Future = concurrent.futures.Future()
         self._closing = False
+        self._source: str | bytes | None = source
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="npufix-reference")
-        self._outputs = self._executor.submit(self._work, source)
+        self._outputs = self._executor.submit(self._work)
 
-    def _work(self, source: str | bytes) -> list[Outputs]:
+    def _work(self) -> list[Outputs]:
+        source, self._source = self._source, None
         runner = Runner(None, model_path=source) if isinstance(source, str) else Runner(None, data=source)
+        del source
         try:
             outputs = []
             for feeds in self._feeds.result():

@@ -1,0 +1,136 @@
+"""Cheap structural checks at load: models the onnx checker accepts but no runtime can run.
+
+The checker does not compare the sizes of a node's operands with each other, so a Conv whose bias has the wrong
+length, or whose weight does not match its group, passes it; onnxruntime then refuses the model and nothing can
+be validated. These checks catch such a model when it is read, before any pass, with one line naming the node:
+
+  Conv            weight rank >= 3; group >= 1; weight[0] % group == 0; bias length == weight[0];
+                  input channels == weight[1] * group (when the input's channel count is declared)
+  ConvTranspose   weight[0] % group == 0; bias length == weight[1] * group; input channels == weight[0]
+  Resize/Upsample constant scales all finite and > 0
+  BatchNormalization  scale, B, mean, var of one length (and the input's channel count, when declared)
+
+Sizes come from initializers, Constant nodes and declared shapes only (no shape inference: it runs later).
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+from onnx import numpy_helper
+
+from onnx_npu_fix.graph import shape_of_value_info
+
+
+def structural_problem(model: onnx.ModelProto) -> str | None:
+    """The first structural problem of the main graph, as one line naming the node, or None."""
+    graph = model.graph
+    dims: dict[str, list[int | str | None]] = {}
+    for vi in [*graph.input, *graph.value_info]:
+        shape = shape_of_value_info(vi)
+        if shape is not None:
+            dims[vi.name] = list(shape)
+    constants: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for attr in node.attribute:
+                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                    constants[node.output[0]] = attr.t
+    for name, tensor in constants.items():
+        dims[name] = list(tensor.dims)
+    for i, node in enumerate(graph.node):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        check = _CHECKS.get(node.op_type)
+        problem = check(node, dims, constants) if check else None
+        if problem:
+            label = node.name or f"#{i}"
+            return f"{node.op_type} '{label}': {problem}; the model cannot run as it is (fix the export)"
+    return None
+
+
+def _shape(dims, name: str):
+    return dims.get(name) if name else None
+
+
+def _channels(shape) -> int | None:
+    if shape is None or len(shape) < 2 or not isinstance(shape[1], int) or shape[1] <= 0:
+        return None
+    return shape[1]
+
+
+def _group(node: onnx.NodeProto) -> int:
+    for attr in node.attribute:
+        if attr.name == "group":
+            return attr.i
+    return 1
+
+
+def _conv(node, dims, constants) -> str | None:
+    weight = _shape(dims, node.input[1]) if len(node.input) > 1 else None
+    group = _group(node)
+    if group < 1:
+        return f"group {group} must be >= 1"
+    if weight is None or any(not isinstance(d, int) for d in weight):
+        return None
+    if len(weight) < 3:
+        return f"weight {node.input[1]} has rank {len(weight)}, expected [M, C/group, k...]"
+    if weight[0] % group:
+        return f"weight {node.input[1]} has {weight[0]} filters, not a multiple of group {group}"
+    if len(node.input) > 2 and node.input[2]:
+        bias = _shape(dims, node.input[2])
+        if bias is not None and (len(bias) != 1 or bias[0] != weight[0]):
+            return f"bias {node.input[2]} has shape {bias}, expected [{weight[0]}] (one per output channel)"
+    channels = _channels(_shape(dims, node.input[0]))
+    if channels is not None and channels != weight[1] * group:
+        return (f"input {node.input[0]} has {channels} channels, but weight {node.input[1]} {weight} with group "
+                f"{group} takes {weight[1] * group}")
+    return None
+
+
+def _conv_transpose(node, dims, constants) -> str | None:
+    weight = _shape(dims, node.input[1]) if len(node.input) > 1 else None
+    group = _group(node)
+    if group < 1:
+        return f"group {group} must be >= 1"
+    if weight is None or any(not isinstance(d, int) for d in weight) or len(weight) < 3:
+        return None
+    if weight[0] % group:
+        return f"weight {node.input[1]} has {weight[0]} input channels, not a multiple of group {group}"
+    if len(node.input) > 2 and node.input[2]:
+        bias = _shape(dims, node.input[2])
+        if bias is not None and (len(bias) != 1 or bias[0] != weight[1] * group):
+            return f"bias {node.input[2]} has shape {bias}, expected [{weight[1] * group}] (one per output channel)"
+    channels = _channels(_shape(dims, node.input[0]))
+    if channels is not None and channels != weight[0]:
+        return f"input {node.input[0]} has {channels} channels, but weight {node.input[1]} {weight} takes {weight[0]}"
+    return None
+
+
+def _resize(node, dims, constants) -> str | None:
+    position = 1 if node.op_type == "Upsample" else 2
+    if len(node.input) <= position or node.input[position] not in constants:
+        return None
+    scales = numpy_helper.to_array(constants[node.input[position]])
+    if scales.size and not all(math.isfinite(float(v)) and float(v) > 0 for v in scales.ravel()):
+        return f"scales {[float(v) for v in scales.ravel()]} must all be finite and > 0"
+    return None
+
+
+def _batchnorm(node, dims, constants) -> str | None:
+    lengths = {}
+    for name in node.input[1:5]:
+        shape = _shape(dims, name)
+        if shape is not None and len(shape) == 1 and isinstance(shape[0], int):
+            lengths[name] = shape[0]
+    channels = _channels(_shape(dims, node.input[0]))
+    expected = channels if channels is not None else next(iter(lengths.values()), None)
+    for name, length in lengths.items():
+        if length != expected:
+            return f"{name} has {length} values, expected {expected} (one per channel)"
+    return None
+
+
+_CHECKS = {"Conv": _conv, "ConvTranspose": _conv_transpose, "Resize": _resize, "Upsample": _resize,
+           "BatchNormalization": _batchnorm}
