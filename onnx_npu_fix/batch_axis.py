@@ -1,0 +1,154 @@
+"""Where the batch axis is: the tensors whose axis 0 is the model's batch, for the ``batch-one`` constraint.
+
+Axis 0 of an arbitrary tensor is not a batch: ConvTasNet reshapes [1, 2·64, T] to [2, 64, T] to decode two
+sources, PP-OCR transposes axis 0 away, silero's LSTM state [2, 1, 128] has directions on axis 0. So the batch
+is traced, never assumed:
+
+* **Sources.** A graph input of rank >= 2 whose axis 0 reaches, through batch-keeping ops, the data input of
+  an op that defines a batch axis (Conv, ConvTranspose, pools, BatchNormalization, InstanceNormalization,
+  LRN, GroupNormalization, DepthToSpace, SpaceToDepth and their quantized forms). An input that reaches none
+  (a state fed to an LSTM, a mask fed to a MatMul) has no batch axis.
+* **Batch-keeping ops** carry axis 0 from a traced input to an output: element-wise ops (a traced input of
+  the output's rank), the batch-defining ops themselves, Softmax / normalizations / reductions / ArgMax /
+  Gather / Concat / Split not over axis 0, Transpose with ``perm[0] == 0``, Reshape / Flatten / Squeeze /
+  Unsqueeze / Slice / Pad / Resize / Upsample whose output keeps axis 0's size (and Unsqueeze / Squeeze whose
+  axes do not include 0), MatMul on a traced left operand of rank >= 3, Gemm's A, Expand and Tile (which may
+  grow the batch: that is where batch > 1 starts). Anything else ends the trace (LSTM/GRU/RNN: their batch is
+  axis 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx
+
+from onnx_npu_fix.graph import GraphIndex, Shape, get_attr
+
+BATCH_DEFINING = frozenset({
+    "Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool", "GlobalAveragePool",
+    "GlobalMaxPool", "GlobalLpPool", "BatchNormalization", "InstanceNormalization", "LRN", "GroupNormalization",
+    "DepthToSpace", "SpaceToDepth", "MaxUnpool", "DeformConv",
+})
+_ELEMENTWISE = frozenset({
+    "Relu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "Softplus",
+    "Softsign", "Clip", "Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Gelu", "Mish", "Cast",
+    "CastLike", "Identity", "Dropout", "Floor", "Ceil", "Round", "Sign", "Not", "IsNaN", "IsInf", "Sin", "Cos",
+    "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "ThresholdedRelu", "Shrink",
+    "QuantizeLinear", "DequantizeLinear", "PRelu", "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum",
+    "Mean", "Where", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "Mod",
+    "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "QLinearAdd", "QLinearMul",
+})
+_AXIS_OPS = frozenset({"Softmax", "LogSoftmax", "Hardmax", "Concat", "Split", "Gather", "GatherElements",
+                       "ArgMax", "ArgMin", "CumSum", "LayerNormalization", "Flatten"})
+_SIZE_KEEPING = frozenset({"Reshape", "Slice", "Pad", "Resize", "Upsample", "Expand", "Tile"})
+_REDUCE_PREFIX = "Reduce"
+_STANDARD = ("", "ai.onnx")
+
+
+def batch_tensors(index: GraphIndex) -> tuple[set[str], set[str]]:
+    """(source graph inputs, every traced tensor including them): the tensors whose axis 0 is the batch."""
+    graph = index.graph
+    shape = index.shape
+    candidates = [name for name in index.graph_inputs if (s := shape(name)) is not None and len(s) >= 2]
+    sources: set[str] = set()
+    traced: set[str] = set()
+    for name in candidates:
+        reach, defines = _trace(graph, {name}, shape)
+        if defines:
+            sources.add(name)
+            traced |= reach
+    return sources, traced
+
+
+def _trace(graph: onnx.GraphProto, start: set[str], shape: Callable[[str], Shape | None]) -> tuple[set[str], bool]:
+    """Forward closure of ``start`` through batch-keeping ops (nodes are topologically sorted); whether it
+    reaches the data input of a batch-defining op."""
+    traced = set(start)
+    defines = False
+    for node in graph.node:
+        if node.domain not in _STANDARD or not node.input:
+            continue
+        ins = [i for i in node.input if i in traced]
+        if not ins:
+            continue
+        if node.op_type in BATCH_DEFINING and node.input[0] in traced:
+            defines = True
+        for out in _keeping_outputs(node, traced, shape):
+            traced.add(out)
+    return traced, defines
+
+
+def _rank(shape: Shape | None) -> int | None:
+    return None if shape is None else len(shape)
+
+
+def _dim0(shape: Shape | None):
+    return None if not shape else shape[0]
+
+
+def _axis(node: onnx.NodeProto, default: int, rank: int | None) -> int | None:
+    axis = get_attr(node, "axis", default)
+    if axis is None or rank is None:
+        return axis
+    return axis + rank if axis < 0 else axis
+
+
+def _keeping_outputs(node: onnx.NodeProto, traced: set[str], shape: Callable[[str], Shape | None]) -> list[str]:
+    """The outputs of ``node`` whose axis 0 is its traced input's axis 0."""
+    op = node.op_type
+    data = node.input[0]
+    outs = [o for o in node.output if o]
+    if op in _ELEMENTWISE:
+        ranks = {_rank(shape(i)) for i in node.input if i in traced}
+        return [o for o in outs[:1] if _rank(shape(o)) in ranks]
+    if data not in traced:
+        return []
+    in_shape = shape(data)
+    rank = _rank(in_shape)
+    if op in BATCH_DEFINING:
+        return outs[:1]
+    if op == "Transpose":
+        perm = get_attr(node, "perm")
+        return outs if perm and perm[0] == 0 else []
+    if op in _AXIS_OPS:
+        default = {"Flatten": 1, "LayerNormalization": -1, "Softmax": -1, "LogSoftmax": -1, "Hardmax": -1,
+                   "CumSum": None}.get(op, 0)
+        axis = _axis(node, default, rank)
+        if op == "CumSum":
+            return outs[:1]  # its axis is an input; the size of axis 0 is kept either way
+        if axis is None or axis == 0:
+            return []
+        return outs if op == "Split" else outs[:1]
+    if op.startswith(_REDUCE_PREFIX):
+        axes = get_attr(node, "axes")
+        if axes is None and len(node.input) > 1 and node.input[1]:
+            return []  # axes given as a tensor: not read here
+        keepdims = get_attr(node, "keepdims", 1)
+        if not axes or not keepdims or any((a + rank if a < 0 and rank else a) == 0 for a in axes):
+            return []
+        return outs[:1]
+    if op in ("Squeeze", "Unsqueeze"):
+        axes = get_attr(node, "axes")
+        if axes is None:
+            if len(node.input) < 2 or not node.input[1]:
+                return []
+            return outs[:1] if _dim0(shape(outs[0])) == _dim0(in_shape) and _dim0(in_shape) != 1 else []
+        out_rank = _rank(shape(outs[0])) if outs else None
+        base = out_rank if op == "Unsqueeze" else rank
+        if any((a + base if a < 0 and base else a) == 0 for a in axes):
+            return []
+        return outs[:1]
+    if op in _SIZE_KEEPING:
+        out_shape = shape(outs[0]) if outs else None
+        if op in ("Expand", "Tile"):
+            return outs[:1] if _rank(out_shape) == rank else []
+        if op == "Reshape" and _rank(out_shape) is not None and _rank(out_shape) < 2:
+            return []
+        d0, o0 = _dim0(in_shape), _dim0(out_shape)
+        return outs[:1] if isinstance(d0, int) and d0 == o0 else []
+    if op == "MatMul":
+        return outs[:1] if rank is not None and rank >= 3 else []
+    if op == "Gemm":
+        return outs[:1] if not get_attr(node, "transA", 0) else []
+    return []
