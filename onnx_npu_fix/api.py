@@ -38,7 +38,8 @@ class LoadedModel:
     external_files: set[str]
     """Absolute paths of the external data files the model was read from (empty for a self-contained file)."""
     data: bytes | None = None
-    """The bytes read, for a self-contained file (None otherwise, or once :func:`start_reference` took them)."""
+    """The bytes read, for a self-contained file read with ``keep_bytes`` (None otherwise, or once
+    :func:`start_reference` took them)."""
 
 
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
@@ -46,8 +47,9 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     return read_model(path).model
 
 
-def read_model(path: str | os.PathLike) -> LoadedModel:
-    """:func:`load_model`, also saying which external data files the model came from."""
+def read_model(path: str | os.PathLike, *, keep_bytes: bool = False) -> LoadedModel:
+    """:func:`load_model`, also saying which external data files the model came from. ``keep_bytes``: keep the
+    file's bytes in ``LoadedModel.data`` for :func:`start_reference` (which takes them over)."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
@@ -97,7 +99,7 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
     problem = structural_problem(model)
     if problem:
         raise InputError(f"{path}: invalid model: {problem}")
-    return LoadedModel(model, path, external, raw if not external and not sparse else None)
+    return LoadedModel(model, path, external, raw if keep_bytes and not external and not sparse else None)
 
 
 def external_data_files(model: onnx.ModelProto, base_dir: str) -> set[str]:
@@ -306,11 +308,11 @@ def start_reference(source: LoadedModel | str | os.PathLike, options: FixOptions
     when ``--input-shape`` overrides or repeated node names (which onnxruntime refuses, :func:`fix` renames) make
     the model as read the wrong one to run, or when a model above 2 GB leaves the pass manager to compute the
     reference itself."""
+    if not isinstance(source, LoadedModel):
+        source = read_model(source, keep_bytes=True)
+    data, source.data = source.data, None  # taken over, even when not used: no copy outlives this call
     if options.validate == "none" or options.input_shapes:
         return None
-    if not isinstance(source, LoadedModel):
-        source = read_model(source)
-    data, source.data = source.data, None
     names = [node.name for node in source.model.graph.node if node.name]
     if len(set(names)) != len(names):
         return None  # onnxruntime refuses repeated node names: the pass manager runs the renamed (prepared) model
@@ -327,7 +329,7 @@ def fix(model: onnx.ModelProto, options: FixOptions | None = None,
         source: str | os.PathLike | None = None) -> FixResult:
     """Run the passes (default order unless given) over a copy-free ``model``; see :class:`FixResult`.
 
-    ``reference``: from :func:`start_reference` on the file ``model`` was read from (unchanged since).
+    ``reference``: from :func:`start_reference` on what :func:`read_model` returned (``model`` unchanged since).
     ``on_serialized``: called with the output's bytes before its last validation runs (e.g. EarlyWrite.start);
     FixResult.serialized is that same object when they are the result.
     ``source``: the file ``model`` was read from by :func:`read_model`, unchanged since: a rollback to the input

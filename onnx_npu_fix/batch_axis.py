@@ -19,7 +19,7 @@ is traced, never assumed:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 import onnx
 
@@ -47,36 +47,34 @@ _STANDARD = ("", "ai.onnx")
 
 
 def batch_tensors(index: GraphIndex) -> tuple[set[str], set[str]]:
-    """(source graph inputs, every traced tensor including them): the tensors whose axis 0 is the batch."""
-    graph = index.graph
+    """(source graph inputs, every traced tensor including them): the tensors whose axis 0 is the batch.
+
+    One pass over the nodes (topologically sorted): each tensor carries the candidate inputs its axis 0 comes
+    from; the sources are the candidates that reach a batch-defining op."""
     shape = index.shape
-    candidates = [name for name in index.graph_inputs if (s := shape(name)) is not None and len(s) >= 2]
+    origin: dict[str, frozenset[str]] = {}
+    for name in index.graph_inputs:
+        s = shape(name)
+        if s is not None and len(s) >= 2:
+            origin[name] = frozenset((name,))
+    if not origin:
+        return set(), set()
     sources: set[str] = set()
-    traced: set[str] = set()
-    for name in candidates:
-        reach, defines = _trace(graph, {name}, shape)
-        if defines:
-            sources.add(name)
-            traced |= reach
-    return sources, traced
-
-
-def _trace(graph: onnx.GraphProto, start: set[str], shape: Callable[[str], Shape | None]) -> tuple[set[str], bool]:
-    """Forward closure of ``start`` through batch-keeping ops (nodes are topologically sorted); whether it
-    reaches the data input of a batch-defining op."""
-    traced = set(start)
-    defines = False
-    for node in graph.node:
+    for node in index.graph.node:
         if node.domain not in _STANDARD or not node.input:
             continue
-        ins = [i for i in node.input if i in traced]
-        if not ins:
+        found = [origin[i] for i in node.input if i in origin]
+        if not found:
             continue
-        if node.op_type in BATCH_DEFINING and node.input[0] in traced:
-            defines = True
-        for out in _keeping_outputs(node, traced, shape):
-            traced.add(out)
-    return traced, defines
+        if node.op_type in BATCH_DEFINING and node.input[0] in origin:
+            sources |= origin[node.input[0]]
+        outs = _keeping_outputs(node, origin, shape)
+        if outs:
+            merged = found[0].union(*found[1:]) if len(found) > 1 else found[0]
+            for out in outs:
+                origin[out] = merged
+    traced = {name for name, came_from in origin.items() if came_from & sources}
+    return sources, traced
 
 
 def _rank(shape: Shape | None) -> int | None:
@@ -94,7 +92,8 @@ def _axis(node: onnx.NodeProto, default: int, rank: int | None) -> int | None:
     return axis + rank if axis < 0 else axis
 
 
-def _keeping_outputs(node: onnx.NodeProto, traced: set[str], shape: Callable[[str], Shape | None]) -> list[str]:
+def _keeping_outputs(node: onnx.NodeProto, traced: Container[str],
+                     shape: Callable[[str], Shape | None]) -> list[str]:
     """The outputs of ``node`` whose axis 0 is its traced input's axis 0."""
     op = node.op_type
     data = node.input[0]

@@ -194,7 +194,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
         reference = None
         early = api.EarlyWrite(output)
         try:
-            loaded = api.read_model(model)
+            loaded = api.read_model(model, keep_bytes=True)
             # Only a model that passed the onnx checker goes to onnxruntime: malformed graphs can crash it.
             reference = api.start_reference(loaded, options)
             api.check_output_path(output, model, protected=loaded.external_files)

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
-from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.errors import InputError, first_line
 from onnx_npu_fix.graph import format_shape, shape_of_value_info
 from onnx_npu_fix.validate import Feeds, make_inputs, numpy_dtype
 
@@ -174,15 +174,16 @@ def load_validation_data(model: onnx.ModelProto, path: str) -> list[Feeds]:
 
 def _read_npz(path: str) -> tuple[str, dict[str, np.ndarray]]:
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            if not isinstance(archive, np.lib.npyio.NpzFile):
-                raise InputError(f"--validation-data {path}: a single array; expected an .npz keyed by input name")
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise InputError(f"--validation-data {path}: a single array; expected an .npz keyed by input name")
+        with archive:
             return path, {key: archive[key] for key in archive.files}
     except InputError:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise InputError(f"--validation-data {path}: cannot read it as .npz ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
+                         f"{first_line(exc)})") from None
 
 
 def _read_npy(path: str) -> np.ndarray:
@@ -224,10 +225,15 @@ def _check_set(model: onnx.ModelProto, where: str, arrays: dict[str, np.ndarray]
         value = arrays[name]
         elem = vi.type.tensor_type.elem_type
         dtype = numpy_dtype(elem)
-        if dtype is None or value.dtype != np.dtype(dtype):
-            wanted = onnx.TensorProto.DataType.Name(elem)
+        wanted = onnx.TensorProto.DataType.Name(elem)
+        if elem == onnx.TensorProto.STRING and value.dtype.kind in "US":
+            value = value.astype(object)  # onnxruntime feeds strings as object arrays
+        elif dtype is None:
+            raise InputError(f"--validation-data {where}: input '{name}' is {wanted}, which validation cannot "
+                             f"feed; use --validate none")
+        elif value.dtype != np.dtype(dtype):
             raise InputError(f"--validation-data {where}: input '{name}' is {value.dtype}, the model takes "
-                             f"{wanted}; convert it (e.g. array.astype(np.{np.dtype(dtype).name if dtype else '?'}))")
+                             f"{wanted}; convert it (e.g. array.astype(np.{np.dtype(dtype).name}))")
         shape = shape_of_value_info(vi)
         if shape is not None and (len(shape) != value.ndim or any(
                 isinstance(d, int) and d != v for d, v in zip(shape, value.shape))):

@@ -74,7 +74,7 @@ def make_inputs(model: onnx.ModelProto, n: int, seed: int, *,
         if dtype is None:
             raise InputError(f"input '{vi.name}' has element type "
                              f"{onnx.TensorProto.DataType.Name(elem)}, which validation cannot generate; "
-                             f"use --no-validate")
+                             f"give its values with --validation-data FILE.npz, or use --no-validate")
         shape = tuple(shape_of_value_info(vi) or ())
         nbytes = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
         if nbytes * n > _MAX_INPUT_BYTES:

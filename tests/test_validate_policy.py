@@ -144,7 +144,7 @@ def test_validate_none_writes_and_says_so_last_and_in_the_record(tmp_path):
 
 def test_reference_is_built_from_the_bytes_read_not_the_path(tmp_path):
     path = _save(_conv_model(weight_shape=(6, 4, 3, 3), bias=6), tmp_path / "m.onnx")
-    loaded = api.read_model(path)
+    loaded = api.read_model(path, keep_bytes=True)
     assert loaded.data is not None
     path.write_bytes(b"garbage, written after the model was read")  # e.g. the next CI step's download
     options = FixOptions(align=8)
@@ -237,6 +237,22 @@ def test_validation_data_problems_are_one_line_errors(tmp_path, arrays, phrase):
     text = result.output.strip()
     assert len(text.splitlines()) == 1 and phrase in text, text
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_validation_data_feeds_a_string_input(tmp_path):
+    model = _model([helper.make_node("Identity", ["s"], ["si"], name="id"),
+                    helper.make_node("Reshape", ["si", "shape"], ["y"], name="reshape")],
+                   [_vi("s", [3], TensorProto.STRING)], [_vi("y", [3, 1], TensorProto.STRING)],
+                   [numpy_helper.from_array(np.array([3, 1], np.int64), "shape")])
+    path = _save(model, tmp_path / "m.onnx")
+    result = invoke(path, "-o", tmp_path / "o.onnx")
+    assert result.exit_code == 2 and "--validation-data" in result.output, result.output
+    np.savez(tmp_path / "d.npz", s=np.array(["a", "ÄÖ", ""]))
+    result = invoke(path, "-o", tmp_path / "o.onnx", "--validation-data", tmp_path / "d.npz",
+                    "--report", tmp_path / "r.json")
+    assert (tmp_path / "o.onnx").exists(), result.output
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["passes"][0]["status"] == "validated" and record["final_validation"]["passed"]
 
 
 def test_validation_data_that_is_not_npz(tmp_path):
