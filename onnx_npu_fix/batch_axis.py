@@ -19,7 +19,7 @@ is traced, never assumed:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Container
 
 import onnx
 
@@ -60,21 +60,39 @@ def batch_tensors(index: GraphIndex) -> tuple[set[str], set[str]]:
     if not origin:
         return set(), set()
     sources: set[str] = set()
-    for node in index.graph.node:
-        if node.domain not in _STANDARD or not node.input:
+    _trace_nodes(index.graph.node, origin, sources, index)
+    traced = {name for name, came_from in origin.items() if came_from & sources}
+    return sources, traced
+
+
+def _trace_nodes(nodes, origin: dict[str, frozenset[str]], sources: set[str], index: GraphIndex) -> None:
+    """Extend ``origin`` over ``nodes`` in order; add to ``sources`` the inputs that reach a batch-defining op.
+    An If's branches read outer tensors by name: they are traced in place, and an If output keeps the batch
+    when a branch output it comes from does (exported audio models pick their Conv stack by sample rate)."""
+    for node in nodes:
+        if node.domain not in _STANDARD:
+            continue
+        if node.op_type == "If":
+            branches = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+            for branch in branches:
+                _trace_nodes(branch.node, origin, sources, index)
+            for k, out in enumerate(node.output):
+                came = [origin[b.output[k].name] for b in branches if k < len(b.output) and b.output[k].name in origin]
+                if out and came:
+                    origin[out] = frozenset().union(*came)
+            continue
+        if not node.input:
             continue
         found = [origin[i] for i in node.input if i in origin]
         if not found:
             continue
         if node.op_type in BATCH_DEFINING and node.input[0] in origin:
             sources |= origin[node.input[0]]
-        outs = _keeping_outputs(node, origin, shape)
+        outs = _keeping_outputs(node, origin, index)
         if outs:
             merged = found[0].union(*found[1:]) if len(found) > 1 else found[0]
             for out in outs:
                 origin[out] = merged
-    traced = {name for name, came_from in origin.items() if came_from & sources}
-    return sources, traced
 
 
 def _rank(shape: Shape | None) -> int | None:
@@ -92,15 +110,15 @@ def _axis(node: onnx.NodeProto, default: int, rank: int | None) -> int | None:
     return axis + rank if axis < 0 else axis
 
 
-def _keeping_outputs(node: onnx.NodeProto, traced: Container[str],
-                     shape: Callable[[str], Shape | None]) -> list[str]:
+def _keeping_outputs(node: onnx.NodeProto, traced: Container[str], index: GraphIndex) -> list[str]:
     """The outputs of ``node`` whose axis 0 is its traced input's axis 0."""
+    shape = index.shape
     op = node.op_type
     data = node.input[0]
     outs = [o for o in node.output if o]
     if op in _ELEMENTWISE:
         ranks = {_rank(shape(i)) for i in node.input if i in traced}
-        return [o for o in outs[:1] if _rank(shape(o)) in ranks]
+        return [o for o in outs[:1] if _rank(shape(o)) in ranks or _rank(shape(o)) is None]
     if data not in traced:
         return []
     in_shape = shape(data)
@@ -119,35 +137,43 @@ def _keeping_outputs(node: onnx.NodeProto, traced: Container[str],
         if axis is None or axis == 0:
             return []
         return outs if op == "Split" else outs[:1]
-    if op.startswith(_REDUCE_PREFIX):
-        axes = get_attr(node, "axes")
-        if axes is None and len(node.input) > 1 and node.input[1]:
-            return []  # axes given as a tensor: not read here
-        keepdims = get_attr(node, "keepdims", 1)
-        if not axes or not keepdims or any((a + rank if a < 0 and rank else a) == 0 for a in axes):
-            return []
-        return outs[:1]
-    if op in ("Squeeze", "Unsqueeze"):
-        axes = get_attr(node, "axes")
-        if axes is None:
-            if len(node.input) < 2 or not node.input[1]:
-                return []
-            return outs[:1] if _dim0(shape(outs[0])) == _dim0(in_shape) and _dim0(in_shape) != 1 else []
-        out_rank = _rank(shape(outs[0])) if outs else None
-        base = out_rank if op == "Unsqueeze" else rank
-        if any((a + base if a < 0 and base else a) == 0 for a in axes):
+    if op.startswith(_REDUCE_PREFIX) or op in ("Squeeze", "Unsqueeze"):
+        axes = _axes(node, index)
+        if op.startswith(_REDUCE_PREFIX) and (not axes or not get_attr(node, "keepdims", 1)):
+            return []  # all axes (batch included) reduced, or the rank changes
+        if axes is None or (op == "Squeeze" and not axes):
+            return []  # unknown axes, or a Squeeze of every size-1 axis (a batch of 1 included)
+        base = _rank(shape(outs[0])) if op == "Unsqueeze" and outs else rank
+        if base is None or any((a + base if a < 0 else a) == 0 for a in axes):
             return []
         return outs[:1]
     if op in _SIZE_KEEPING:
         out_shape = shape(outs[0]) if outs else None
         if op in ("Expand", "Tile"):
-            return outs[:1] if _rank(out_shape) == rank else []
+            return outs[:1] if _rank(out_shape) in (rank, None) else []
         if op == "Reshape" and _rank(out_shape) is not None and _rank(out_shape) < 2:
             return []
+        if op == "Pad" and len(node.input) > 1 and node.input[1] and rank is not None:
+            pads = index.const_value(node.input[1])
+            if pads is not None and len(node.input) < 4 and pads.size == 2 * rank:
+                return outs[:1] if int(pads[0]) == 0 and int(pads[rank]) == 0 else []
         d0, o0 = _dim0(in_shape), _dim0(out_shape)
-        return outs[:1] if isinstance(d0, int) and d0 == o0 else []
+        # An unknown size (a shape inference could not resolve on the unfolded model) continues the trace.
+        return outs[:1] if d0 == o0 or not isinstance(o0, int) else []
     if op == "MatMul":
         return outs[:1] if rank is not None and rank >= 3 else []
     if op == "Gemm":
         return outs[:1] if not get_attr(node, "transA", 0) else []
+    return []
+
+
+def _axes(node: onnx.NodeProto, index: GraphIndex) -> list[int] | None:
+    """The ``axes`` of a Reduce / Squeeze / Unsqueeze: the attribute, or the constant second input (None when
+    neither says; [] for an empty list)."""
+    axes = get_attr(node, "axes")
+    if axes is not None:
+        return [int(a) for a in axes]
+    if len(node.input) > 1 and node.input[1]:
+        value = index.const_value(node.input[1])
+        return None if value is None else [int(a) for a in value.ravel()]
     return []

@@ -520,7 +520,8 @@ def _check_outputs(ctx: _Context, node: onnx.NodeProto) -> None:
         if (options.batch_one and out in ctx.batch and out not in ctx.batch_sources and isinstance(shape[0], int)
                 and shape[0] > 1):
             # Report where batch > 1 starts (Expand, Tile, a broadcast), not every tensor downstream of it.
-            if not any(_batch(index.shape(i)) > 1 for i in node.input if i in ctx.batch):
+            traced_in = [index.shape(i) for i in node.input if i in ctx.batch]
+            if traced_in and all(s and isinstance(s[0], int) and s[0] <= 1 for s in traced_in):
                 hint = "; --s2b-layout spatial or channel keeps batch 1" if options.s2b_layout == "batch" else ""
                 ctx.add(node, "batch-one", shape[0], 1, None,
                         f"{out} {format_shape(shape)}: batch > 1 starts here{hint}")
@@ -538,12 +539,6 @@ def _unknown_shape(index: GraphIndex, node: onnx.NodeProto, out: str, shape: Sha
                          "evaluates")
     return Violation(node.name, node.op_type, "unknown-shape", format_shape(shape), "static", None,
                      f"shape of {out} depends on data (or on an op without shape inference)")
-
-
-def _batch(shape: Shape | None) -> int:
-    if not shape or not isinstance(shape[0], int):
-        return 0
-    return shape[0]
 
 
 def _memory_violation(memory: MemoryEstimate) -> Violation:
