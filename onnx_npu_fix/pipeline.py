@@ -12,6 +12,10 @@ The original's outputs are computed once, in the background while the passes run
 validated model are carried forward. Finally the output model is compared with the original (reusing the last
 outputs: no extra session). A failing pass stops the run (nothing is written) unless ``keep_going`` is set,
 which restores the model as it was before that pass and continues with the next one.
+
+The inputs come from onnx_npu_fix.inputs (loaded data, or seeded sets, more of them when an approximate change
+may be measured). An original onnxruntime cannot run is an InputError, never a silently unvalidated run; with
+``strict`` an approximate change is a StrictRefused.
 """
 
 from __future__ import annotations
@@ -107,7 +111,10 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     """Run ``passes`` over ``model`` (edited in place) and return it with the report.
 
     Call :func:`prepare` first. Never raises for a failing pass: the report says which pass failed and why.
-    Raises InputError when validation needs inputs it cannot generate (dynamic input shapes).
+    Raises InputError when validation needs inputs it cannot generate (dynamic input shapes, an integer input
+    that sets a shape) or cannot use (``validation_data``), and when onnxruntime cannot run the original (then
+    nothing can be validated; only ``validate="none"`` goes on). Raises StrictRefused when ``strict`` is set and
+    a pass made an approximate change.
     ``reference``: the original's outputs already under way (api.start_reference), else they are computed from
     ``model`` as it is now, in the background while the passes run.
     ``on_serialized``: called with the bytes of the model after the last pass, before their final validation

@@ -593,3 +593,16 @@ def test_violations_claimed_fixable_are_fixed_by_the_named_passes():
         (v.node, v.constraint) for v in before if not v.fixable} == set()
     assert {(v.node, v.constraint) for v in after.exempt} == {("conv1", "in-channels-align"),
                                                               ("conv3", "in-channels-align")}
+
+
+def test_batch_is_traced_through_if_branches_and_unresolved_sizes():
+    # x [2,4,8] -> If (Relu | Neg) -> Pad with pads only known at run time (sizes unknown) -> Conv: x is a batch
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="relu")], "then", [], [_vi("t", None)])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="neg")], "else", [], [_vi("e", None)])
+    nodes = [helper.make_node("If", ["cond"], ["branch"], name="pick", then_branch=then, else_branch=other),
+             helper.make_node("Pad", ["branch", "pads"], ["padded"], name="pad"),
+             helper.make_node("Conv", ["padded", "w"], ["y"], name="conv")]
+    inputs = [_vi("x", [2, 4, 8]), helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+              helper.make_tensor_value_info("pads", TensorProto.INT64, [6])]
+    model = _model(nodes, inputs, [_vi("y", None)], [_w("w", (4, 4, 3))])
+    assert [(v.node, v.op) for v in _batch_findings(model)] == [("x", "graph input")]
