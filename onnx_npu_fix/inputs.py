@@ -17,7 +17,8 @@ generated meaningfully: it is an InputError that asks for ``--validation-data``.
 
 How many sets: ``--validation-inputs`` (default 3). When the run may make an approximate change, its verdict is a
 pooled relative L2 error, which on a tiny output depends on the seed; then sets are added until each graph output
-has at least ``APPROX_MIN_ELEMENTS`` elements compared, within ``MAX_SETS`` sets and ``MAX_EXTRA_BYTES`` of inputs.
+has at least ``APPROX_MIN_ELEMENTS`` elements compared, within ``MAX_SETS`` sets and ``MAX_EXTRA_BYTES`` of inputs
+and outputs.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ APPROX_MIN_ELEMENTS = 4096
 MAX_SETS = 1024
 """Most generated input sets for an approximate verdict."""
 MAX_EXTRA_BYTES = 64 << 20
-"""Most bytes of generated inputs for an approximate verdict (a large model gets fewer sets)."""
+"""Most bytes of generated inputs and kept outputs for an approximate verdict (a large model gets fewer sets)."""
 
 # Operand positions whose values decide a shape, a count or an axis: (op type) -> input indices.
 SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
@@ -100,7 +101,7 @@ def validation_feeds(model: onnx.ModelProto, *, n_inputs: int, seed: int, data: 
 
 def sets_for_approximate(model: onnx.ModelProto) -> int:
     """Input sets needed for every graph output to have APPROX_MIN_ELEMENTS elements compared (within MAX_SETS
-    and MAX_EXTRA_BYTES of inputs); 1 when an output's size is unknown or zero."""
+    and MAX_EXTRA_BYTES of inputs and outputs); 1 when no output's size is known."""
     shapes = {vi.name: shape_of_value_info(vi) for vi in [*model.graph.output, *model.graph.value_info]}
     smallest = None
     for out in model.graph.output:
@@ -113,11 +114,12 @@ def sets_for_approximate(model: onnx.ModelProto) -> int:
     if smallest is None:
         return 1
     wanted = -(-APPROX_MIN_ELEMENTS // smallest)
+    # Each set's inputs are generated and its outputs kept (the original's and the last model's): both count.
     per_set = 0
     inits = {t.name for t in model.graph.initializer}
-    for vi in model.graph.input:
+    for vi in [*model.graph.input, *model.graph.output]:
         dtype = numpy_dtype(vi.type.tensor_type.elem_type)
-        shape = shape_of_value_info(vi)
+        shape = shapes.get(vi.name, shape_of_value_info(vi))
         if vi.name in inits or dtype is None or shape is None or any(not isinstance(d, int) for d in shape):
             continue
         per_set += math.prod(shape) * np.dtype(dtype).itemsize

@@ -328,3 +328,14 @@ def test_strict_refuses_an_approximate_change(tmp_path):
     last = result.output.strip().splitlines()[-1]
     assert last.startswith("APPROXIMATE: resize-nearest changed 1 Resize (rel L2 "), last
     assert last.endswith("use --resize-mode exact or --strict")
+
+
+def test_extra_sets_stay_within_the_memory_budget():
+    # a 1-element output next to a 4 MiB one: 4096 sets would keep 16 GiB of outputs; the budget caps them
+    from onnx_npu_fix.inputs import MAX_EXTRA_BYTES, sets_for_approximate
+
+    nodes = [helper.make_node("ReduceMax", ["x"], ["peak"], name="peak", keepdims=0),
+             helper.make_node("Relu", ["x"], ["big"], name="relu")]
+    model = _model(nodes, [_vi("x", [1 << 20])], [_vi("peak", []), _vi("big", [1 << 20])], opset=13)
+    n = sets_for_approximate(model)
+    assert 1 <= n and n * 2 * (4 << 20) <= MAX_EXTRA_BYTES
