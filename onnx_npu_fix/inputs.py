@@ -13,7 +13,8 @@ leave that input generated). Each problem is one InputError line naming the file
 Generated inputs: floats ~ N(0, 1), integers in [0, 8), bools fair coins, or with ``--input-range name:lo,hi``
 floats uniform in [lo, hi) and integers in [lo, hi]. An integer input whose values decide a shape (it reaches a
 Reshape target, a Slice bound, Expand / Tile / ConstantOfShape / Range / Pad / TopK operands...) cannot be
-generated meaningfully: it is an InputError that asks for ``--validation-data``.
+generated meaningfully, nor can one that decides an If condition or a Loop's trip count: either is an
+InputError that asks for ``--validation-data``.
 
 How many sets: ``--validation-inputs`` (default 3). When the run may make an approximate change, its verdict is a
 pooled relative L2 error, which on a tiny output depends on the seed; then sets are added until each graph output
@@ -49,6 +50,8 @@ SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
     "Split": (1,), "OneHot": (1,), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,),
     "ReduceProd": (1,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,),
     "ReduceSumSquare": (1,), "CenterCropPad": (1, 2), "NonMaxSuppression": (2,), "Col2Im": (1, 2),
+    # control flow: a random condition or trip count runs an arbitrary branch (silero-vad's sample rate)
+    "If": (0,), "Loop": (0, 1),
 }
 # Ops whose output does not depend on the input's values (only on its shape): a trace stops there.
 _VALUE_BLIND = ("Shape", "Size")
@@ -90,9 +93,10 @@ def validation_feeds(model: onnx.ModelProto, *, n_inputs: int, seed: int, data: 
         return load_validation_data(model, data)
     for name, (node, position) in shape_inputs(model).items():
         if name not in ranges:
-            raise InputError(f"input '{name}' sets a shape ({node.op_type} '{node.name}' input {position}): random "
-                             f"values cannot validate it; give real values with --validation-data FILE.npz "
-                             f"(or --input-range {name}:lo,hi, or --validate none)")
+            what = "a branch" if node.op_type in ("If", "Loop") else "a shape"
+            raise InputError(f"input '{name}' decides {what} ({node.op_type} '{node.name}' input {position}): "
+                             f"random values cannot validate it; give real values with --validation-data "
+                             f"FILE.npz (or --input-range {name}:lo,hi, or --validate none)")
     n = n_inputs
     if approximate:
         n = max(n, sets_for_approximate(model))
@@ -128,8 +132,8 @@ def sets_for_approximate(model: onnx.ModelProto) -> int:
 
 
 def shape_inputs(model: onnx.ModelProto) -> dict[str, tuple[onnx.NodeProto, int]]:
-    """Integer graph inputs whose values reach a shape operand (SHAPE_OPERANDS), directly or through other ops:
-    name -> (the first such node in graph order, operand position)."""
+    """Integer graph inputs whose values reach a shape or control-flow operand (SHAPE_OPERANDS), directly or
+    through other ops: name -> (the first such node in graph order, operand position)."""
     graph = model.graph
     inits = {t.name for t in graph.initializer}
     origin: dict[str, set[str]] = {}  # tensor -> the integer graph inputs its values depend on

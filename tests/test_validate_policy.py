@@ -178,7 +178,7 @@ def test_an_integer_input_that_sets_a_shape_asks_for_data(tmp_path):
     path = _save(model, tmp_path / "m.onnx")
     result = invoke(path, "-o", tmp_path / "o.onnx")
     assert result.exit_code == 2, result.output
-    assert "input 'shape' sets a shape (Reshape 'reshape' input 1)" in result.output
+    assert "input 'shape' decides a shape (Reshape 'reshape' input 1)" in result.output
     assert "--validation-data" in result.output
     data = tmp_path / "d.npz"
     x = np.arange(12, dtype=np.float32).reshape(2, 6) - 6
@@ -189,6 +189,23 @@ def test_an_integer_input_that_sets_a_shape_asks_for_data(tmp_path):
     cleanup = record["passes"][0]
     assert cleanup["name"] == "cleanup" and cleanup["status"] == "validated"  # the Identity, removed on the data
     assert record["final_validation"]["passed"]
+
+
+def test_an_integer_input_that_picks_a_branch_asks_for_data(tmp_path):
+    # silero-vad's sample rate: Equal(sr, 16000) -> If; a random sr in [0, 8) validates the wrong branch
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="relu")], "then", [],
+                             [_vi("t", [4])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="neg")], "else", [], [_vi("e", [4])])
+    nodes = [helper.make_node("Equal", ["sr", "rate"], ["is16k"], name="is16k"),
+             helper.make_node("If", ["is16k"], ["y"], name="pick", then_branch=then, else_branch=other)]
+    model = _model(nodes, [_vi("x", [4]), _vi("sr", [], TensorProto.INT64)], [_vi("y", [4])],
+                   [numpy_helper.from_array(np.array(16000, np.int64), "rate")])
+    path = _save(model, tmp_path / "m.onnx")
+    result = invoke(path, "-o", tmp_path / "o.onnx")
+    assert result.exit_code == 2
+    assert "input 'sr' decides a branch (If 'pick' input 0)" in result.output, result.output
+    np.savez(tmp_path / "d.npz", x=np.arange(4, dtype=np.float32) - 2, sr=np.array(16000, np.int64))
+    assert invoke(path, "-o", tmp_path / "o.onnx", "--validation-data", tmp_path / "d.npz").exit_code != 2
 
 
 def test_shape_inputs_follow_values_through_ops_but_not_through_shape():
