@@ -302,12 +302,13 @@ def select_passes(only: Sequence[str] | None = None, skip: Sequence[str] = ()) -
 def start_reference(source: LoadedModel | str | os.PathLike, options: FixOptions) -> Reference | None:
     """Start computing the original's outputs on a worker thread, while the passes run (pass the result to
     :func:`fix`, and close it when done). ``source``: what :func:`read_model` returned; onnxruntime should only
-    see models the onnx checker passed. The session is built from the bytes already read (taken from
-    ``source.data``, so no second copy stays alive), or for a model with external data from the model in memory:
-    a file changed or removed during the run cannot change the reference. None when the run will not validate,
-    when ``--input-shape`` overrides or repeated node names (which onnxruntime refuses, :func:`fix` renames) make
-    the model as read the wrong one to run, or when a model above 2 GB leaves the pass manager to compute the
-    reference itself."""
+    see models the onnx checker passed. The reference is the model as read: for a self-contained file,
+    onnxruntime loads the file and the bytes read (``source.data``, taken over and let go once hashed) prove that
+    it loaded those bytes — a file replaced or removed meanwhile stops the run with InputError (see
+    validate.Reference); for a model with external data, the model in memory, serialized now. None when the run
+    will not validate, when ``--input-shape`` overrides or repeated node names (which onnxruntime refuses,
+    :func:`fix` renames) make the model as read the wrong one to run, or when a model above 2 GB leaves the pass
+    manager to compute the reference itself."""
     if not isinstance(source, LoadedModel):
         source = read_model(source, keep_bytes=True)
     data, source.data = source.data, None  # taken over, even when not used: no copy outlives this call
@@ -319,8 +320,8 @@ def start_reference(source: LoadedModel | str | os.PathLike, options: FixOptions
     if data is None:
         if approx_model_bytes(source.model) >= TWO_GB:
             return None
-        data = source.model.SerializeToString()
-    return Reference(data)
+        return Reference(source.model.SerializeToString())
+    return Reference(data, read_from=os.path.abspath(source.path))
 
 
 def fix(model: onnx.ModelProto, options: FixOptions | None = None,

@@ -7,6 +7,7 @@ would make an original and a wrongly folded model look alike, and session creati
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import math
 import os
 import tempfile
@@ -176,22 +177,41 @@ class Reference:
 
     The session is built as soon as the model file has passed the onnx checker, while npufix rewrites it; the
     runs start when :meth:`run` hands over the inputs. onnxruntime releases the GIL while it works, and its idle
-    workers do not spin (see Runner), so the passes keep a core. ``source``: serialized bytes (the bytes the
-    model was read from: a file changed during the run changes nothing here), or a file path. The Reference
-    lets go of the bytes once the session is built (onnxruntime holds its own copy of the model then).
+    workers do not spin (see Runner), so the passes keep a core. ``source``: serialized bytes, or a file path.
+
+    ``read_from``: the file ``source`` (bytes) was read from. onnxruntime then loads that file — given bytes it
+    copies them twice while it builds the session (+380 MB at a 190 MB model; a file it streams into its tensors)
+    — and the Reference checks that the file still holds exactly ``source`` (SHA-256 of the bytes read, taken
+    before they are let go, against the file's once the session is built). When it does not (replaced, rewritten
+    or removed since it was read), the outputs raise InputError: the reference is the model that was read, or
+    there is none and the run stops; validation is never silently off.
     """
 
-    def __init__(self, source: str | bytes) -> None:
+    def __init__(self, source: str | bytes, *, read_from: str | None = None) -> None:
         self._feeds: concurrent.futures.Future = concurrent.futures.Future()
         self._closing = False
         self._source: str | bytes | None = source
+        self._read_from = read_from
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="npufix-reference")
         self._outputs = self._executor.submit(self._work)
 
     def _work(self) -> list[Outputs]:
         source, self._source = self._source, None
-        runner = Runner(None, model_path=source) if isinstance(source, str) else Runner(None, data=source)
-        del source
+        if isinstance(source, bytes) and self._read_from is not None:
+            path, digest = self._read_from, hashlib.sha256(source).digest()
+            del source  # from here on the file is read in place and compared with what was read by its digest
+            try:
+                runner = Runner(None, model_path=path)
+            except (*runtime_errors(), OSError):
+                if file_digest(path) != digest:
+                    raise _changed(path) from None
+                raise
+            if file_digest(path) != digest:
+                runner.close()
+                raise _changed(path)
+        else:
+            runner = Runner(None, model_path=source) if isinstance(source, str) else Runner(None, data=source)
+            del source
         try:
             outputs = []
             for feeds in self._feeds.result():
@@ -216,6 +236,23 @@ class Reference:
         if not self._feeds.done():
             self._feeds.set_exception(_NotNeeded())
         self._executor.shutdown(wait=True)
+
+
+def _changed(path: str) -> InputError:
+    return InputError(f"{path} changed while npufix ran (it no longer holds the bytes that were read); nothing "
+                      f"written: rerun on a file that stays put")
+
+
+def file_digest(path: str) -> bytes | None:
+    """SHA-256 of the file at ``path`` (None when unreadable)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(16 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.digest()
 
 
 class _NotNeeded(Exception):

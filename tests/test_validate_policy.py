@@ -142,21 +142,38 @@ def test_validate_none_writes_and_says_so_last_and_in_the_record(tmp_path):
 # --- 2. the reference comes from the bytes read ---------------------------------------------------------------
 
 
-def test_reference_is_built_from_the_bytes_read_not_the_path(tmp_path):
-    path = _save(_conv_model(weight_shape=(6, 4, 3, 3), bias=6), tmp_path / "m.onnx")
+def _fix_with_reference(path, change_file=None):
     loaded = api.read_model(path, keep_bytes=True)
     assert loaded.data is not None
-    path.write_bytes(b"garbage, written after the model was read")  # e.g. the next CI step's download
+    if change_file is not None:
+        change_file(path)  # e.g. the next CI step's download, after the model was read
     options = FixOptions(align=8)
     reference = api.start_reference(loaded, options)
     assert loaded.data is None  # handed over: no second copy of the bytes stays alive
     try:
-        result = api.fix(loaded.model, options, reference=reference)
+        return api.fix(loaded.model, options, reference=reference)
     finally:
         reference.close()
-    assert result.ok
+
+
+def test_the_reference_is_the_model_that_was_read(tmp_path):
+    path = _save(_conv_model(weight_shape=(6, 4, 3, 3), bias=6), tmp_path / "m.onnx")
+    result = _fix_with_reference(path)
     align = next(p for p in result.report.passes if p.name == "align-channels")
-    assert align.status == "validated" and align.validation.passed
+    assert result.ok and align.status == "validated" and align.validation.passed
+    other = _conv_model(weight_shape=(6, 4, 3, 3), bias=6)
+    other.graph.initializer[0].float_data[:] = []
+    other.graph.initializer[0].raw_data = (np.ones((6, 4, 3, 3), np.float32)).tobytes()
+    changes = {
+        "garbage": lambda p: p.write_bytes(b"garbage, written after the model was read"),
+        "another valid model": lambda p: onnx.save(other, str(p)),
+        "removed": lambda p: p.unlink(),
+    }
+    for what, change in changes.items():
+        path = _save(_conv_model(weight_shape=(6, 4, 3, 3), bias=6), tmp_path / f"{what}.onnx")
+        # never validated against another model, never unvalidated: the run stops
+        with pytest.raises(InputError, match="changed while npufix ran"):
+            _fix_with_reference(path, change)
 
 
 def test_repeated_node_names_are_validated_on_the_renamed_model(tmp_path):
