@@ -69,7 +69,6 @@ def strict_message(record: PassRecord) -> str:
             f"{f' ({shown})' if shown else ''}; nothing written ({hint} to accept it measured)")
 
 
-
 @dataclass
 class FixResult:
     model: onnx.ModelProto
