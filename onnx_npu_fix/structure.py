@@ -9,6 +9,7 @@ be validated. These checks catch such a model when it is read, before any pass, 
   ConvTranspose   weight[0] % group == 0; bias length == weight[1] * group; input channels == weight[0]
   Resize/Upsample constant scales all finite and > 0
   BatchNormalization  scale, B, mean, var of one length (and the input's channel count, when declared)
+  Gemm            bias C broadcastable to the output [M, N]
 
 Sizes come from initializers, Constant nodes and declared shapes only (no shape inference: it runs later).
 """
@@ -132,5 +133,23 @@ def _batchnorm(node, dims, constants) -> str | None:
     return None
 
 
+def _gemm(node, dims, constants) -> str | None:
+    if len(node.input) < 3 or not node.input[2]:
+        return None
+    a, b, c = (_shape(dims, name) for name in node.input[:3])
+    if b is None or c is None or len(b) != 2 or len(c) > 2 or not all(isinstance(d, int) for d in (*b, *c)):
+        return None
+    trans_a = any(attr.name == "transA" and attr.i for attr in node.attribute)
+    trans_b = any(attr.name == "transB" and attr.i for attr in node.attribute)
+    n = b[0] if trans_b else b[1]
+    m = None
+    if a is not None and len(a) == 2 and isinstance(a[1 if trans_a else 0], int):
+        m = a[1 if trans_a else 0]
+    wanted = [m, n][2 - len(c):]
+    if any(got not in (1, want) for got, want in zip(c, wanted) if want is not None):
+        return f"bias {node.input[2]} has shape {c}, which does not broadcast to the output [{m or 'M'}, {n}]"
+    return None
+
+
 _CHECKS = {"Conv": _conv, "ConvTranspose": _conv_transpose, "Resize": _resize, "Upsample": _resize,
-           "BatchNormalization": _batchnorm}
+           "BatchNormalization": _batchnorm, "Gemm": _gemm}

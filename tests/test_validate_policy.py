@@ -107,6 +107,20 @@ def test_resize_scale_zero_is_refused_at_load(tmp_path):
     assert "Resize 'up': scales [1.0, 1.0, 0.0, 2.0] must all be finite and > 0" in result.output
 
 
+def test_gemm_bias_that_does_not_broadcast_is_refused_at_load(tmp_path):
+    def gemm(bias_shape):
+        inits = [numpy_helper.from_array(np.ones((2, 4), np.float32), "w"),
+                 numpy_helper.from_array(np.ones(bias_shape, np.float32), "b")]
+        return _model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fc")], [_vi("x", [3, 2])],
+                      [_vi("y", [3, 4])], inits)
+    for good in ((4,), (1,), (3, 4), (1, 4), (3, 1)):
+        api.read_model(_save(gemm(good), tmp_path / "ok.onnx"))
+    path = _save(gemm((3,)), tmp_path / "bad.onnx")
+    result = invoke(path, "-o", tmp_path / "o.onnx")
+    assert result.exit_code == 2
+    assert "Gemm 'fc': bias b has shape [3], which does not broadcast to the output [3, 4]" in result.output
+
+
 def test_valid_conv_passes_the_load_checks(tmp_path):
     for kwargs in (dict(), dict(weight_shape=(8, 1, 3, 3), group=4, channels=4), dict(bias=None)):
         api.read_model(_save(_conv_model(**kwargs), tmp_path / "ok.onnx"))
