@@ -27,31 +27,67 @@ from onnx_npu_fix.graph import shape_of_value_info
 def structural_problem(model: onnx.ModelProto) -> str | None:
     """The first structural problem of the main graph, as one line naming the node, or None."""
     graph = model.graph
-    dims: dict[str, list[int | str | None]] = {}
-    for vi in [*graph.input, *graph.value_info]:
-        shape = shape_of_value_info(vi)
-        if shape is not None:
-            dims[vi.name] = list(shape)
-    constants: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            for attr in node.attribute:
-                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
-                    constants[node.output[0]] = attr.t
-    for name, tensor in constants.items():
-        dims[name] = list(tensor.dims)
-    for i, node in enumerate(graph.node):
-        if node.domain not in ("", "ai.onnx"):
-            continue
-        check = _CHECKS.get(node.op_type)
-        problem = check(node, dims, constants) if check else None
+    checked, constant_nodes = [], []
+    for i, node in enumerate(graph.node):  # one read of every op type (100k nodes)
+        op = node.op_type
+        if op in _CHECKS:
+            checked.append((i, node))
+        elif op == "Constant":
+            constant_nodes.append(node)
+    checked = [(i, node) for i, node in checked if node.domain in ("", "ai.onnx")]
+    if not checked:
+        return None
+    dims = _Dims(graph, constant_nodes)
+    for i, node in checked:
+        problem = _CHECKS[node.op_type](node, dims, dims)
         if problem:
             label = node.name or f"#{i}"
             return f"{node.op_type} '{label}': {problem}; the model cannot run as it is (fix the export)"
     return None
 
 
-def _shape(dims, name: str):
+class _Dims:
+    """Declared sizes by tensor name, read on demand (a 100k-node graph has 100k initializers): initializers,
+    Constant nodes, then graph inputs and value_info. ``get`` gives a shape, ``constant`` a constant's value."""
+
+    def __init__(self, graph: onnx.GraphProto, constant_nodes: list[onnx.NodeProto]) -> None:
+        self._graph = graph
+        self._inits = {t.name: t for t in graph.initializer}
+        self._constants: dict[str, onnx.TensorProto] = {}
+        for node in constant_nodes:
+            if node.domain in ("", "ai.onnx"):
+                for attr in node.attribute:
+                    if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                        self._constants[node.output[0]] = attr.t
+        self._infos: dict[str, onnx.ValueInfoProto] | None = None
+
+    def tensor(self, name: str) -> onnx.TensorProto | None:
+        found = self._inits.get(name)
+        return found if found is not None else self._constants.get(name)
+
+    def get(self, name: str):
+        tensor = self._inits.get(name)
+        if tensor is None:
+            tensor = self._constants.get(name)
+        if tensor is not None:
+            return tensor.dims  # a repeated field: indexable, no copy (this runs for every Conv and BN)
+        if self._infos is None:
+            self._infos = {vi.name: vi for vi in [*self._graph.input, *self._graph.value_info]}
+        info = self._infos.get(name)
+        shape = shape_of_value_info(info) if info is not None else None
+        return None if shape is None else list(shape)
+
+    def __contains__(self, name: str) -> bool:
+        return self.tensor(name) is not None
+
+    def __getitem__(self, name: str) -> onnx.TensorProto:
+        tensor = self.tensor(name)
+        if tensor is None:
+            raise KeyError(name)
+        return tensor
+
+
+def _shape(dims: _Dims, name: str):
     return dims.get(name) if name else None
 
 
@@ -69,23 +105,26 @@ def _group(node: onnx.NodeProto) -> int:
 
 
 def _conv(node, dims, constants) -> str | None:
-    weight = _shape(dims, node.input[1]) if len(node.input) > 1 else None
+    inputs = list(node.input)  # one read of the repeated field (this runs for every Conv of the model)
+    if len(inputs) < 2:
+        return None
+    weight = dims.get(inputs[1])
     group = _group(node)
     if group < 1:
         return f"group {group} must be >= 1"
-    if weight is None or any(not isinstance(d, int) for d in weight):
+    if weight is None or len(weight) < 1 or not all(isinstance(d, int) for d in weight):
         return None
     if len(weight) < 3:
-        return f"weight {node.input[1]} has rank {len(weight)}, expected [M, C/group, k...]"
+        return f"weight {inputs[1]} has rank {len(weight)}, expected [M, C/group, k...]"
     if weight[0] % group:
-        return f"weight {node.input[1]} has {weight[0]} filters, not a multiple of group {group}"
-    if len(node.input) > 2 and node.input[2]:
-        bias = _shape(dims, node.input[2])
+        return f"weight {inputs[1]} has {weight[0]} filters, not a multiple of group {group}"
+    if len(inputs) > 2 and inputs[2]:
+        bias = dims.get(inputs[2])
         if bias is not None and (len(bias) != 1 or bias[0] != weight[0]):
-            return f"bias {node.input[2]} has shape {bias}, expected [{weight[0]}] (one per output channel)"
-    channels = _channels(_shape(dims, node.input[0]))
+            return f"bias {inputs[2]} has shape {list(bias)}, expected [{weight[0]}] (one per output channel)"
+    channels = _channels(dims.get(inputs[0]))
     if channels is not None and channels != weight[1] * group:
-        return (f"input {node.input[0]} has {channels} channels, but weight {node.input[1]} {weight} with group "
+        return (f"input {inputs[0]} has {channels} channels, but weight {inputs[1]} {list(weight)} with group "
                 f"{group} takes {weight[1] * group}")
     return None
 
@@ -120,16 +159,17 @@ def _resize(node, dims, constants) -> str | None:
 
 
 def _batchnorm(node, dims, constants) -> str | None:
-    lengths = {}
-    for name in node.input[1:5]:
-        shape = _shape(dims, name)
-        if shape is not None and len(shape) == 1 and isinstance(shape[0], int):
-            lengths[name] = shape[0]
-    channels = _channels(_shape(dims, node.input[0]))
-    expected = channels if channels is not None else next(iter(lengths.values()), None)
-    for name, length in lengths.items():
-        if length != expected:
-            return f"{name} has {length} values, expected {expected} (one per channel)"
+    inputs = list(node.input)
+    get = dims.get
+    expected = _channels(get(inputs[0]))
+    for name in inputs[1:5]:
+        shape = get(name)
+        if shape is None or len(shape) != 1 or not isinstance(shape[0], int):
+            continue
+        if expected is None:
+            expected = shape[0]
+        elif shape[0] != expected:
+            return f"{name} has {shape[0]} values, expected {expected} (one per channel)"
     return None
 
 
