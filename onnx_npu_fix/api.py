@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import hashlib
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -337,12 +338,18 @@ def fix(model: onnx.ModelProto, options: FixOptions | None = None,
     reads it again instead of the pass manager keeping a copy of the model."""
     options = options or FixOptions()
     prepare(model, options)
-    reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options)
+    reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options, reference)
     return run_passes(model, options, list(passes) if passes is not None else select_passes(),
                       reference=reference, on_serialized=on_serialized, reload=reload)
 
 
-def _read_prepared(path: str, options: FixOptions) -> onnx.ModelProto:
-    model = read_model(path).model
+def _read_prepared(path: str, options: FixOptions, reference: Reference | None = None) -> onnx.ModelProto:
+    """The input read again (a rollback to it), proven to be the bytes the reference was built from."""
+    loaded = read_model(path, keep_bytes=True)
+    expected = reference.digest() if reference is not None else None
+    if expected is not None and (loaded.data is None or hashlib.sha256(loaded.data).digest() != expected):
+        raise InputError(f"{path} changed while npufix ran (it no longer holds the bytes that were read); "
+                         f"nothing written: rerun on a file that stays put")
+    model = loaded.model
     prepare(model, options)
     return model

@@ -192,6 +192,7 @@ class Reference:
         self._closing = False
         self._source: str | bytes | None = source
         self._read_from = read_from
+        self._digest: concurrent.futures.Future = concurrent.futures.Future()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="npufix-reference")
         self._outputs = self._executor.submit(self._work)
 
@@ -199,6 +200,7 @@ class Reference:
         source, self._source = self._source, None
         if isinstance(source, bytes) and self._read_from is not None:
             path, digest = self._read_from, hashlib.sha256(source).digest()
+            self._digest.set_result(digest)
             del source  # from here on the file is read in place and compared with what was read by its digest
             try:
                 runner = Runner(None, model_path=path)
@@ -210,6 +212,7 @@ class Reference:
                 runner.close()
                 raise _changed(path)
         else:
+            self._digest.set_result(None)
             runner = Runner(None, model_path=source) if isinstance(source, str) else Runner(None, data=source)
             del source
         try:
@@ -221,6 +224,10 @@ class Reference:
             return outputs
         finally:
             runner.close()
+
+    def digest(self) -> bytes | None:
+        """SHA-256 of the bytes read from ``read_from`` (None without one): what that file must still hold."""
+        return self._digest.result()
 
     def run(self, feeds: Sequence[Feeds]) -> None:
         """Start the runs on ``feeds`` (once)."""

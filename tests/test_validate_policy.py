@@ -387,3 +387,44 @@ def test_extra_sets_stay_within_the_memory_budget():
     model = _model(nodes, [_vi("x", [1 << 20])], [_vi("peak", []), _vi("big", [1 << 20])], opset=13)
     n = sets_for_approximate(model)
     assert 1 <= n and n * 2 * (4 << 20) <= MAX_EXTRA_BYTES
+
+
+class _BreakAndReplaceInput:
+    """A failing pass (doubles the weight) that also replaces the input file with another valid model, as a
+    concurrent download would, once the reference has been built and checked: the rollback to the input must
+    not restore that other model."""
+
+    name = "break-and-replace"
+    summary = "test pass"
+    exact = True
+    keeps_shapes = False
+
+    def __init__(self, path, other, reference):
+        self.path, self.other, self.reference = path, other, reference
+
+    def may_change(self, model, options):
+        return True
+
+    def run(self, model, options):
+        from onnx_npu_fix.passes.base import Change, PassResult
+
+        self.reference.outputs()  # built from the file, checked against the bytes read, run
+        onnx.save(self.other, str(self.path))
+        w = model.graph.initializer[0]
+        w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * 2, w.name))
+        return PassResult(changes=[Change("w", "initializer", "doubled")])
+
+
+def test_a_rollback_never_restores_a_replaced_input(tmp_path):
+    path = _save(_conv_model(weight_shape=(8, 4, 3, 3)), tmp_path / "m.onnx")
+    other = _conv_model(weight_shape=(8, 4, 3, 3))
+    other.graph.node[1].op_type = "Sigmoid"  # valid, and computes something else
+    loaded = api.read_model(path, keep_bytes=True)
+    options = FixOptions(keep_going=True)
+    reference = api.start_reference(loaded, options)
+    try:
+        with pytest.raises(InputError, match="changed while npufix ran"):
+            api.fix(loaded.model, options, [_BreakAndReplaceInput(path, other, reference)], reference=reference,
+                    source=path)
+    finally:
+        reference.close()
