@@ -322,7 +322,12 @@ def start_reference(source: LoadedModel | str | os.PathLike, options: FixOptions
         if approx_model_bytes(source.model) >= TWO_GB:
             return None
         return Reference(source.model.SerializeToString())
-    return Reference(data, read_from=os.path.abspath(source.path))
+    path = os.path.abspath(source.path)
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # onnxruntime only opens UTF-8 paths: it gets the bytes read instead
+        return Reference(data)
+    return Reference(data, read_from=path)
 
 
 def fix(model: onnx.ModelProto, options: FixOptions | None = None,

@@ -4,6 +4,7 @@ the reference comes from the bytes read, real validation data, measured approxim
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import onnx
@@ -428,3 +429,14 @@ def test_a_rollback_never_restores_a_replaced_input(tmp_path):
                     source=path)
     finally:
         reference.close()
+
+
+def test_a_file_name_that_is_not_utf8_is_still_validated(tmp_path):
+    name = os.fsdecode(b"m\xff.onnx")  # a surrogate-escaped byte: onnxruntime cannot open this path
+    path = tmp_path / name
+    try:
+        _save(_conv_model(weight_shape=(6, 4, 3, 3), bias=6), path)
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("the file system does not take a non-UTF-8 name")
+    result = _fix_with_reference(path)
+    assert result.ok and result.report.final is not None and result.report.final.passed
