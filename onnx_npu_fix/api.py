@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import hashlib
 import os
 import tempfile
 import time
@@ -37,6 +38,7 @@ from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.pipeline import FixResult, prepare, run_passes
 from onnx_npu_fix.report import FixReport
+from onnx_npu_fix.structure import structural_problem
 from onnx_npu_fix.validate import Reference
 
 
@@ -46,6 +48,9 @@ class LoadedModel:
     path: str
     external_files: set[str]
     """Absolute paths of the external data files the model was read from (empty for a self-contained file)."""
+    data: bytes | None = None
+    """The bytes read, for a self-contained file read with ``keep_bytes`` (None otherwise, or once
+    :func:`start_reference` took them)."""
 
 
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
@@ -53,8 +58,9 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     return read_model(path).model
 
 
-def read_model(path: str | os.PathLike) -> LoadedModel:
-    """:func:`load_model`, also saying which external data files the model came from."""
+def read_model(path: str | os.PathLike, *, keep_bytes: bool = False) -> LoadedModel:
+    """:func:`load_model`, also saying which external data files the model came from. ``keep_bytes``: keep the
+    file's bytes in ``LoadedModel.data`` for :func:`start_reference` (which takes them over)."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
@@ -105,7 +111,10 @@ def read_model(path: str | os.PathLike) -> LoadedModel:
             onnx.checker.check_model(path)
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{path}: the model fails the onnx checker: {first_line(exc)}") from None
-    return LoadedModel(model, path, external)
+    problem = structural_problem(model)
+    if problem:
+        raise InputError(f"{path}: invalid model: {problem}")
+    return LoadedModel(model, path, external, raw if keep_bytes and not external and not sparse else None)
 
 
 def _check_external_sizes(model: onnx.ModelProto, path: str, names: set[str]) -> None:
@@ -352,20 +361,34 @@ def list_passes(plugins: Sequence[str | type[Pass]] = ()) -> list[tuple[type[Pas
     return rows
 
 
-def start_reference(path: str | os.PathLike, options: FixOptions) -> Reference | None:
-    """Start computing the original's outputs from the file at ``path`` on a worker thread, while the passes
-    run (pass the result to :func:`fix`, and close it when done). Call it after :func:`read_model` accepted the
-    file: onnxruntime should only see models the onnx checker passed. None when the run will not validate, or when
-    ``--input-shape`` overrides make the file's own shapes the wrong ones to run."""
+def start_reference(source: LoadedModel | str | os.PathLike, options: FixOptions) -> Reference | None:
+    """Start computing the original's outputs on a worker thread, while the passes run (pass the result to
+    :func:`fix`, and close it when done). ``source``: what :func:`read_model` returned; onnxruntime should only
+    see models the onnx checker passed. The reference is the model as read: for a self-contained file,
+    onnxruntime loads the file and the bytes read (``source.data``, taken over and let go once hashed) prove that
+    it loaded those bytes — a file replaced or removed meanwhile stops the run with InputError (see
+    validate.Reference); for a model with external data, the model in memory, serialized now. None when the run
+    will not validate, when ``--input-shape`` overrides or repeated node names (which onnxruntime refuses,
+    :func:`fix` renames) make the model as read the wrong one to run, or when a model above 2 GB leaves the pass
+    manager to compute the reference itself."""
+    if not isinstance(source, LoadedModel):
+        source = read_model(source, keep_bytes=True)
+    data, source.data = source.data, None  # taken over, even when not used: no copy outlives this call
     if options.validate == "none" or options.input_shapes:
         return None
-    path = os.fspath(path)
+    names = [node.name for node in source.model.graph.node if node.name]
+    if len(set(names)) != len(names):
+        return None  # onnxruntime refuses repeated node names: the pass manager runs the renamed (prepared) model
+    if data is None:
+        if approx_model_bytes(source.model) >= TWO_GB:
+            return None
+        return Reference(source.model.SerializeToString())
+    path = os.path.abspath(source.path)
     try:
         path.encode("utf-8")
-    except UnicodeEncodeError:  # a file name that is not UTF-8: onnxruntime only takes UTF-8 paths; give it bytes
-        with open(path, "rb") as f:
-            return Reference(f.read())
-    return Reference(path)
+    except UnicodeEncodeError:  # onnxruntime only opens UTF-8 paths: it gets the bytes read instead
+        return Reference(data)
+    return Reference(data, read_from=path)
 
 
 def fix(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None = None,
@@ -376,7 +399,7 @@ def fix(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None =
 
     ``model``: an ONNX ModelProto, which is left as it is (the passes work on a copy: FixResult.model), or the
     path of an .onnx file, read with :func:`read_model` (no copy needed).
-    ``reference``: from :func:`start_reference` on the file ``model`` was read from (unchanged since).
+    ``reference``: from :func:`start_reference` on what :func:`read_model` returned (``model`` unchanged since).
     ``on_serialized``: called with the output's bytes before its last validation runs (e.g. EarlyWrite.start);
     FixResult.serialized is that same object when they are the result.
     ``source``: the file ``model`` was read from by :func:`read_model`, unchanged since: a rollback to the input
@@ -404,7 +427,7 @@ def _fix_in_place(model: onnx.ModelProto, options: FixOptions | None = None,
     options = options or FixOptions()
     prepare(model, options)
     before = model_cost(model, options.act_bytes)  # the model is edited in place: its cost is taken now
-    reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options)
+    reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options, reference)
     frozen, own_reference = _freeze(model, options, reference)
     try:
         result = run_passes(model, options, list(passes) if passes is not None else select_passes(),
@@ -437,8 +460,14 @@ def _freeze(model: onnx.ModelProto, options: FixOptions,
     return frozen, (Reference(original) if original is not None else None)
 
 
-def _read_prepared(path: str, options: FixOptions) -> onnx.ModelProto:
-    model = read_model(path).model
+def _read_prepared(path: str, options: FixOptions, reference: Reference | None = None) -> onnx.ModelProto:
+    """The input read again (a rollback to it), proven to be the bytes the reference was built from."""
+    loaded = read_model(path, keep_bytes=True)
+    expected = reference.digest() if reference is not None else None
+    if expected is not None and (loaded.data is None or hashlib.sha256(loaded.data).digest() != expected):
+        raise InputError(f"{path} changed while npufix ran (it no longer holds the bytes that were read); "
+                         f"nothing written: rerun on a file that stays put")
+    model = loaded.model
     prepare(model, options)
     if options.freeze_inputs:
         freeze_inputs(model, options.freeze_inputs)
@@ -540,9 +569,9 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
     reference = None
     early = EarlyWrite(output)
     try:
-        loaded = read_model(path)
+        loaded = read_model(path, keep_bytes=True)
         # Only a model that passed the onnx checker goes to onnxruntime: malformed graphs can crash it.
-        reference = start_reference(path, options)
+        reference = start_reference(loaded, options)
         check_output_path(output, path, protected=loaded.external_files)
         if report_path:
             check_run_paths(path, output, report_path, loaded.external_files)

@@ -136,6 +136,13 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--validate", "validate_policy", type=click.Choice(["each", "final", "none"]), default="each",
               show_default=True, help="Validate after every changed pass, once at the end, or never.")
 @click.option("--no-validate", is_flag=True, help="Same as --validate none.")
+@click.option("--validation-data", type=click.Path(), default=None, metavar="FILE.npz|DIR",
+              help="Validate on these inputs instead of generated ones: an .npz keyed by input name (one set), "
+                   "or a folder of .npz files / <input>.npy files.")
+@click.option("--input-range", multiple=True, metavar="NAME:LO,HI",
+              help="Range of generated values for an input (repeatable): floats uniform, integers inclusive.")
+@click.option("--strict", is_flag=True,
+              help="Refuse any approximate change (exit 4, nothing written) instead of measuring it.")
 @click.option("--keep-going", is_flag=True,
               help="Roll back a pass that fails validation and continue (default: stop, write nothing).")
 # --- fitting SRAM (README "Fitting SRAM"): segments, user cuts, the memory picture ---------------------------
@@ -371,6 +378,7 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
         click.echo(render_shapes(checked.shapes))
     _print_fitting(outcome, quiet)
     _say(quiet, f"wrote {outcome.written}")
+    _print_validation_verdict(report, quiet)
 
 
 def _print_fitting(outcome, quiet: bool) -> None:
@@ -407,6 +415,7 @@ _OPTION_FIELDS = {
     "max_rank": "max_rank", "sram": "sram_bytes", "act_bytes": "act_bytes", "large_tensor": "large_tensor_bytes",
     "input_shape": "input_shapes", "seed": "seed", "n_inputs": "n_inputs", "rtol": "rtol", "atol": "atol",
     "validate_policy": "validate", "keep_going": "keep_going", "freeze_input": "freeze_inputs",
+    "validation_data": "validation_data", "input_range": "input_ranges", "strict": "strict",
 }
 
 
@@ -427,6 +436,13 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any],
             from onnx_npu_fix.freeze import parse_freeze_spec
 
             value = dict(parse_freeze_spec(spec) for spec in value)
+        elif param == "input_range":
+            from onnx_npu_fix.inputs import parse_input_ranges
+
+            try:
+                parse_input_ranges(value)
+            except InputError as exc:
+                raise click.BadParameter(str(exc), param_hint="--input-range") from None
         elif param == "sram" and value is not None:
             from onnx_npu_fix.targets import parse_size
 
@@ -487,6 +503,7 @@ def _render_pass_list(rows) -> str:
 
 
 def _print_passes(report, quiet: bool, verbose: int) -> None:
+    from onnx_npu_fix.pipeline import NOT_VALIDATED
     from onnx_npu_fix.report import render_pass_line
 
     for record in report.passes:
@@ -499,11 +516,23 @@ def _print_passes(report, quiet: bool, verbose: int) -> None:
                 _say(quiet, f"    kept {rejection.node} ({rejection.op}): {rejection.reason}")
         for warning in record.warnings:
             _say(quiet, f"    warning: {warning}")
-    if report.validation_note:
+    if report.validation_note and report.validation_note != NOT_VALIDATED:  # that one ends the summary
         _say(quiet, f"note: {report.validation_note}")
     if verbose > 1:
         for warning in report.warnings:
             _say(quiet, warning)
+
+
+def _print_validation_verdict(report, quiet: bool) -> None:
+    """The summary's last line when the output is not fully validated or not exact."""
+    from onnx_npu_fix.pipeline import NOT_VALIDATED
+    from onnx_npu_fix.report import approximation_summary
+
+    if report.validation_note == NOT_VALIDATED:
+        _say(quiet, report.validation_note)
+    approximate = approximation_summary(report)
+    if approximate:
+        _say(quiet, approximate)
 
 
 def _say(quiet: bool, text: str) -> None:

@@ -16,7 +16,8 @@ Each check is driven by a :class:`~onnx_npu_fix.options.FixOptions` field and na
   batchnorm           a BatchNormalization, unless ``allow_batchnorm``         -> fold-batchnorm
   resize-mode         Resize/Upsample not nearest (``require_nearest_resize``) -> resize-nearest
   max-rank            an activation of rank above ``max_rank``                 -> no pass
-  batch-one           batch (axis 0) above 1, where it starts (``batch_one``)  -> no pass
+  batch-one           batch above 1, where it starts (``batch_one``); only on tensors whose axis 0 is traced
+                      to a graph input's batch (batch_axis.py), never an arbitrary axis 0  -> no pass
   forbidden-op        an op type in ``forbidden_ops``                          -> no pass
   leftover-op         a Dropout / Identity still in the graph                  -> cleanup
   max-kernel          Conv kernel extent above ``max_kernel``                  -> no pass
@@ -44,6 +45,7 @@ from typing import Any
 
 import onnx
 
+from onnx_npu_fix.batch_axis import batch_tensors
 from onnx_npu_fix.graph import GraphIndex, Shape, format_shape, get_attr, has_subgraphs, paused_gc
 from onnx_npu_fix.memory import (
     MemoryEstimate,
@@ -221,6 +223,8 @@ def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = F
         if inference_error:
             ctx.found.append(Violation("(graph)", "(model)", "shape-inference", inference_error, "consistent shapes",
                                        None, "onnx shape inference fails; the vendor compiler will likely fail too"))
+        if options.batch_one:
+            ctx.batch_sources, ctx.batch = batch_tensors(index)
         ctx.dynamic_in = _check_graph_inputs(ctx)
         if options.align > 0:
             ctx.input_fixed = _input_fixed(index, ctx.const)
@@ -245,6 +249,9 @@ class _Context:
     const: set[str]
     dynamic_in: bool = False
     input_fixed: set[str] = field(default_factory=set)
+    batch_sources: set[str] = field(default_factory=set)
+    """Graph inputs whose axis 0 is the batch, and every tensor it is traced to (batch-one; batch_axis.py)."""
+    batch: set[str] = field(default_factory=set)
     found: list[Violation] = field(default_factory=list)
     exempt: list[Violation] = field(default_factory=list)
 
@@ -277,7 +284,7 @@ def _check_graph_inputs(ctx: _Context) -> bool:
         if options.max_rank is not None and len(shape) > options.max_rank:
             ctx.found.append(Violation(name, "graph input", "max-rank", len(shape), options.max_rank, None,
                                        f"graph input {name} {format_shape(shape)}"))
-        if options.batch_one and len(shape) >= 2 and shape[0] > 1:
+        if options.batch_one and name in ctx.batch_sources and shape[0] > 1:
             ctx.found.append(Violation(name, "graph input", "batch-one", shape[0], 1, None,
                                        f"graph input {name} {format_shape(shape)}; if the model allows it, "
                                        f"--input-shape {name}:1,... runs it with batch 1"))
@@ -568,9 +575,11 @@ def _check_outputs(ctx: _Context, node: onnx.NodeProto) -> None:
         assert shape is not None
         if options.max_rank is not None and len(shape) > options.max_rank:
             ctx.add(node, "max-rank", len(shape), options.max_rank, None, f"{out} {format_shape(shape)}")
-        if options.batch_one and len(shape) >= 3 and isinstance(shape[0], int) and shape[0] > 1:
-            # Report where batch > 1 starts, not every tensor downstream of it.
-            if not any(_batch(index.shape(i)) > 1 for i in node.input if i and i not in const):
+        if (options.batch_one and out in ctx.batch and out not in ctx.batch_sources and isinstance(shape[0], int)
+                and shape[0] > 1):
+            # Report where batch > 1 starts (Expand, Tile, a broadcast), not every tensor downstream of it.
+            traced_in = [index.shape(i) for i in node.input if i in ctx.batch]
+            if traced_in and all(s and isinstance(s[0], int) and s[0] <= 1 for s in traced_in):
                 hint = "; --s2b-layout spatial or channel keeps batch 1" if options.s2b_layout == "batch" else ""
                 ctx.add(node, "batch-one", shape[0], 1, None,
                         f"{out} {format_shape(shape)}: batch > 1 starts here{hint}")
@@ -593,12 +602,6 @@ def _unknown_shape(index: GraphIndex, node: onnx.NodeProto, out: str, shape: Sha
                          "evaluates")
     return Violation(node.name, node.op_type, "unknown-shape", format_shape(shape), "static", None,
                      f"shape of {out} depends on data (or on an op without shape inference)")
-
-
-def _batch(shape: Shape | None) -> int:
-    if shape is None or len(shape) < 3 or not isinstance(shape[0], int):
-        return 0
-    return shape[0]
 
 
 def _memory_violation(memory: MemoryEstimate) -> Violation:

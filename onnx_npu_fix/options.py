@@ -64,6 +64,15 @@ class FixOptions:
     """Outputs made by a DequantizeLinear pass when ``|a - b| <= quant_steps * scale`` (their own step)."""
     keep_going: bool = False
     """Roll back a pass that fails validation and continue, instead of failing the run."""
+    # --- validation data and approximations (README, "How it validates") ---------------------------
+    validation_data: str | None = None
+    """An .npz file (one input set) or a folder of .npz / <input>.npy files: the validation inputs, instead of
+    generated ones (see onnx_npu_fix.inputs)."""
+    input_ranges: tuple[str, ...] = ()
+    """``NAME:LO,HI`` per graph input: the range of its generated values (floats uniform, integers inclusive);
+    parsed by inputs.parse_input_ranges."""
+    strict: bool = False
+    """Refuse any approximate change (StrictRefused, exit 4) instead of measuring it against max_approx_error."""
     # --- constraints checked by --check and after a fixing run (target profiles set these) ----------
     allowed_dilations: tuple[int, ...] | None = None
     """If set, every Conv dilation must be in this set (e.g. MDLA {1,2,4,8}); else only max_dilation."""

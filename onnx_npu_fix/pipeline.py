@@ -14,6 +14,10 @@ The original's outputs are computed once, in the background while the passes run
 validated model are carried forward. Finally the output model is compared with the original (reusing the last
 outputs: no extra session). A failing pass stops the run (nothing is written) unless ``keep_going`` is set,
 which restores the model as it was before that pass and continues with the next one.
+
+The inputs come from onnx_npu_fix.inputs (loaded data, or seeded sets, more of them when an approximate change
+may be measured). An original onnxruntime cannot run is an InputError, never a silently unvalidated run; with
+``strict`` an approximate change is a StrictRefused.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from onnx_npu_fix.errors import InputError, first_line
+from onnx_npu_fix.errors import InputError, StrictRefused, first_line
 from onnx_npu_fix.graph import (
     TWO_GB,
     approx_model_bytes,
@@ -37,9 +41,10 @@ from onnx_npu_fix.graph import (
     remove_unused,
     set_input_shapes,
 )
+from onnx_npu_fix.inputs import validation_feeds
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass
-from onnx_npu_fix.report import FixReport, PassRecord
+from onnx_npu_fix.report import EXACT_ALTERNATIVE, FixReport, PassRecord
 from onnx_npu_fix.validate import (
     Comparison,
     Feeds,
@@ -48,13 +53,25 @@ from onnx_npu_fix.validate import (
     Runner,
     compare,
     compare_quantized,
-    make_inputs,
     quantized_output_steps,
     runtime_errors,
 )
 
 log = logging.getLogger("onnx_npu_fix")
 
+NOT_VALIDATED = "validation: none (requested): nothing was compared with the original"
+"""FixReport.validation_note of a run with validate="none" (the CLI prints it as the summary's last line)."""
+
+
+def strict_message(record: PassRecord) -> str:
+    """The one-line --strict refusal of an approximate change by ``record``'s pass."""
+    nodes = record.metrics.get("approximate_nodes") or [c.node for c in record.changes
+                                                        if c.detail.get("exact") is False]
+    shown = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+    alternative = EXACT_ALTERNATIVE.get(record.name)
+    hint = f"use {alternative}, or drop --strict" if alternative else f"--skip {record.name}, or drop --strict"
+    return (f"--strict: pass {record.name} would change {len(nodes) or 'some'} node(s) approximately"
+            f"{f' ({shown})' if shown else ''}; nothing written ({hint} to accept it measured)")
 
 
 @dataclass
@@ -99,7 +116,10 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     """Run ``passes`` over ``model`` (edited in place) and return it with the report.
 
     Call :func:`prepare` first. Never raises for a failing pass: the report says which pass failed and why.
-    Raises InputError when validation needs inputs it cannot generate (dynamic input shapes).
+    Raises InputError when validation needs inputs it cannot generate (dynamic input shapes, an integer input
+    that sets a shape) or cannot use (``validation_data``), and when onnxruntime cannot run the original (then
+    nothing can be validated; only ``validate="none"`` goes on). Raises StrictRefused when ``strict`` is set and
+    a pass made an approximate change.
     ``reference``: the original's outputs already under way (api.start_reference), else they are computed from
     ``model`` as it is now, in the background while the passes run.
     ``on_serialized``: called with the bytes of the model after the last pass, before their final validation
@@ -111,7 +131,9 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     """
     started = time.perf_counter()
     report = FixReport()
-    validator = _Validator(model, options, report, reference=reference, reference_feeds=reference_feeds)
+    approximate = any(not p.exact and p.may_change(model, options) for p in passes)
+    validator = _Validator(model, options, report, reference=reference, approximate=approximate,
+                           reference_feeds=reference_feeds)
     try:
         data = _Run(model, options, list(passes), report, validator, on_serialized, reload).run()
     finally:
@@ -207,6 +229,8 @@ class _Run:
                 # steps add up through the layers after it (5 at the QDQ U-Net's mask), so the output is not
                 # "exact within k steps". Measured alone, against --max-approx-error, steps reported.
                 record.exact = False
+            if self.options.strict and result.changed and not record.exact:
+                raise StrictRefused(strict_message(record))
             if not result.changed:
                 i += 1
                 continue
@@ -280,6 +304,7 @@ class _Run:
         report, validator, data = self.report, self.validator, self.data
         if report.failed_pass is not None and not self.options.keep_going:
             return None
+        validator.require_original()
         problem = None
         if not self.each and validator.changed:
             # Without per-pass validation the checker still runs once, before anything is written. The model
@@ -362,7 +387,8 @@ class _Validator:
     """
 
     def __init__(self, model: onnx.ModelProto, options: FixOptions, report: FixReport, *,
-                 reference: Reference | None = None, reference_feeds: Feeds | None = None) -> None:
+                 reference: Reference | None = None, reference_feeds: Feeds | None = None,
+                 approximate: bool = False) -> None:
         self.options = options
         self.report = report
         self.feeds: list[Feeds] = []
@@ -373,9 +399,11 @@ class _Validator:
         self.changed = False
         self.steps: dict[str, np.ndarray] = {}
         if options.validate == "none":
-            report.validation_note = "validation disabled (--no-validate)"
+            report.validation_note = NOT_VALIDATED
             return
-        self.feeds = make_inputs(model, options.n_inputs, options.seed)
+        self.feeds = validation_feeds(model, n_inputs=options.n_inputs, seed=options.seed,
+                                      data=options.validation_data, ranges=options.input_ranges,
+                                      approximate=approximate and not options.strict)
         # Outputs made by a DequantizeLinear are judged in quantization steps (graph output names never change).
         self.steps = quantized_output_steps(model)
         if reference is None and approx_model_bytes(model) >= TWO_GB:
@@ -392,16 +420,27 @@ class _Validator:
     def _settle(self, compute) -> None:  # noqa: ANN001 - a zero-argument callable returning the outputs
         try:
             self._original = compute()
-        except runtime_errors() as exc:  # the runtime's refusal is information, not a crash
-            self.report.validation_note = (f"onnxruntime cannot run the original model ({first_line(exc)}); "
-                                           f"passes are validated from the first model it can run")
-            self._original = None
+        except runtime_errors() as exc:
+            # Without the original's outputs nothing can be validated, and nothing is written unvalidated
+            # unless the user asked for it.
+            raise InputError(f"onnxruntime cannot run the original model ({first_line(exc)}), so no change "
+                             f"could be validated; nothing written (fix the model, or --validate none to write "
+                             f"it unvalidated)") from None
         self._current = self._original
 
     def _wait(self) -> None:
         if self._reference is not None:
             reference, self._reference = self._reference, None
-            self._settle(reference.outputs)
+            try:
+                self._settle(reference.outputs)
+            finally:
+                reference.close()
+
+    def require_original(self) -> None:
+        """Raise InputError unless the original's outputs exist (or validation is off): a run that changed
+        nothing still proves that the model it hands back runs."""
+        if self.options.validate != "none":
+            self._wait()
 
     @property
     def original(self) -> list[Outputs] | None:
@@ -454,19 +493,9 @@ class _Validator:
             # (two models computing at once would only fight over the cores).
             outputs = self._run(model, data, before_runs=self._wait)
         except runtime_errors() as exc:
-            if self.current is None:
-                for record in records:
-                    self.accept_unvalidated(record)
-                return None, data
+            self._wait()  # an original that cannot run either is the input's problem, not this pass's
             return f"onnxruntime cannot run the model after this pass: {first_line(exc)}", data
-        if self.current is None:
-            # The first model the runtime accepts becomes the reference for every later pass.
-            for record in records:
-                record.status = "not validated"
-                self._accept(record)
-            records[-1].warnings.append("first model onnxruntime can run: later passes are validated against it")
-            self._current = outputs
-            return None, data
+        assert self.current is not None  # the original ran (else _wait raised)
         exact = all(r.exact for r in records)
         comparison = self._compare(self.current, outputs, exact=exact)
         for record in records:

@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -243,3 +244,32 @@ def write_json(path: str, data: Any) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+EXACT_ALTERNATIVE = {"resize-nearest": "--resize-mode exact"}
+"""What makes each approximate pass exact instead (named by --strict refusals and the APPROXIMATE line)."""
+
+
+def approximation_summary(report: FixReport) -> str | None:
+    """The summary's loud last line when the output holds approximate changes, e.g.
+    ``APPROXIMATE: resize-nearest changed 3 Resize (rel L2 0.18 max) — use --resize-mode exact or --strict``;
+    None when every change kept is exact."""
+    parts, hints = [], []
+    for record in report.passes:
+        if record.exact or record.status not in ("validated", "not validated") or not record.changes:
+            continue
+        approximate = [c for c in record.changes if c.detail.get("exact") is False] or [
+            c for c in record.changes if c.action not in ("removed dead node", "removed unused initializer")]
+        counts = Counter(c.op for c in approximate)
+        parts.append(f"{record.name} changed {', '.join(f'{n} {op}' for op, n in counts.items())}")
+        hint = EXACT_ALTERNATIVE.get(record.name)
+        if hint and hint not in hints:
+            hints.append(hint)
+    if not parts:
+        return None
+    final = report.final
+    if final is not None and final.outputs:
+        measured = f"rel L2 {max(o.rel_l2 for o in final.outputs):.2g} max"
+    else:
+        measured = "not measured"
+    return f"APPROXIMATE: {'; '.join(parts)} ({measured}) — use {' or '.join([*hints, '--strict'])}"

@@ -7,9 +7,11 @@ would make an original and a wrongly folded model look alike, and session creati
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
+import math
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,10 +49,12 @@ _NUMPY_OF_ONNX = {
 }
 
 
-def make_inputs(model: onnx.ModelProto, n: int, seed: int) -> list[Feeds]:
+def make_inputs(model: onnx.ModelProto, n: int, seed: int, *,
+                ranges: Mapping[str, tuple[float, float]] | None = None) -> list[Feeds]:
     """``n`` input sets from one seeded generator: floats ~ N(0, 1), integers in [0, 8), bools fair coins.
 
-    Integer inputs stay small and non-negative because they are usually indices or lengths.
+    Integer inputs stay small and non-negative because they are usually indices or lengths. ``ranges``: per
+    input, floats uniform in [lo, hi) and integers in [lo, hi] instead (``--input-range``).
     Raises InputError when an input's shape is not static.
     """
     dynamic = dynamic_inputs(model)
@@ -71,7 +75,7 @@ def make_inputs(model: onnx.ModelProto, n: int, seed: int) -> list[Feeds]:
         if dtype is None:
             raise InputError(f"input '{vi.name}' has element type "
                              f"{onnx.TensorProto.DataType.Name(elem)}, which validation cannot generate; "
-                             f"use --no-validate")
+                             f"give its values with --validation-data FILE.npz, or use --no-validate")
         shape = tuple(shape_of_value_info(vi) or ())
         nbytes = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
         if nbytes * n > _MAX_INPUT_BYTES:
@@ -82,7 +86,9 @@ def make_inputs(model: onnx.ModelProto, n: int, seed: int) -> list[Feeds]:
     for _ in range(n):
         feed: Feeds = {}
         for name, shape, dtype in specs:
-            if np.issubdtype(dtype, np.floating):
+            if ranges and name in ranges:
+                feed[name] = _in_range(rng, shape, dtype, *ranges[name])
+            elif np.issubdtype(dtype, np.floating):
                 feed[name] = rng.standard_normal(shape).astype(dtype)
             elif dtype == np.bool_:
                 feed[name] = rng.integers(0, 2, shape).astype(np.bool_)
@@ -90,6 +96,24 @@ def make_inputs(model: onnx.ModelProto, n: int, seed: int) -> list[Feeds]:
                 feed[name] = rng.integers(0, 8, shape).astype(dtype)
         feeds.append(feed)
     return feeds
+
+
+def numpy_dtype(elem_type: int) -> type | None:
+    """The numpy type of an ONNX element type validation can feed (None: one it cannot, e.g. strings)."""
+    return _NUMPY_OF_ONNX.get(elem_type)
+
+
+def _in_range(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, lo: float, hi: float) -> np.ndarray:
+    """Values for ``--input-range``: floats uniform in [lo, hi), integers in [lo, hi], bools in {lo, hi} & {0, 1}."""
+    if np.issubdtype(dtype, np.floating):
+        return rng.uniform(lo, hi, shape).astype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(max(0, math.ceil(lo)), min(1, math.floor(hi)) + 1, shape).astype(np.bool_)
+    info = np.iinfo(dtype)
+    low, high = max(info.min, math.ceil(lo)), min(info.max, math.floor(hi))
+    if low > high:
+        raise InputError(f"--input-range {lo:g},{hi:g} holds no {np.dtype(dtype).name} value")
+    return rng.integers(low, high, shape, endpoint=True).astype(dtype)
 
 
 def runtime_errors() -> tuple[type[BaseException], ...]:
@@ -156,17 +180,44 @@ class Reference:
 
     The session is built as soon as the model file has passed the onnx checker, while npufix rewrites it; the
     runs start when :meth:`run` hands over the inputs. onnxruntime releases the GIL while it works, and its idle
-    workers do not spin (see Runner), so the passes keep a core. ``source``: a file path or serialized bytes.
+    workers do not spin (see Runner), so the passes keep a core. ``source``: serialized bytes, or a file path.
+
+    ``read_from``: the file ``source`` (bytes) was read from. onnxruntime then loads that file — given bytes it
+    copies them twice while it builds the session (+380 MB at a 190 MB model; a file it streams into its tensors)
+    — and the Reference checks that the file still holds exactly ``source`` (SHA-256 of the bytes read, taken
+    before they are let go, against the file's once the session is built). When it does not (replaced, rewritten
+    or removed since it was read), the outputs raise InputError: the reference is the model that was read, or
+    there is none and the run stops; validation is never silently off.
     """
 
-    def __init__(self, source: str | bytes) -> None:
+    def __init__(self, source: str | bytes, *, read_from: str | None = None) -> None:
         self._feeds: concurrent.futures.Future = concurrent.futures.Future()
         self._closing = False
+        self._source: str | bytes | None = source
+        self._read_from = read_from
+        self._digest: concurrent.futures.Future = concurrent.futures.Future()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="npufix-reference")
-        self._outputs = self._executor.submit(self._work, source)
+        self._outputs = self._executor.submit(self._work)
 
-    def _work(self, source: str | bytes) -> list[Outputs]:
-        runner = Runner(None, model_path=source) if isinstance(source, str) else Runner(None, data=source)
+    def _work(self) -> list[Outputs]:
+        source, self._source = self._source, None
+        if isinstance(source, bytes) and self._read_from is not None:
+            path, digest = self._read_from, hashlib.sha256(source).digest()
+            self._digest.set_result(digest)
+            del source  # from here on the file is read in place and compared with what was read by its digest
+            try:
+                runner = Runner(None, model_path=path)
+            except (*runtime_errors(), OSError):
+                if file_digest(path) != digest:
+                    raise _changed(path) from None
+                raise
+            if file_digest(path) != digest:
+                runner.close()
+                raise _changed(path)
+        else:
+            self._digest.set_result(None)
+            runner = Runner(None, model_path=source) if isinstance(source, str) else Runner(None, data=source)
+            del source
         try:
             outputs = []
             for feeds in self._feeds.result():
@@ -176,6 +227,10 @@ class Reference:
             return outputs
         finally:
             runner.close()
+
+    def digest(self) -> bytes | None:
+        """SHA-256 of the bytes read from ``read_from`` (None without one): what that file must still hold."""
+        return self._digest.result()
 
     def run(self, feeds: Sequence[Feeds]) -> None:
         """Start the runs on ``feeds`` (once)."""
@@ -191,6 +246,23 @@ class Reference:
         if not self._feeds.done():
             self._feeds.set_exception(_NotNeeded())
         self._executor.shutdown(wait=True)
+
+
+def _changed(path: str) -> InputError:
+    return InputError(f"{path} changed while npufix ran (it no longer holds the bytes that were read); nothing "
+                      f"written: rerun on a file that stays put")
+
+
+def file_digest(path: str) -> bytes | None:
+    """SHA-256 of the file at ``path`` (None when unreadable)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(16 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.digest()
 
 
 class _NotNeeded(Exception):

@@ -718,3 +718,29 @@ def test_idempotent_second_run_leaves_the_model_identical():
     assert [n.SerializeToString() for n in again.graph.node] == [n.SerializeToString() for n in fixed.graph.node]
     assert [t.SerializeToString() for t in again.graph.initializer] == [
         t.SerializeToString() for t in fixed.graph.initializer]
+
+
+def test_tf_crop_and_resize_with_a_roi_is_not_carried():
+    # A channel roi [0.1, 0.9] in tf_crop_and_resize mode: channel c samples at 0.1 * (C-1) + 0.8 * c under the
+    # spec, which padding C would move (onnxruntime reads it otherwise and agrees); the padding is sliced off
+    # before the Resize.
+    b = _Builder()
+    h = b.conv("conv1", "x", 8, 20)
+    roi = b.const("roi", np.array([0, 0.1, 0, 1, 0.9, 1], np.float32))
+    h = b.op("Resize", [h, roi, b.const("scales", np.array([1, 1, 2], np.float32))], "crop",
+             mode="linear", coordinate_transformation_mode="tf_crop_and_resize")
+    b.conv("conv2", h, 20, 16)
+    model = b.model({"x": (1, 8, L)}, ["conv2"])
+    fixed, result = fix(model)
+    assert [r.reason for r in result.rejections if r.node == "crop"] == [
+        "tf_crop_and_resize with a roi on the channel axis: its crop depends on the channel count, so the "
+        "padding is sliced off before this Resize"]
+    crop = _node(fixed, "crop")
+    assert _shapes(fixed)[crop.input[0]][1] == 20  # the real channels reach it
+    # both readings of the Resize agree on the fixed model as on the original
+    from onnx.reference import ReferenceEvaluator
+
+    x = np.random.default_rng(0).standard_normal((1, 8, L)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    got = ReferenceEvaluator(fixed).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -7,6 +7,7 @@ import json
 import time
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -360,20 +361,80 @@ def test_rank_above_limit():
 
 
 def test_batch_above_one_where_it_starts():
-    # [1,8,4,4] -> Reshape [4,8,2,2] (batch 4 starts here) -> Relu (inherits) -> Reshape back
-    to_batch = numpy_helper.from_array(np.array([4, 8, 2, 2], np.int64), "to_batch")
-    back = numpy_helper.from_array(np.array([1, 8, 4, 4], np.int64), "back")
-    nodes = [helper.make_node("Reshape", ["x", "to_batch"], ["b"], name="s2b"),
-             helper.make_node("Relu", ["b"], ["q"], name="relu"),
-             helper.make_node("Reshape", ["q", "back"], ["y"], name="b2s")]
-    model = _model(nodes, [_vi("x", [1, 8, 4, 4])], [_vi("y", None)], [to_batch, back])
+    # x [1,8,4,4] -> conv -> Tile [4,1,1,1] (batch 4 starts here) -> Relu (inherits, not reported again)
+    repeats = numpy_helper.from_array(np.array([4, 1, 1, 1], np.int64), "repeats")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Tile", ["c", "repeats"], ["b"], name="tile"),
+             helper.make_node("Relu", ["b"], ["y"], name="relu")]
+    model = _model(nodes, [_vi("x", [1, 8, 4, 4])], [_vi("y", None)], [_w("w", (8, 8, 3, 3)), repeats])
     violations = find_violations(model, FixOptions(batch_one=True))
-    assert [(v.node, v.constraint, v.value) for v in violations] == [("s2b", "batch-one", 4)]
+    assert [(v.node, v.constraint, v.value) for v in violations] == [("tile", "batch-one", 4)]
     assert find_violations(model, FixOptions(batch_one=False)) == []
     two = _conv_chain()
     two.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
     assert [(v.node, v.op, v.constraint) for v in find_violations(two, FixOptions(batch_one=True))] == [
         ("x", "graph input", "batch-one")]
+
+
+def _batch_findings(model, **options):
+    return [v for v in find_violations(model, FixOptions(batch_one=True, **options)) if v.constraint == "batch-one"]
+
+
+def _batch_free_model(last):
+    """x [1,8,4,4] -> conv -> ``last`` nodes (whose output axis 0 is no batch) -> y."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]), *last]
+    return nodes, [_w("w", (8, 8, 3, 3))]
+
+
+def test_batch_one_ignores_axis_0_that_is_not_the_batch():
+    # ConvTasNet's decoder: [1,8,4,4] -> Reshape [2,4,16] (two sources) -> ConvTranspose (runs on each source)
+    nodes, inits = _batch_free_model([
+        helper.make_node("Reshape", ["c", "two"], ["s"], name="sources"),
+        helper.make_node("ConvTranspose", ["s", "wt"], ["y"], name="decoder")])
+    inits += [numpy_helper.from_array(np.array([2, 4, 16], np.int64), "two"), _w("wt", (4, 1, 3))]
+    model = _model(nodes, [_vi("x", [1, 8, 4, 4])], [_vi("y", None)], inits)
+    assert _batch_findings(model) == []
+    # a Transpose that moves axis 0 away: [1,8,4,4] -> [4,8,1,4] -> Relu
+    nodes, inits = _batch_free_model([
+        helper.make_node("Transpose", ["c"], ["t"], name="moves_axis0", perm=[2, 1, 0, 3]),
+        helper.make_node("Relu", ["t"], ["y"], name="relu")])
+    model = _model(nodes, [_vi("x", [1, 8, 4, 4])], [_vi("y", None)], inits)
+    assert _batch_findings(model) == []
+    # ... while one that keeps axis 0 keeps the batch: Tile after it is still reported
+    nodes, inits = _batch_free_model([
+        helper.make_node("Transpose", ["c"], ["t"], name="keeps_axis0", perm=[0, 2, 1, 3]),
+        helper.make_node("Tile", ["t", "rep"], ["y"], name="tile")])
+    inits.append(numpy_helper.from_array(np.array([3, 1, 1, 1], np.int64), "rep"))
+    model = _model(nodes, [_vi("x", [1, 8, 4, 4])], [_vi("y", None)], inits)
+    assert [(v.node, v.value) for v in _batch_findings(model)] == [("tile", 3)]
+
+
+def test_a_state_input_that_reaches_no_conv_has_no_batch():
+    # silero-like: a recurrent state [2,1,128] (directions on axis 0) next to a batch-1 audio input
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((1, 4 * 128, 16)).astype(np.float32), "lw")
+    r = numpy_helper.from_array(rng.standard_normal((1, 4 * 128, 128)).astype(np.float32), "lr")
+    nodes = [helper.make_node("Conv", ["audio", "cw"], ["feat"], name="conv", kernel_shape=[1]),
+             helper.make_node("Transpose", ["feat"], ["seq"], name="to_seq", perm=[2, 0, 1]),
+             helper.make_node("Slice", ["state", "s0", "s1"], ["h0"], name="h0"),
+             helper.make_node("LSTM", ["seq", "lw", "lr", "", "", "h0", "h0"], ["y", "h", "c"], name="lstm",
+                              hidden_size=128)]
+    inits = [_w("cw", (16, 1, 1)), w, r, numpy_helper.from_array(np.array([0], np.int64), "s0"),
+             numpy_helper.from_array(np.array([1], np.int64), "s1")]
+    model = _model(nodes, [_vi("audio", [1, 1, 32]), _vi("state", [2, 1, 128])],
+                   [_vi("y", None), _vi("h", None), _vi("c", None)], inits)
+    assert _batch_findings(model) == []
+    # the same audio input with batch 2 is reported (it reaches the Conv)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
+    assert [(v.node, v.op) for v in _batch_findings(model)] == [("audio", "graph input")]
+
+
+def test_batch_one_on_the_exported_convtasnet(fixture_path):
+    # torch's ConvTasNet reshapes [1, 2*64, T] to [2, 64, T] to decode its two sources: not a batch
+    model = onnx.load(fixture_path("torch_convtasnet.onnx"))
+    assert _batch_findings(model, input_shapes={"mix": (1, 16000)}) == []
+    found = [(v.node, v.op) for v in _batch_findings(model, input_shapes={"mix": (2, 16000)})]
+    assert found == [("mix", "graph input")]
 
 
 def test_inconsistent_model_reports_shape_inference_without_crashing():
@@ -546,3 +607,16 @@ def test_every_constraint_says_which_option_asks_for_it():
     assert set(LIMIT_TEXT) <= set(ASKED_BY), set(LIMIT_TEXT) - set(ASKED_BY)
     fields = set(FixOptions.__dataclass_fields__)
     assert all(f in fields for names in ASKED_BY.values() for f in names)
+
+
+def test_batch_is_traced_through_if_branches_and_unresolved_sizes():
+    # x [2,4,8] -> If (Relu | Neg) -> Pad with pads only known at run time (sizes unknown) -> Conv: x is a batch
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="relu")], "then", [], [_vi("t", None)])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="neg")], "else", [], [_vi("e", None)])
+    nodes = [helper.make_node("If", ["cond"], ["branch"], name="pick", then_branch=then, else_branch=other),
+             helper.make_node("Pad", ["branch", "pads"], ["padded"], name="pad"),
+             helper.make_node("Conv", ["padded", "w"], ["y"], name="conv")]
+    inputs = [_vi("x", [2, 4, 8]), helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+              helper.make_tensor_value_info("pads", TensorProto.INT64, [6])]
+    model = _model(nodes, inputs, [_vi("y", None)], [_w("w", (4, 4, 3))])
+    assert [(v.node, v.op) for v in _batch_findings(model)] == [("x", "graph input")]

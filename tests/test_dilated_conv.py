@@ -17,7 +17,9 @@ from helpers import apply_pass, assert_equivalent, ops, run_model
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.graph import GraphIndex, conv_macs, get_attr, infer_shapes, shape_of_value_info
+from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.dilated_conv import DilatedConvPass, block_size
+from onnx_npu_fix.pipeline import prepare, run_passes
 
 LAYOUTS = ("auto", "spatial", "channel", "batch")
 MAX_DILATIONS = (1, 2, 4, 7)
@@ -657,3 +659,22 @@ def test_live_taps_are_kept():
     assert [c.action for c in result.changes] == ["space-to-batch"]
     assert conv_macs(fixed) == inferred_macs(original)
     assert_bit_exact(original, fixed)
+
+
+def test_a_non_finite_weight_in_a_dead_tap_is_not_trimmed():
+    # 0 * NaN is NaN: the "dead" tap 0 (it only reads padding) still makes the original's channel 1 NaN, so
+    # dropping it would change the outputs. The conv is split by space-to-batch instead, and validated.
+    original = single_conv((1, 4, 10), (4, 1, 5), dilations=(6,), pads=(12, 12), group=4)
+    weight = numpy_helper.to_array(original.graph.initializer[0]).copy()
+    weight[1, 0, 0] = np.nan
+    original.graph.initializer[0].CopyFrom(numpy_helper.from_array(weight, "w"))
+    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=4)
+    assert [c.action for c in result.changes] == ["space-to-batch"]
+    (rejection,) = result.rejections
+    assert "NaN or infinity" in rejection.reason and not rejection.blocking
+    options = FixOptions(max_dilation=4)
+    model = onnx.ModelProto()
+    model.CopyFrom(original)
+    prepare(model, options)
+    run = run_passes(model, options, [DilatedConvPass()])
+    assert run.ok and run.report.passes[0].status == "validated", run.report.to_json()

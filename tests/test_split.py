@@ -430,15 +430,20 @@ def test_property_random_dags_split_fit_and_chain_exactly():
 
 
 def test_split_of_models_onnxruntime_cannot_run_says_not_validated(tmp_path):
+    """An original onnxruntime cannot run stops the run (exit 2, nothing written, no segments); with an explicit
+    --validate none the split is written and said to be unvalidated."""
     from hostile.build_hostile import build
 
     corpus = build(tmp_path / "corpus")
     for case in ("custom_domain", "opset_3"):
         seg = tmp_path / f"seg_{case}"
-        result = CliRunner().invoke(main, [str(corpus[case]), "-o", str(tmp_path / f"{case}.onnx"), "--sram", "1MiB",
-                                           "--split", str(seg)])
+        args = [str(corpus[case]), "-o", str(tmp_path / f"{case}.onnx"), "--sram", "1MiB", "--split", str(seg)]
+        refused = CliRunner().invoke(main, args)
+        assert refused.exit_code == 2 and "onnxruntime cannot run the original" in refused.output, refused.output
+        assert not seg.exists() and not (tmp_path / f"{case}.onnx").exists()
+        result = CliRunner().invoke(main, [*args, "--validate", "none"])
         assert "internal error" not in result.output, result.output
-        assert "so the chain is not validated" in result.output
+        assert "not validated" in result.output and result.exit_code == 0, result.output
         manifest = json.loads((seg / "manifest.json").read_text())
         assert len(manifest["segments"]) == 1
 

@@ -349,10 +349,10 @@ def batch_from_input_model():
 
 
 def batch_inside_model():
-    """What a space-to-batch rewrite with the batch layout produces: batch 2 from a batch-1 input."""
+    """Batch 2 from a batch-1 input: the input's batch axis tiled to 2 before a Conv."""
     conv, w = _conv("conv", "b", "y", 16, 16)
-    nodes = [helper.make_node("Reshape", ["x", "shape"], ["b"], name="to_batch2"), conv]
-    return _model(nodes, [("x", [1, 32, 8, 8])], [_const("shape", [2, 16, 8, 8]), w])
+    nodes = [helper.make_node("Tile", ["x", "repeats"], ["b"], name="to_batch2"), conv]
+    return _model(nodes, [("x", [1, 16, 8, 8])], [_const("repeats", [2, 1, 1, 1]), w])
 
 
 def rank5_model():

@@ -588,6 +588,13 @@ class _Aligner:
             position = axes.index(1)
         else:
             position = 1
+        if (get_attr(node, "coordinate_transformation_mode") == "tf_crop_and_resize" and len(node.input) > 1
+                and node.input[1]):
+            # The crop of the channel axis is a fraction of its length: the spec samples roi * (C - 1), which
+            # moves with the padded C; onnxruntime happens to keep the real channels, onnx.reference does not.
+            self._reject(node, "tf_crop_and_resize with a roi on the channel axis: its crop depends on the channel "
+                               "count, so the padding is sliced off before this Resize", blocking=False)
+            return None
         if sizes_slot is not None and len(node.input) > sizes_slot and node.input[sizes_slot]:
             sizes = self._const_ints(node.input[sizes_slot])
             channels = self._channels(node.input[0])

@@ -411,6 +411,13 @@ def _trim_dead_taps(index: GraphIndex, model: onnx.ModelProto, options: FixOptio
                 new_dil[a] = 1  # one tap left: the dilation means nothing
         if all(sl == slice(None) for sl in slices):
             continue
+        dropped = np.ones(weight.shape, bool)
+        dropped[tuple(slices)] = False
+        if np.issubdtype(weight.dtype, np.floating) and not np.isfinite(weight[dropped]).all():
+            # 0 * NaN is NaN: a tap with a non-finite weight is not dead even where it only reads padding.
+            result.rejections.append(Rejection(node.name, "Conv", "dead taps not trimmed: their weights hold NaN "
+                                               "or infinity, and 0 * NaN is not 0", False))
+            continue
         new_weight = np.ascontiguousarray(weight[tuple(slices)])
         macs_old = node_macs(index, node)
         private_initializer(index, editor, node, 1, new_weight)

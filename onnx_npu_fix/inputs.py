@@ -1,0 +1,249 @@
+"""The validation inputs of a run: loaded from ``--validation-data``, or generated (``--input-range``).
+
+Loaded data (like Polygraphy's ``--load-inputs`` and onnxsim's ``--input-data-path``) replaces generated inputs:
+
+  FILE.npz          one input set: one array per graph input, keyed by the input's name
+  FOLDER/           every ``*.npz`` in it (sorted by name) is one input set; ``<input>.npy`` files (one per graph
+                    input, a ``/`` in the input's name written as ``_``) form one more set
+
+Every graph input that is not an initializer must be given, with the graph input's element type and, on every
+static dimension, its size; an array for a name that is no graph input is an error too (a typo would otherwise
+leave that input generated). Each problem is one InputError line naming the file and the input.
+
+Generated inputs: floats ~ N(0, 1), integers in [0, 8), bools fair coins, or with ``--input-range name:lo,hi``
+floats uniform in [lo, hi) and integers in [lo, hi]. An integer input whose values decide a shape (it reaches a
+Reshape target, a Slice bound, Expand / Tile / ConstantOfShape / Range / Pad / TopK operands...) cannot be
+generated meaningfully, nor can one that decides an If condition or a Loop's trip count: either is an
+InputError that asks for ``--validation-data``.
+
+How many sets: ``--validation-inputs`` (default 3). When the run may make an approximate change, its verdict is a
+pooled relative L2 error, which on a tiny output depends on the seed; then sets are added until each graph output
+has at least ``APPROX_MIN_ELEMENTS`` elements compared, within ``MAX_SETS`` sets and ``MAX_EXTRA_BYTES`` of inputs
+and outputs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zipfile
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+
+from onnx_npu_fix.errors import InputError, first_line
+from onnx_npu_fix.graph import format_shape, shape_of_value_info
+from onnx_npu_fix.validate import Feeds, make_inputs, numpy_dtype
+
+APPROX_MIN_ELEMENTS = 4096
+"""Elements of each output an approximate verdict is measured on (at least, within MAX_SETS)."""
+MAX_SETS = 1024
+"""Most generated input sets for an approximate verdict."""
+MAX_EXTRA_BYTES = 64 << 20
+"""Most bytes of generated inputs and kept outputs for an approximate verdict (a large model gets fewer sets)."""
+
+# Operand positions whose values decide a shape, a count or an axis: (op type) -> input indices.
+SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
+    "Slice": (1, 2, 3, 4), "Pad": (1, 3), "Resize": (3,), "Squeeze": (1,), "Unsqueeze": (1,), "TopK": (1,),
+    "Split": (1,), "OneHot": (1,), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,),
+    "ReduceProd": (1,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,),
+    "ReduceSumSquare": (1,), "CenterCropPad": (1, 2), "NonMaxSuppression": (2,), "Col2Im": (1, 2),
+    # control flow: a random condition or trip count runs an arbitrary branch (silero-vad's sample rate)
+    "If": (0,), "Loop": (0, 1),
+}
+# Ops whose output does not depend on the input's values (only on its shape): a trace stops there.
+_VALUE_BLIND = ("Shape", "Size")
+
+_INTEGER = (onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
+            onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64)
+
+
+def parse_input_ranges(specs: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """``["x:0,1", ...]`` -> ``{"x": (0.0, 1.0)}``; InputError unless every spec is NAME:LO,HI, finite, LO <= HI."""
+    ranges: dict[str, tuple[float, float]] = {}
+    for spec in specs:
+        name, sep, bounds = spec.rpartition(":")
+        parts = bounds.split(",")
+        try:
+            lo, hi = (float(parts[0]), float(parts[1])) if sep and name and len(parts) == 2 else (None, None)
+        except ValueError:
+            lo = hi = None
+        if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
+            raise InputError(f"input range '{spec}' is not NAME:LO,HI with finite LO <= HI (e.g. x:0,1)")
+        ranges[name] = (lo, hi)
+    return ranges
+
+
+def validation_feeds(model: onnx.ModelProto, *, n_inputs: int, seed: int, data: str | None = None,
+                     ranges: Sequence[str] = (), approximate: bool = False) -> list[Feeds]:
+    """The input sets every validation of the run uses (see the module docstring).
+
+    ``model``: prepared (shapes inferred, input shapes frozen). ``approximate``: the run may make an approximate
+    change (more sets for small outputs). Raises InputError with one line for unusable data or ranges.
+    """
+    ranges = parse_input_ranges(ranges)
+    feedable = _feedable_inputs(model)
+    for name in ranges:
+        if name not in feedable:
+            raise InputError(f"--input-range names '{name}', which is not a graph input "
+                             f"(inputs: {', '.join(feedable) or 'none'})")
+    if data is not None:
+        return load_validation_data(model, data)
+    for name, (node, position) in shape_inputs(model).items():
+        if name not in ranges:
+            what = "a branch" if node.op_type in ("If", "Loop") else "a shape"
+            raise InputError(f"input '{name}' decides {what} ({node.op_type} '{node.name}' input {position}): "
+                             f"random values cannot validate it; give real values with --validation-data "
+                             f"FILE.npz (or --input-range {name}:lo,hi, or --validate none)")
+    n = n_inputs
+    if approximate:
+        n = max(n, sets_for_approximate(model))
+    return make_inputs(model, n, seed, ranges=ranges)
+
+
+def sets_for_approximate(model: onnx.ModelProto) -> int:
+    """Input sets needed for every graph output to have APPROX_MIN_ELEMENTS elements compared (within MAX_SETS
+    and MAX_EXTRA_BYTES of inputs and outputs); 1 when no output's size is known."""
+    shapes = {vi.name: shape_of_value_info(vi) for vi in [*model.graph.output, *model.graph.value_info]}
+    smallest = None
+    for out in model.graph.output:
+        shape = shapes.get(out.name)
+        if shape is None or any(not isinstance(d, int) for d in shape):
+            continue
+        size = math.prod(shape)
+        if size > 0:
+            smallest = size if smallest is None else min(smallest, size)
+    if smallest is None:
+        return 1
+    wanted = -(-APPROX_MIN_ELEMENTS // smallest)
+    # Each set's inputs are generated and its outputs kept (the original's and the last model's): both count.
+    per_set = 0
+    inits = {t.name for t in model.graph.initializer}
+    for vi in [*model.graph.input, *model.graph.output]:
+        dtype = numpy_dtype(vi.type.tensor_type.elem_type)
+        shape = shapes.get(vi.name, shape_of_value_info(vi))
+        if vi.name in inits or dtype is None or shape is None or any(not isinstance(d, int) for d in shape):
+            continue
+        per_set += math.prod(shape) * np.dtype(dtype).itemsize
+    affordable = MAX_EXTRA_BYTES // per_set if per_set else MAX_SETS
+    return max(1, min(wanted, MAX_SETS, affordable))
+
+
+def shape_inputs(model: onnx.ModelProto) -> dict[str, tuple[onnx.NodeProto, int]]:
+    """Integer graph inputs whose values reach a shape or control-flow operand (SHAPE_OPERANDS), directly or
+    through other ops: name -> (the first such node in graph order, operand position)."""
+    graph = model.graph
+    inits = {t.name for t in graph.initializer}
+    origin: dict[str, set[str]] = {}  # tensor -> the integer graph inputs its values depend on
+    for vi in graph.input:
+        if vi.name not in inits and vi.type.tensor_type.elem_type in _INTEGER:
+            origin[vi.name] = {vi.name}
+    if not origin:
+        return {}
+    found: dict[str, tuple[onnx.NodeProto, int]] = {}
+    for node in graph.node:
+        positions = SHAPE_OPERANDS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
+        sources: set[str] = set()
+        for k, name in enumerate(node.input):
+            deps = origin.get(name)
+            if not deps:
+                continue
+            if k in positions:
+                for dep in deps:
+                    found.setdefault(dep, (node, k))
+            sources |= deps
+        if sources and node.op_type not in _VALUE_BLIND:
+            for out in node.output:
+                if out:
+                    origin[out] = sources
+    return found
+
+
+def load_validation_data(model: onnx.ModelProto, path: str) -> list[Feeds]:
+    """The input sets stored at ``path`` (an .npz file or a folder), checked against the graph inputs."""
+    if not os.path.exists(path):
+        raise InputError(f"--validation-data {path}: no such file or directory")
+    if os.path.isdir(path):
+        names = sorted(os.listdir(path))
+        sets = [_read_npz(os.path.join(path, n)) for n in names if n.endswith(".npz")]
+        npy = [n for n in names if n.endswith(".npy")]
+        if npy:
+            sets.append((path, {_input_of_npy(model, n): _read_npy(os.path.join(path, n)) for n in npy}))
+        if not sets:
+            raise InputError(f"--validation-data {path}: the folder holds no .npz or .npy files")
+    else:
+        sets = [_read_npz(path)]
+    return [_check_set(model, where, arrays) for where, arrays in sets]
+
+
+def _read_npz(path: str) -> tuple[str, dict[str, np.ndarray]]:
+    try:
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise InputError(f"--validation-data {path}: a single array; expected an .npz keyed by input name")
+        with archive:
+            return path, {key: archive[key] for key in archive.files}
+    except InputError:
+        raise
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise InputError(f"--validation-data {path}: cannot read it as .npz ({type(exc).__name__}: "
+                         f"{first_line(exc)})") from None
+
+
+def _read_npy(path: str) -> np.ndarray:
+    try:
+        value = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise InputError(f"--validation-data {path}: cannot read it as .npy ({type(exc).__name__})") from None
+    if not isinstance(value, np.ndarray):
+        raise InputError(f"--validation-data {path}: expected one array (.npy), found an archive")
+    return value
+
+
+def _input_of_npy(model: onnx.ModelProto, file_name: str) -> str:
+    stem = file_name[:-len(".npy")]
+    for name in _feedable_inputs(model):
+        if stem in (name, name.replace("/", "_")):
+            return name
+    return stem  # reported as unknown by _check_set
+
+
+def _feedable_inputs(model: onnx.ModelProto) -> list[str]:
+    """Graph inputs a caller may feed: every input, initializer-backed ones included (they are defaults)."""
+    return [vi.name for vi in model.graph.input]
+
+
+def _check_set(model: onnx.ModelProto, where: str, arrays: dict[str, np.ndarray]) -> Feeds:
+    inits = {t.name for t in model.graph.initializer}
+    inputs = {vi.name: vi for vi in model.graph.input}
+    for name in arrays:
+        if name not in inputs:
+            raise InputError(f"--validation-data {where}: '{name}' is not a graph input "
+                             f"(inputs: {', '.join(inputs) or 'none'})")
+    feeds: Feeds = {}
+    for name, vi in inputs.items():
+        if name not in arrays:
+            if name in inits:
+                continue  # an initializer-backed input keeps its default
+            raise InputError(f"--validation-data {where}: no array for graph input '{name}'")
+        value = arrays[name]
+        elem = vi.type.tensor_type.elem_type
+        dtype = numpy_dtype(elem)
+        wanted = onnx.TensorProto.DataType.Name(elem)
+        if elem == onnx.TensorProto.STRING and value.dtype.kind in "US":
+            value = value.astype(object)  # onnxruntime feeds strings as object arrays
+        elif dtype is None:
+            raise InputError(f"--validation-data {where}: input '{name}' is {wanted}, which validation cannot "
+                             f"feed; use --validate none")
+        elif value.dtype != np.dtype(dtype):
+            raise InputError(f"--validation-data {where}: input '{name}' is {value.dtype}, the model takes "
+                             f"{wanted}; convert it (e.g. array.astype(np.{np.dtype(dtype).name}))")
+        shape = shape_of_value_info(vi)
+        if shape is not None and (len(shape) != value.ndim or any(
+                isinstance(d, int) and d != v for d, v in zip(shape, value.shape))):
+            raise InputError(f"--validation-data {where}: input '{name}' has shape {list(value.shape)}, the "
+                             f"model takes {format_shape(shape)}")
+        feeds[name] = value
+    return feeds

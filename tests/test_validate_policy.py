@@ -1,0 +1,442 @@
+"""Validation policy (issue 14): no run ends "fine" with nothing validated, invalid models are caught at load,
+the reference comes from the bytes read, real validation data, measured approximations and --strict."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_npu_fix import api
+from onnx_npu_fix.cli import main
+from onnx_npu_fix.errors import InputError, StrictRefused
+from onnx_npu_fix.inputs import (
+    APPROX_MIN_ELEMENTS,
+    load_validation_data,
+    parse_input_ranges,
+    shape_inputs,
+    validation_feeds,
+)
+from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.passes.resize_nearest import ResizeNearestPass
+from onnx_npu_fix.pipeline import prepare, run_passes
+from onnx_npu_fix.validate import make_inputs
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def _vi(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _conv_model(*, weight_shape=(8, 4, 3, 3), group=1, bias=8, channels=4):
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(weight_shape).astype(np.float32), "w")]
+    inputs = ["x", "w"]
+    if bias is not None:
+        inits.append(numpy_helper.from_array(np.zeros(bias, np.float32), "b"))
+        inputs.append("b")
+    conv = helper.make_node("Conv", inputs, ["y"], name="conv", group=group, pads=[1, 1, 1, 1])
+    relu = helper.make_node("Relu", ["y"], ["out"], name="relu")
+    return _model([conv, relu], [_vi("x", [1, channels, 8, 8])], [_vi("out", [1, weight_shape[0], 8, 8])], inits)
+
+
+def _save(model, path):
+    onnx.save(model, str(path))
+    return path
+
+
+def _relu_reshape_model():
+    """x [2,6] -> Identity -> Relu -> Reshape(target = the int64 graph input 'shape') -> out: a shape set by an
+    input (its output shape is data-dependent, hence the dynamic-shape finding of a fixing run)."""
+    nodes = [helper.make_node("Identity", ["x"], ["xi"], name="id"),
+             helper.make_node("Relu", ["xi"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "shape"], ["out"], name="reshape")]
+    return _model(nodes, [_vi("x", [2, 6]), _vi("shape", [2], TensorProto.INT64)], [_vi("out", ["a", "b"])])
+
+
+def _resize_model(n_in=4, n_out=7, scales=None, mode="linear"):
+    """A linear Resize of x [1,1,1,n_in] to n_out elements (or by constant ``scales``)."""
+    if scales is not None:
+        inits = [numpy_helper.from_array(np.array(scales, np.float32), "scales")]
+        node = helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up", mode=mode)
+        out_shape = ["n", "c", "h", "w"]
+    else:
+        inits = [numpy_helper.from_array(np.array([1, 1, 1, n_out], np.int64), "sizes")]
+        node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="up", mode=mode)
+        out_shape = [1, 1, 1, n_out]
+    return _model([node], [_vi("x", [1, 1, 1, n_in])], [_vi("y", out_shape)], inits, opset=13)
+
+
+# --- 1. an original onnxruntime cannot run, and invalid models -----------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs,phrase", [
+    (dict(bias=5), "bias b has shape [5], expected [8]"),
+    (dict(weight_shape=(8, 4, 3, 3), group=2, channels=4), "input x has 4 channels, but weight w"),
+    (dict(weight_shape=(6, 2, 3, 3), group=4, channels=8, bias=6), "6 filters, not a multiple of group 4"),
+])
+def test_conv_the_checker_accepts_but_no_runtime_runs_is_refused_at_load(tmp_path, kwargs, phrase):
+    model = _conv_model(**kwargs)
+    onnx.checker.check_model(model)  # the checker alone does not see it
+    path = _save(model, tmp_path / "bad.onnx")
+    with pytest.raises(InputError, match="Conv 'conv'"):
+        api.read_model(path)
+    result = invoke(path, "-o", tmp_path / "o.onnx")
+    assert result.exit_code == 2, result.output
+    assert phrase in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert not (tmp_path / "o.onnx").exists()
+    assert invoke(path, "--check").exit_code == 2  # read_model refuses it in check mode too
+
+
+def test_resize_scale_zero_is_refused_at_load(tmp_path):
+    path = _save(_resize_model(scales=[1, 1, 0, 2]), tmp_path / "r.onnx")
+    result = invoke(path, "-o", tmp_path / "o.onnx")
+    assert result.exit_code == 2
+    assert "Resize 'up': scales [1.0, 1.0, 0.0, 2.0] must all be finite and > 0" in result.output
+
+
+def test_gemm_bias_that_does_not_broadcast_is_refused_at_load(tmp_path):
+    def gemm(bias_shape):
+        inits = [numpy_helper.from_array(np.ones((2, 4), np.float32), "w"),
+                 numpy_helper.from_array(np.ones(bias_shape, np.float32), "b")]
+        return _model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fc")], [_vi("x", [3, 2])],
+                      [_vi("y", [3, 4])], inits)
+    for good in ((4,), (1,), (3, 4), (1, 4), (3, 1)):
+        api.read_model(_save(gemm(good), tmp_path / "ok.onnx"))
+    path = _save(gemm((3,)), tmp_path / "bad.onnx")
+    result = invoke(path, "-o", tmp_path / "o.onnx")
+    assert result.exit_code == 2
+    assert "Gemm 'fc': bias b has shape [3], which does not broadcast to the output [3, 4]" in result.output
+
+
+def test_valid_conv_passes_the_load_checks(tmp_path):
+    for kwargs in (dict(), dict(weight_shape=(8, 1, 3, 3), group=4, channels=4), dict(bias=None)):
+        api.read_model(_save(_conv_model(**kwargs), tmp_path / "ok.onnx"))
+
+
+def test_bilinear_resize_on_the_batch_axis_stops_with_exit_2(tmp_path):
+    # Valid ONNX; onnxruntime's linear Resize only interpolates the inner axes, so the original cannot run.
+    model = _model([helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up", mode="linear")],
+                   [_vi("x", [1, 2, 4, 4])], [_vi("y", [2, 2, 8, 8])],
+                   [numpy_helper.from_array(np.array([2, 1, 2, 2], np.float32), "scales")], opset=13)
+    path = _save(model, tmp_path / "m.onnx")
+    result = invoke(path, "-o", tmp_path / "o.onnx")
+    assert result.exit_code == 2, result.output
+    assert "onnxruntime cannot run the original model" in result.output
+    assert "--validate none" in result.output
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_validate_none_writes_and_says_so_last_and_in_the_record(tmp_path):
+    model = _conv_model()
+    model.graph.node[1].domain = "com.example"  # a custom op: onnxruntime cannot run it
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    path = _save(model, tmp_path / "m.onnx")
+    assert invoke(path, "-o", tmp_path / "o.onnx").exit_code == 2
+    result = invoke(path, "-o", tmp_path / "o.onnx", "--validate", "none", "--report", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1].startswith("validation: none (requested)")
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["validation_note"].startswith("validation: none (requested)")
+    assert record["final_validation"] is None
+
+
+# --- 2. the reference comes from the bytes read ---------------------------------------------------------------
+
+
+def _fix_with_reference(path, change_file=None):
+    loaded = api.read_model(path, keep_bytes=True)
+    assert loaded.data is not None
+    if change_file is not None:
+        change_file(path)  # e.g. the next CI step's download, after the model was read
+    options = FixOptions(align=8)
+    reference = api.start_reference(loaded, options)
+    assert loaded.data is None  # handed over: no second copy of the bytes stays alive
+    try:
+        return api.fix(loaded.model, options, reference=reference)
+    finally:
+        reference.close()
+
+
+def test_the_reference_is_the_model_that_was_read(tmp_path):
+    path = _save(_conv_model(weight_shape=(6, 4, 3, 3), bias=6), tmp_path / "m.onnx")
+    result = _fix_with_reference(path)
+    align = next(p for p in result.report.passes if p.name == "align-channels")
+    assert result.ok and align.status == "validated" and align.validation.passed
+    other = _conv_model(weight_shape=(6, 4, 3, 3), bias=6)
+    other.graph.initializer[0].float_data[:] = []
+    other.graph.initializer[0].raw_data = (np.ones((6, 4, 3, 3), np.float32)).tobytes()
+    changes = {
+        "garbage": lambda p: p.write_bytes(b"garbage, written after the model was read"),
+        "another valid model": lambda p: onnx.save(other, str(p)),
+        "removed": lambda p: p.unlink(),
+    }
+    for what, change in changes.items():
+        path = _save(_conv_model(weight_shape=(6, 4, 3, 3), bias=6), tmp_path / f"{what}.onnx")
+        # never validated against another model, never unvalidated: the run stops
+        with pytest.raises(InputError, match="changed while npufix ran"):
+            _fix_with_reference(path, change)
+
+
+def test_repeated_node_names_are_validated_on_the_renamed_model(tmp_path):
+    model = _conv_model()
+    model.graph.node[1].name = "conv"  # two nodes called conv: onnxruntime refuses the file as it is
+    path = _save(model, tmp_path / "m.onnx")
+    result = invoke(path, "-o", tmp_path / "o.onnx", "--align", "16", "--report", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["final_validation"]["passed"]
+
+
+# --- 3. validation data and input ranges ----------------------------------------------------------------------
+
+
+def test_an_integer_input_that_sets_a_shape_asks_for_data(tmp_path):
+    model = _relu_reshape_model()
+    assert set(shape_inputs(model)) == {"shape"}
+    path = _save(model, tmp_path / "m.onnx")
+    result = invoke(path, "-o", tmp_path / "o.onnx")
+    assert result.exit_code == 2, result.output
+    assert "input 'shape' decides a shape (Reshape 'reshape' input 1)" in result.output
+    assert "--validation-data" in result.output
+    data = tmp_path / "d.npz"
+    x = np.arange(12, dtype=np.float32).reshape(2, 6) - 6
+    np.savez(data, x=x, shape=np.array([3, 4], np.int64))
+    result = invoke(path, "-o", tmp_path / "o.onnx", "--validation-data", data, "--report", tmp_path / "r.json")
+    assert (tmp_path / "o.onnx").exists(), result.output
+    record = json.loads((tmp_path / "r.json").read_text())
+    cleanup = record["passes"][0]
+    assert cleanup["name"] == "cleanup" and cleanup["status"] == "validated"  # the Identity, removed on the data
+    assert record["final_validation"]["passed"]
+
+
+def test_an_integer_input_that_picks_a_branch_asks_for_data(tmp_path):
+    # silero-vad's sample rate: Equal(sr, 16000) -> If; a random sr in [0, 8) validates the wrong branch
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="relu")], "then", [],
+                             [_vi("t", [4])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="neg")], "else", [], [_vi("e", [4])])
+    nodes = [helper.make_node("Equal", ["sr", "rate"], ["is16k"], name="is16k"),
+             helper.make_node("If", ["is16k"], ["y"], name="pick", then_branch=then, else_branch=other)]
+    model = _model(nodes, [_vi("x", [4]), _vi("sr", [], TensorProto.INT64)], [_vi("y", [4])],
+                   [numpy_helper.from_array(np.array(16000, np.int64), "rate")])
+    path = _save(model, tmp_path / "m.onnx")
+    result = invoke(path, "-o", tmp_path / "o.onnx")
+    assert result.exit_code == 2
+    assert "input 'sr' decides a branch (If 'pick' input 0)" in result.output, result.output
+    np.savez(tmp_path / "d.npz", x=np.arange(4, dtype=np.float32) - 2, sr=np.array(16000, np.int64))
+    assert invoke(path, "-o", tmp_path / "o.onnx", "--validation-data", tmp_path / "d.npz").exit_code != 2
+
+
+def test_shape_inputs_follow_values_through_ops_but_not_through_shape():
+    # idx -> Add -> Reshape target (flagged); n -> Shape -> Reshape target (only its shape is used: not flagged)
+    nodes = [helper.make_node("Add", ["idx", "one"], ["idx1"], name="add"),
+             helper.make_node("Reshape", ["x", "idx1"], ["a"], name="r1"),
+             helper.make_node("Shape", ["n"], ["n_shape"], name="shape"),
+             helper.make_node("Reshape", ["a", "n_shape"], ["out"], name="r2"),
+             helper.make_node("Gather", ["x", "k"], ["g"], name="gather", axis=0)]
+    model = _model(nodes, [_vi("x", [6]), _vi("idx", [1], TensorProto.INT64), _vi("n", [6], TensorProto.INT64),
+                           _vi("k", [2], TensorProto.INT64)], [_vi("out", ["a"]), _vi("g", [2])],
+                   [numpy_helper.from_array(np.array([0], np.int64), "one")])
+    found = shape_inputs(model)
+    assert {name: (node.name, k) for name, (node, k) in found.items()} == {"idx": ("r1", 1)}
+
+
+def test_validation_data_folder_of_npz_and_npy(tmp_path):
+    model = _conv_model()
+    rng = np.random.default_rng(1)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    sets = [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(3)]
+    np.savez(folder / "a.npz", x=sets[0])
+    np.savez(folder / "b.npz", x=sets[1])
+    np.save(folder / "x.npy", sets[2])
+    feeds = load_validation_data(model, str(folder))
+    assert len(feeds) == 3
+    for got, want in zip(feeds, sets):
+        np.testing.assert_array_equal(got["x"], want)
+    feeds = validation_feeds(model, n_inputs=5, seed=0, data=str(folder / "a.npz"))
+    assert len(feeds) == 1  # data replaces generated inputs
+
+
+@pytest.mark.parametrize("arrays,phrase", [
+    (dict(), "no array for graph input 'x'"),
+    (dict(x=np.zeros((1, 4, 8, 8), np.float64)), "input 'x' is float64, the model takes FLOAT"),
+    (dict(x=np.zeros((1, 4, 8, 9), np.float32)), "input 'x' has shape [1, 4, 8, 9], the model takes [1,4,8,8]"),
+    (dict(x=np.zeros((1, 4, 8, 8), np.float32), y=np.zeros(2)), "'y' is not a graph input (inputs: x)"),
+])
+def test_validation_data_problems_are_one_line_errors(tmp_path, arrays, phrase):
+    path = _save(_conv_model(), tmp_path / "m.onnx")
+    data = tmp_path / "d.npz"
+    np.savez(data, **arrays)
+    result = invoke(path, "-o", tmp_path / "o.onnx", "--validation-data", data)
+    assert result.exit_code == 2, result.output
+    text = result.output.strip()
+    assert len(text.splitlines()) == 1 and phrase in text, text
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_validation_data_feeds_a_string_input(tmp_path):
+    model = _model([helper.make_node("Identity", ["s"], ["si"], name="id"),
+                    helper.make_node("Reshape", ["si", "shape"], ["y"], name="reshape")],
+                   [_vi("s", [3], TensorProto.STRING)], [_vi("y", [3, 1], TensorProto.STRING)],
+                   [numpy_helper.from_array(np.array([3, 1], np.int64), "shape")])
+    path = _save(model, tmp_path / "m.onnx")
+    result = invoke(path, "-o", tmp_path / "o.onnx")
+    assert result.exit_code == 2 and "--validation-data" in result.output, result.output
+    np.savez(tmp_path / "d.npz", s=np.array(["a", "ÄÖ", ""]))
+    result = invoke(path, "-o", tmp_path / "o.onnx", "--validation-data", tmp_path / "d.npz",
+                    "--report", tmp_path / "r.json")
+    assert (tmp_path / "o.onnx").exists(), result.output
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["passes"][0]["status"] == "validated" and record["final_validation"]["passed"]
+
+
+def test_validation_data_that_is_not_npz(tmp_path):
+    path = _save(_conv_model(), tmp_path / "m.onnx")
+    for name, content in (("d.npz", b"not a zip"), ("missing.npz", None)):
+        data = tmp_path / name
+        if content is not None:
+            data.write_bytes(content)
+        result = invoke(path, "-o", tmp_path / "o.onnx", "--validation-data", data)
+        assert result.exit_code == 2 and "--validation-data" in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
+def test_input_range_bounds_generated_values():
+    model = _model([helper.make_node("Cast", ["i"], ["c"], name="cast", to=TensorProto.FLOAT),
+                    helper.make_node("Add", ["x", "c"], ["out"], name="add")],
+                   [_vi("x", [64]), _vi("i", [64], TensorProto.INT32)], [_vi("out", [64])])
+    feeds = make_inputs(model, 3, 0, ranges=parse_input_ranges(["x:2,3", "i:-4,-2"]))
+    for feed in feeds:
+        assert feed["x"].dtype == np.float32 and (feed["x"] >= 2).all() and (feed["x"] < 3).all()
+        assert set(np.unique(feed["i"])) <= {-4, -3, -2}
+    assert len(set(np.unique(np.concatenate([f["i"] for f in feeds])))) == 3  # inclusive of both ends
+    # no range: the generator is unchanged (same values as before --input-range existed)
+    np.testing.assert_array_equal(make_inputs(model, 1, 0)[0]["x"], make_inputs(model, 1, 0, ranges={})[0]["x"])
+
+
+@pytest.mark.parametrize("spec,phrase", [("x:1", "NAME:LO,HI"), ("x:2,1", "LO <= HI"), ("x:nan,1", "finite"),
+                                         ("nope:0,1", "not a graph input")])
+def test_bad_input_ranges_are_usage_errors(tmp_path, spec, phrase):
+    path = _save(_conv_model(), tmp_path / "m.onnx")
+    result = invoke(path, "-o", tmp_path / "o.onnx", "--input-range", spec)
+    assert result.exit_code == 2, result.output
+    assert phrase in result.output, result.output
+
+
+# --- 4. approximations: measured on enough elements, --strict, said loudly -----------------------------------
+
+
+def _approximate_verdict(seed: int):
+    model = _resize_model()
+    options = FixOptions(seed=seed)
+    prepare(model, options)
+    record = run_passes(model, options, [ResizeNearestPass()]).report.passes[0]
+    return record.status, record.validation.outputs[0].rel_l2
+
+
+def test_approximate_verdict_does_not_depend_on_the_seed():
+    # A 7-element output: on 3 input sets (21 elements) the relative L2 error of linear -> nearest ranged
+    # 0.28-0.60 over seeds 0-3 and seed 3 failed the 0.5 bound; measured on >= 4096 elements it is 0.43-0.45.
+    verdicts = [_approximate_verdict(seed) for seed in range(4)]
+    assert {status for status, _ in verdicts} == {"validated"}, verdicts
+    errors = [rel for _, rel in verdicts]
+    assert max(errors) - min(errors) < 0.05, errors
+    model = _resize_model()
+    prepare(model, FixOptions())
+    feeds = validation_feeds(model, n_inputs=3, seed=0, approximate=True)
+    assert len(feeds) * 7 >= APPROX_MIN_ELEMENTS
+    assert len(validation_feeds(model, n_inputs=3, seed=0)) == 3  # exact runs keep --validation-inputs
+
+
+def test_strict_refuses_an_approximate_change(tmp_path):
+    path = _save(_resize_model(n_in=4, n_out=8), tmp_path / "m.onnx")
+    model = api.load_model(path)
+    with pytest.raises(StrictRefused, match="--strict: pass resize-nearest would change 1 node"):
+        api.fix(model, FixOptions(strict=True))
+    result = invoke(path, "-o", tmp_path / "o.onnx", "--strict")
+    assert result.exit_code == 4, result.output
+    assert "--resize-mode exact" in result.output and not (tmp_path / "o.onnx").exists()
+    # the exact form passes --strict; without --strict the approximate output is written and named last
+    assert invoke(path, "-o", tmp_path / "o.onnx", "--strict", "--resize-mode", "exact").exit_code == 0
+    result = invoke(path, "-o", tmp_path / "o2.onnx")
+    assert result.exit_code == 0, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("APPROXIMATE: resize-nearest changed 1 Resize (rel L2 "), last
+    assert last.endswith("use --resize-mode exact or --strict")
+
+
+def test_extra_sets_stay_within_the_memory_budget():
+    # a 1-element output next to a 4 MiB one: 4096 sets would keep 16 GiB of outputs; the budget caps them
+    from onnx_npu_fix.inputs import MAX_EXTRA_BYTES, sets_for_approximate
+
+    nodes = [helper.make_node("ReduceMax", ["x"], ["peak"], name="peak", keepdims=0),
+             helper.make_node("Relu", ["x"], ["big"], name="relu")]
+    model = _model(nodes, [_vi("x", [1 << 20])], [_vi("peak", []), _vi("big", [1 << 20])], opset=13)
+    n = sets_for_approximate(model)
+    assert 1 <= n and n * 2 * (4 << 20) <= MAX_EXTRA_BYTES
+
+
+class _BreakAndReplaceInput:
+    """A failing pass (doubles the weight) that also replaces the input file with another valid model, as a
+    concurrent download would, once the reference has been built and checked: the rollback to the input must
+    not restore that other model."""
+
+    name = "break-and-replace"
+    summary = "test pass"
+    exact = True
+    keeps_shapes = False
+
+    def __init__(self, path, other, reference):
+        self.path, self.other, self.reference = path, other, reference
+
+    def may_change(self, model, options):
+        return True
+
+    def run(self, model, options):
+        from onnx_npu_fix.passes.base import Change, PassResult
+
+        self.reference.outputs()  # built from the file, checked against the bytes read, run
+        onnx.save(self.other, str(self.path))
+        w = model.graph.initializer[0]
+        w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * 2, w.name))
+        return PassResult(changes=[Change("w", "initializer", "doubled")])
+
+
+def test_a_rollback_never_restores_a_replaced_input(tmp_path):
+    path = _save(_conv_model(weight_shape=(8, 4, 3, 3)), tmp_path / "m.onnx")
+    other = _conv_model(weight_shape=(8, 4, 3, 3))
+    other.graph.node[1].op_type = "Sigmoid"  # valid, and computes something else
+    loaded = api.read_model(path, keep_bytes=True)
+    options = FixOptions(keep_going=True)
+    reference = api.start_reference(loaded, options)
+    try:
+        with pytest.raises(InputError, match="changed while npufix ran"):
+            api.fix(loaded.model, options, [_BreakAndReplaceInput(path, other, reference)], reference=reference,
+                    source=path)
+    finally:
+        reference.close()
+
+
+def test_a_file_name_that_is_not_utf8_is_still_validated(tmp_path):
+    name = os.fsdecode(b"m\xff.onnx")  # a surrogate-escaped byte: onnxruntime cannot open this path
+    path = tmp_path / name
+    try:
+        _save(_conv_model(weight_shape=(6, 4, 3, 3), bias=6), path)
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("the file system does not take a non-UTF-8 name")
+    result = _fix_with_reference(path)
+    assert result.ok and result.report.final is not None and result.report.final.passed
