@@ -495,6 +495,9 @@ def _check_concat(ctx: _Context, node: onnx.NodeProto) -> None:
         shape = index.shape(inp)
         if shape is None or len(shape) < 3:
             return  # shape vectors and [N, F] concats are not feature maps
+        axis = get_attr(node, "axis", 1)
+        if (axis + len(shape) if axis < 0 else axis) != 1:
+            return  # a concat along batch or space: its channel count is the inputs', not their sum
         c = shape[1]
         channels.append(c if isinstance(c, int) else "?")
         if isinstance(c, int) and c % align:

@@ -620,3 +620,14 @@ def test_batch_is_traced_through_if_branches_and_unresolved_sizes():
               helper.make_tensor_value_info("pads", TensorProto.INT64, [6])]
     model = _model(nodes, inputs, [_vi("y", None)], [_w("w", (4, 4, 3))])
     assert [(v.node, v.op) for v in _batch_findings(model)] == [("x", "graph input")]
+
+
+@pytest.mark.parametrize("axis", [0, 2, -1])
+def test_concat_off_the_channel_axis_is_no_channel_concat(axis):
+    # Silero VAD concatenates its two [1, 1, 128] state halves on axis 0: no channel count is summed there.
+    nodes = [helper.make_node("Relu", ["x1"], ["a"], name="r1"), helper.make_node("Relu", ["x2"], ["b"], name="r2"),
+             helper.make_node("Concat", ["a", "b"], ["y"], name="cat", axis=axis)]
+    model = _model(nodes, [_vi("x1", [1, 12, 4, 4]), _vi("x2", [1, 12, 4, 4])], [_vi("y", None)])
+    assert find_violations(model, FixOptions(concat_align=8)) == []
+    assert [v.constraint for v in find_violations(concat_model(12, 12), FixOptions(concat_align=8))] == \
+        ["concat-align"]  # the same inputs on axis 1 are a channel concat
