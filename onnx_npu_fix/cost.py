@@ -5,7 +5,9 @@ a few extra output positions) is visible in every summary. One pass over the nod
 (:func:`graph.node_macs`), one over the initializers for the weight bytes, and the activation peak of the stored
 order from :mod:`memory` (no order search: it is the figure the model has as written). Above
 ``DETAIL_MAX_NODES`` nodes the MACs and the peak are skipped (None): at 100k nodes they cost ~2 s per model, a
-quarter of the whole run; the op counts and weight bytes stay (0.2 s).
+quarter of the whole run; the op counts and weight bytes stay (0.2 s). Nodes and weights inside If / Loop / Scan
+bodies are counted too (a model whose branches fold-constants inlined would otherwise seem to grow from nothing);
+their MACs and activations are not, as memory.py estimates the outer graph only.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import onnx
 
-from onnx_npu_fix.graph import GraphIndex, node_macs, payload_bytes
+from onnx_npu_fix.graph import GraphIndex, has_subgraphs, node_macs, payload_bytes, subgraphs
 
 DETAIL_MAX_NODES = 20000
 
@@ -58,6 +60,15 @@ def model_cost(model: onnx.ModelProto, act_bytes: int = 1, index: GraphIndex | N
         if detail and op in ("Conv", "ConvTranspose"):
             macs += node_macs(index, node)
     weights = sum(payload_bytes(t) for t in model.graph.initializer)
+    bodies = [g for node in nodes if has_subgraphs(node) for g in subgraphs(node)]
+    while bodies:
+        body = bodies.pop()
+        weights += sum(payload_bytes(t) for t in body.initializer)
+        for node in body.node:
+            op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+            ops[op] = ops.get(op, 0) + 1
+            if has_subgraphs(node):
+                bodies.extend(subgraphs(node))
     if not detail:
         return Cost(ops, None, weights, None, act_bytes)
     peak = estimate_index(index, act_bytes, reorder=False).peak_bytes

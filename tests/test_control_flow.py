@@ -764,3 +764,16 @@ def test_the_unroll_budget_holds_for_the_whole_pass():
     # 60 copies of the 39 Relus were written (the condition's Identity is an alias, not a node).
     assert "budget of 4096 unrolled nodes (2340 used" in rejection.reason
     assert_equivalent(model, fixed)
+
+
+def test_cost_counts_the_nodes_and_weights_inside_branches():
+    """Before the fix the branches hold nodes and weights too: the cost table must not show them appearing
+    from nothing once fold-constants inlines the chosen branch."""
+    from onnx_npu_fix.cost import model_cost
+    from onnx_npu_fix.graph import infer_shapes
+
+    model = outer_scope_if(None)
+    infer_shapes(model)
+    cost = model_cost(model)
+    assert cost.ops == {"Add": 2, "Mul": 2, "If": 1, "Relu": 1, "Neg": 1}
+    assert cost.weight_bytes == 4 + 4 + 2 * 3 * 4  # one, two, and the then-branch's w_then
