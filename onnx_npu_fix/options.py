@@ -58,3 +58,20 @@ class FixOptions:
     """Activation-memory budget for the memory estimate (None: only reported, never a violation)."""
     act_bytes: int = 1
     """Bytes per activation element in the memory estimate (1 for int8, 4 for float32)."""
+    # --- emission forms: which op forms the target's compiler runs on its NPU (target profiles set these) ----
+    remainder_pad: str = "concat"
+    """How dilated-conv pads a remainder (< k samples) before its phase Reshape: concat (Concat with a zeros
+    constant, the default: tpu-mlir 1.30.2 aborts on a rank-3 Pad there) | pad4d (a Pad on a rank >= 4 view;
+    rank-3 tensors are reshaped to [B,C,1,L] around it) | pad (a plain Pad of the tensor's own rank)."""
+    lift_conv1d: bool = False
+    """dilated-conv runs every 1-D Conv ([B,C,L]) as a 4-D one: Reshape [B,C,1,L] -> Conv kernel [1,K] -> Reshape."""
+    s2b_layouts: tuple[str, ...] | None = None
+    """Space-to-batch layouts whose ops the target runs on its NPU (None: all). With --s2b-layout auto only these
+    are tried; a conv none of them can rewrite is left alone (do no harm) unless force_rewrite."""
+    force_rewrite: bool = False
+    """Rewrite a conv even when every form would put ops on the target's CPU (overrides the do-no-harm rule)."""
+    allow_convtranspose: bool = True
+    """Whether rewrites may emit ConvTranspose (False: resize-nearest's exact mode uses the MatMul form)."""
+    max_convtranspose_stride: int | None = None
+    """Largest ConvTranspose stride the target compiles (None: no limit); exact Resize forms above it are
+    split into stages (x8 -> x2 then x4)."""

@@ -60,11 +60,17 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "bn_standalone": ("mul-add", "conv"),
     "resize_mode": ("nearest", "exact"),
     "validate": ("each", "final", "none"),
+    "remainder_pad": ("concat", "pad4d", "pad"),  # emission forms (issue 13)
+}
+# List options whose every element must be one of a fixed set (emission forms, issue 13).
+_LIST_CHOICES: dict[str, tuple[str, ...]] = {
+    "s2b_layouts": ("spatial", "channel", "batch"),
 }
 # Byte budgets that may be written with a unit ("384KiB"); act_bytes is bytes per element, not a budget.
 _SIZE_FIELDS = frozenset({"sram_bytes", "large_tensor_bytes"})
 # Integer options for which 0 is meaningless (0 disables align/concat_align, so those may be 0).
-_POSITIVE_INTS = frozenset({"max_dilation", "max_rank", "max_kernel", "max_stride", "act_bytes", "n_inputs"})
+_POSITIVE_INTS = frozenset({"max_dilation", "max_rank", "max_kernel", "max_stride", "act_bytes", "n_inputs",
+                            "max_convtranspose_stride"})
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
@@ -213,6 +219,10 @@ def _convert(key: str, kind: str, value: Any) -> Any:
             raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
         if key == "forbidden_ops":
             _check_op_types(value)
+        allowed = _LIST_CHOICES.get(key)
+        bad = [v for v in value if allowed and v not in allowed]
+        if bad:
+            raise ValueError(f"values must be among {', '.join(allowed)}, got {', '.join(map(repr, bad))}")
         return tuple(value)
     if kind == "shapes":
         if not isinstance(value, dict):

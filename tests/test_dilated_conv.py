@@ -21,7 +21,7 @@ from onnx_npu_fix.passes.dilated_conv import DilatedConvPass, block_size
 
 LAYOUTS = ("auto", "spatial", "channel", "batch")
 MAX_DILATIONS = (1, 2, 4, 7)
-ALLOWED_OPS = {"Pad", "Reshape", "Transpose", "Conv", "Slice"}
+ALLOWED_OPS = {"Pad", "Concat", "Reshape", "Transpose", "Conv", "Slice"}
 
 
 # --- model builders ------------------------------------------------------------------------------------
@@ -429,11 +429,13 @@ def qdq_model(in_shape=(1, 4, 30), dilation=8, channels_out=4, group=4, bias_dq=
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
 
 
+@pytest.mark.parametrize("remainder_pad", ["pad", "pad4d", "concat"])
 @pytest.mark.parametrize("bias_dq", [False, True], ids=["float-bias", "int32-bias"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_qdq_pattern_survives(layout, bias_dq):
+def test_qdq_pattern_survives(layout, bias_dq, remainder_pad):
     original = qdq_model(bias_dq=bias_dq)
-    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=2, s2b_layout=layout)
+    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=2, s2b_layout=layout,
+                               remainder_pad=remainder_pad)
     assert max_dilation_of(fixed) <= 2
     (conv,) = conv_nodes(fixed)
     index = GraphIndex(fixed)
@@ -441,10 +443,18 @@ def test_qdq_pattern_survives(layout, bias_dq):
     assert index.producer[conv.input[0]].op_type == "DequantizeLinear"
     assert index.producer[conv.input[1]].op_type == "DequantizeLinear"
     assert [n.op_type for n in index.consumers_of(conv.output[0])] == ["QuantizeLinear"]
-    # The moved Pad works on the uint8 tensor and pads with the zero point.
-    pad = next(n for n in fixed.graph.node if n.op_type == "Pad")
-    assert index.elem_type(pad.input[0]) == TensorProto.UINT8
-    assert index.const_value(pad.input[2]) == 128
+    # The moved Pad (or Concat with constant blocks) works on the uint8 tensor and pads with the zero point.
+    if remainder_pad == "concat":
+        concat = next(n for n in fixed.graph.node if n.op_type == "Concat")
+        assert "Pad" not in ops(fixed)
+        blocks = [index.const_value(i) for i in concat.input if index.const_value(i) is not None]
+        assert blocks and all(b.dtype == np.uint8 and (b == 128).all() for b in blocks)
+        assert index.elem_type(concat.output[0]) == TensorProto.UINT8
+    else:
+        pad = next(n for n in fixed.graph.node if n.op_type == "Pad")
+        assert index.elem_type(pad.input[0]) == TensorProto.UINT8
+        assert index.const_value(pad.input[2]) == 128
+        assert len(index.static_shape(pad.input[0])) == (3 if remainder_pad == "pad" else 4)
     assert ops(fixed).count("QuantizeLinear") == 2
     assert ops(fixed).count("DequantizeLinear") == ops(original).count("DequantizeLinear")
     assert result.changes[0].detail["qdq"] == {"input_moved_before_dq": True, "output_moved_after_q": True}
