@@ -613,6 +613,7 @@ def _plan(index: GraphIndex, node: onnx.NodeProto, options: FixOptions, opset: i
     else:
         candidates = [(options.s2b_layout, None)]
 
+    candidates = _npu_layouts(node, candidates, options, explicit=options.s2b_layout != "auto")
     reasons = []
     for layout, warning in candidates:
         try:
@@ -624,6 +625,35 @@ def _plan(index: GraphIndex, node: onnx.NodeProto, options: FixOptions, opset: i
         plan.warning = warning
         return plan
     raise _Skip("; ".join(reasons))
+
+
+def _npu_layouts(node: onnx.NodeProto, candidates: list[tuple[str, str | None]], options: FixOptions, *,
+                 explicit: bool) -> list[tuple[str, str | None]]:
+    """Do no harm: keep only the layouts whose ops the target runs on its NPU (``s2b_layouts``).
+
+    When none is left, rewriting would only move this conv's work onto the target's CPU (e.g. rknn runs the
+    Reshape/Transpose of the channel and batch layouts on the CPU, while a genuinely 2-D conv has no spatial
+    layout): the conv is left alone with a Rejection that says so, unless ``force_rewrite``. A layout the
+    user named explicitly (``--s2b-layout``) is used with a warning."""
+    npu = options.s2b_layouts
+    if npu is None or all(layout == "direct" or layout in npu for layout, _ in candidates):
+        return candidates
+    if explicit:
+        layout, warning = candidates[0]
+        note = (f"{node.name}: the {layout} layout was asked for, but the target runs its ops on the CPU "
+                f"(it runs {', '.join(npu) or 'no space-to-batch layout'} on the NPU)")
+        return [(layout, f"{warning}; {note}" if warning else note)]
+    kept = [(layout, warning) for layout, warning in candidates if layout in npu]
+    if kept:
+        return kept
+    if options.force_rewrite:
+        layout, warning = candidates[0]
+        note = f"{node.name}: --force-rewrite: the {layout} layout puts ops on the target's CPU"
+        return [(layout, f"{warning}; {note}" if warning else note)]
+    names = ", ".join(layout for layout, _ in candidates)
+    raise _Skip(f"do no harm: the layouts that can rewrite this conv ({names}) run their Reshape/Transpose on "
+                f"the target's CPU (it keeps only {', '.join(npu) or 'none'} on the NPU), so the rewrite would "
+                f"move work from the NPU to the CPU; left as it is (--force-rewrite rewrites it anyway)")
 
 
 def _plan_layout(index: GraphIndex, node: onnx.NodeProto, geo: ConvGeometry, layout: str,
