@@ -1057,7 +1057,8 @@ def _rewrite(index: GraphIndex, editor: GraphEditor, plan: _Plan) -> tuple[list[
     return nodes, w_bytes + b_bytes
 
 
-_CONST_ROLES = {"Pad": ("pads", "value"), "Concat": ("zeros", "zeros"), "Reshape": ("shape",), "Slice": ("starts", "ends", "axes", "steps")}
+_CONST_ROLES = {"Pad": ("pads", "value"), "Concat": ("zeros", "zeros"), "Reshape": ("shape",),
+                "Slice": ("starts", "ends", "axes", "steps")}
 
 
 def _emit(index: GraphIndex, editor: GraphEditor, steps: list[_Step], cur: str, base: str,
