@@ -796,14 +796,16 @@ def test_an_explicit_layout_is_used_with_a_warning():
     assert_bit_exact(original, fixed)
 
 
-@pytest.mark.parametrize("name", ["torch_convtasnet.onnx", "torch_convtasnet_causal.onnx"])
-def test_convtasnet_exports_take_the_bm1684x_forms(fixture_path, name):
+@pytest.mark.parametrize(("name", "shape"), [("torch_convtasnet.onnx", (1, 8000)),
+                                           ("torch_convtasnet_causal.onnx", (1, 8000)),
+                                           ("torchaudio_convtasnet.onnx", (1, 1, 8000))])
+def test_convtasnet_exports_take_the_bm1684x_forms(fixture_path, name, shape):
     """The torch exports at 999 frames (8000 samples): remainders, lifted convs, no rank-3 Pad before a Reshape."""
     from onnx_npu_fix.api import fix
     from onnx_npu_fix.options import FixOptions
     from onnx_npu_fix.targets import apply_target, load_target
 
-    options = apply_target(load_target("bm1684x"), FixOptions(input_shapes={"mix": (1, 8000)}), {})
+    options = apply_target(load_target("bm1684x"), FixOptions(input_shapes={"mix": shape}), {})
     outcome = fix(onnx.load(fixture_path(name)), options)
     assert outcome.ok
     fixed = outcome.model

@@ -12,9 +12,9 @@ set to a file path, every judged model appends one JSON line (compiler, version,
 the README's table is made from those lines.
 
 What is asserted, per compiler and per shipped profile for it, on the torch-exported ConvTasNet (999 frames from
-8000 samples, so the remainder path of the rewrite runs), its causal form, and the U-Net:
+8000 samples, so the remainder path of the rewrite runs), its causal form, the U-Net and torchaudio's ConvTasNet:
 
-- tpu-mlir bm1684x (F16): both ConvTasNets are rejected as exported (depthwise dilation >= 16; the causal one
+- tpu-mlir bm1684x (F16): the three ConvTasNets are rejected as exported (depthwise dilation >= 16; the causal one
   also with a ``getI64Array`` codegen abort), the U-Net compiles; every ``--target bm1684x`` output compiles.
 - rknn-toolkit2 (int8, the verbose layer table's Target column): on rv1106 the exported ConvTasNets run the
   compiler's own large-dilation Gathers on the CPU; on every target, no op that npufix introduced runs on the
@@ -51,6 +51,7 @@ MODELS = {
     "torch_convtasnet.onnx": {"mix": (1, 8000)},
     "torch_convtasnet_causal.onnx": {"mix": (1, 8000)},
     "torch_unet.onnx": {"image": (1, 1, 64, 64)},
+    "torchaudio_convtasnet.onnx": {"mix": (1, 1, 8000)},
 }
 
 
@@ -163,6 +164,7 @@ TPU_ORIGINAL_REJECTION = {
     "torch_convtasnet.onnx": "dh > 0 && dh < 16",
     "torch_convtasnet_causal.onnx": "arr->size() == num_elem",
     "torch_unet.onnx": None,
+    "torchaudio_convtasnet.onnx": "dh > 0 && dh < 16",
 }
 
 

@@ -25,9 +25,13 @@ whose kernel extent is 1 only has its dilation reset (it reads one tap; the dila
 Per split axis the conv reads exactly ``q*k`` samples, where q = (ceil(O/T) - 1)*(s/p) + (K-1)*D' + 1 is the
 shortest per-phase length that yields ceil(O/T) outputs. Whole blocks of k padding samples are whole zero
 rows of every phase, so the new Conv pads them itself (pads floor(pb/k) and floor(E/k) rows, E the end padding
-needed — never more than the original pads, divided by k); only the remainders (< k per side) go into an
-explicit Pad, which disappears when the Conv's pads and the length are multiples of k (the usual TCN case;
-tpu-mlir 1.30.2 also fails to compile a Pad -> Reshape pair there). The per-phase outputs are interleaved back
+needed — never more than the original pads, divided by k); only the remainders (< k per side) are padded
+explicitly, which disappears when the Conv's pads and the length are multiples of k (the usual TCN case).
+The remainder padding takes the target's form (``remainder_pad``, :func:`padding_steps`): ``concat`` (the
+default) concatenates constant zero blocks along each padded axis; ``pad4d`` pads a rank-3 tensor on its
+[B,C,1,L] view; ``pad`` is one Pad of the tensor's rank — tpu-mlir 1.30.2 aborts in codegen on that rank-3
+Pad before the phase Reshape (``getI64Array: Assertion arr->size() == num_elem``) and compiles the other two.
+All three are the same zeros in the same places. The per-phase outputs are interleaved back
 and a Slice crops to O. When k divides the stride (T = 1) only phase 0 is read: the split is a strided Slice
 ``[0 : q*k : k]`` (which also drops the trailing samples the floor mode ignores) and no phase axis is needed
 ("direct" in the report).
@@ -76,6 +80,19 @@ a short clip), the tap contributes exactly 0. The live taps j0..j1 are kept — 
 axis left with one tap needs no dilation at all. This is exact, lowers MACs and weights, and often removes
 the need for space-to-batch; it is applied only to convs over the limit, with constant weights, and only when
 the new pads stay non-negative ("trim dead taps" in the report).
+
+Lifting 1-D convs (``lift_conv1d``, before everything else): every Conv on a static [B,C,L] input becomes
+Reshape [B,C,1,L] -> Conv (kernel [1,K], dilation [1,D], stride [1,s], pads [0,pb,0,pe], weights reshaped
+[M,C/g,K] -> [M,C/g,1,K]) -> Reshape [B,M,O]: each output reads the same samples with the same weights. The
+lifted conv is then split like any [B,C,1,L] conv (spatial layout), and the Reshapes the lift and the split emit
+back to back are merged (Reshape(Reshape(x, s1), s2) = Reshape(x, s2)). A QDQ conv keeps DQ -> Conv -> Q adjacent:
+the Reshapes move to the quantized side as above.
+
+Do no harm (``s2b_layouts``): a target may list the layouts whose ops its compiler keeps on the NPU (rknn runs
+the channel / batch layouts' Transpose and Reshape on the CPU). ``auto`` tries only those; when none of them can
+rewrite a conv (a genuinely 2-D conv has no spatial layout), the rewrite would only move work to the CPU, so the
+conv is left with a Rejection that says so, unless ``force_rewrite``. An explicit ``s2b_layout`` is honoured with
+a warning.
 
 Left alone with a blocking Rejection: a non-static input shape (the reason names ``--input-shape``), an
 unknown kernel, stride with no usable k, opset < 11, layouts whose needed ops are forbidden, channel layout

@@ -57,7 +57,12 @@ builds ``M`` in float64 from the spec formulas (checked against onnxruntime for 
    whole ``M`` is then rebuilt from it and compared, so the form is used only where it is exact. This gives
    half_pixel / pytorch_half_pixel x2: edge pad 1, kernel [1,3,3,1]/4, pads 3; asymmetric x2: edge pad (0, 1),
    kernel [1,2,1]/2, pads (1, 2); align_corners with ``out = 2N-1``: kernel [1,2,1]/2, pads 1 — and the same
-   for any integer factor and for cubic (edge pad 2) where it holds;
+   for any integer factor and for cubic (edge pad 2) where it holds. When a stride exceeds
+   ``max_convtranspose_stride`` (tpu-mlir aborts from stride 9) the ConvTranspose is split into stages with
+   smaller strides, exactly: stride s with kernel W is ``Y(z) = W(z) X(z^s)``, and stages s1 (kernel a) then s2
+   (kernel b) give ``B(z) A(z^s2)``, so a and b with ``W(z) = B(z) A(z^s2)`` are found by polynomial division
+   (:func:`conv_transpose_stages`; x8 -> x4 x2, x16 -> x8 x2, x9 -> x3 x3); only the last stage crops. A prime
+   stride above the limit has no stages: MatMul below. With ``allow_convtranspose`` off, MatMul is used instead;
 3. else, when only the last two axes are resized: ``MatMul(A_H, X)`` then ``MatMul(., A_W^T)`` with the
    constant matrices (align_corners with ``out = 2N``, non-integer factors, downsampling, ConvTranspose
    forbidden), if each matrix has at most 2^22 elements;
