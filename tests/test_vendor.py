@@ -335,3 +335,27 @@ def test_rknn_runs_nothing_npufix_added_on_the_cpu(fixture_path, rknn_originals,
     original = rknn_originals(target, name)
     assert len(build.cpu) <= len(original.cpu), (build.cpu, original.cpu)
     assert not [full for op, full in build.cpu if full.endswith("_pad_gather")]  # no large-dilation Gather left
+
+
+@requires_rknn
+@pytest.mark.parametrize("target", RKNN_TARGETS)
+def test_rknn_profile_layout_keeps_a_forced_rewrite_on_the_npu(fixture_path, tmp_path, target):
+    """The profiles' s2b_layouts at work: with a dilation limit forced on top of the profile (rk3566 / rk3588 need
+    none), the ConvTasNet's rewrite stays on the NPU; the channel layout, which the profiles exclude, puts
+    npufix's Transposes / Reshapes on the CPU of rk3566 and rk3588 — the control that the detector can fail."""
+    name = "torch_convtasnet.onnx"
+    original = onnx.load(fixture_path(name))
+    verdicts = {}
+    for layout in ("auto", "channel"):
+        explicit = {"max_dilation": 31, "s2b_layout": layout}
+        options = apply_target(load_target(target), FixOptions(input_shapes=dict(MODELS[name])), explicit)
+        outcome = fix(onnx.load(fixture_path(name)), options)
+        assert outcome.ok
+        build = build_rknn(outcome.model, target, str(tmp_path / layout), list(MODELS[name].values()))
+        assert build.built, build.log[-2000:]
+        verdicts[layout] = introduced_by_npufix(build, original, outcome.model)
+        record("rknn-toolkit2", target, f"{name} --target {target} --max-dilation 31 --s2b-layout {layout}",
+               _summary(build) + (f" ({len(verdicts[layout])} of them npufix's)" if verdicts[layout] else ""))
+    assert verdicts["auto"] == []
+    if target in ("rk3566", "rk3588"):
+        assert verdicts["channel"] and {op for op, _ in verdicts["channel"]} <= {"Transpose", "Reshape"}
