@@ -157,6 +157,15 @@ def _split_names(value: str | None) -> list[str] | None:
               help="States the exact schedule search may expand (default 20000; 0: greedy orders only).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="Write the build record (JSON) here.")
+# --- emission forms (issue 13): target facts a profile sets, overridable here ---
+@click.option("--remainder-pad", type=click.Choice(["concat", "pad4d", "pad"]), default="concat", show_default=True,
+              help="How dilated-conv pads a remainder: Concat with zeros, a Pad on a 4-D view, or a plain Pad.")
+@click.option("--lift-conv1d/--no-lift-conv1d", default=False,
+              help="Run 1-D Convs as 4-D ones ([B,C,1,L], kernel [1,K]) for compilers that want 4-D convs.")
+@click.option("--force-rewrite", is_flag=True,
+              help="Rewrite convs even when the target runs every candidate form's ops on its CPU.")
+@click.option("--max-convtranspose-stride", type=click.IntRange(min=1), default=None,
+              help="Largest ConvTranspose stride; exact Resize forms above it are split into stages.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
 @click.option("-v", "--verbose", count=True, help="More detail: every change and rejection (-vv: tracebacks).")
 @click.version_option(__version__, "--version")
@@ -417,6 +426,10 @@ _OPTION_FIELDS = {
     "validate_policy": "validate", "keep_going": "keep_going", "freeze_input": "freeze_inputs",
     "validation_data": "validation_data", "input_range": "input_ranges", "strict": "strict",
 }
+_OPTION_FIELDS.update({  # emission forms (issue 13)
+    "remainder_pad": "remainder_pad", "lift_conv1d": "lift_conv1d", "force_rewrite": "force_rewrite",
+    "max_convtranspose_stride": "max_convtranspose_stride",
+})
 
 
 def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any], check: bool = False) -> FixOptions:

@@ -21,11 +21,16 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "bn_standalone": ("mul-add", "conv"),
     "resize_mode": ("nearest", "exact"),
     "validate": ("each", "final", "none"),
+    "remainder_pad": ("concat", "pad4d", "pad"),
+}
+# List options whose every element must be one of a fixed set.
+LIST_CHOICES: dict[str, tuple[str, ...]] = {
+    "s2b_layouts": ("spatial", "channel", "batch"),
 }
 # Smallest value of a numeric option (for a tuple: of each element); numeric options not listed must be >= 0.
 MINIMUM: dict[str, int] = {
     "max_dilation": 1, "n_inputs": 1, "max_rank": 1, "max_kernel": 1, "max_stride": 1, "act_bytes": 1,
-    "allowed_dilations": 1,
+    "allowed_dilations": 1, "max_convtranspose_stride": 1,
 }
 
 
@@ -105,6 +110,25 @@ class FixOptions:
     split_at: tuple[str, ...] = ()
     """--split-at: tensors after whose producer the split must cut."""
 
+
+    # --- emission forms: which op forms the target's compiler runs on its NPU (target profiles set these) ----
+    remainder_pad: str = "concat"
+    """How dilated-conv pads a remainder (< k samples) before its phase Reshape: concat (Concat with a zeros
+    constant, the default: tpu-mlir 1.30.2 aborts on a rank-3 Pad there) | pad4d (a Pad on a rank >= 4 view;
+    rank-3 tensors are reshaped to [B,C,1,L] around it) | pad (a plain Pad of the tensor's own rank)."""
+    lift_conv1d: bool = False
+    """dilated-conv runs every 1-D Conv ([B,C,L]) as a 4-D one: Reshape [B,C,1,L] -> Conv kernel [1,K] -> Reshape."""
+    s2b_layouts: tuple[str, ...] | None = None
+    """Space-to-batch layouts whose ops the target runs on its NPU (None: all). With --s2b-layout auto only these
+    are tried; a conv none of them can rewrite is left alone (do no harm) unless force_rewrite."""
+    force_rewrite: bool = False
+    """Rewrite a conv even when every form would put ops on the target's CPU (overrides the do-no-harm rule)."""
+    allow_convtranspose: bool = True
+    """Whether rewrites may emit ConvTranspose (False: resize-nearest's exact mode uses the MatMul form)."""
+    max_convtranspose_stride: int | None = None
+    """Largest ConvTranspose stride the target compiles (None: no limit); exact Resize forms above it are
+    split into stages (x8 -> x2 then x4)."""
+
     # --- which constraints count (set by the CLI; a library caller may leave them) -------------------
     target: str | None = None
     """Name of the target profile these options came from (None: no target). With a target, the constraints
@@ -174,6 +198,11 @@ def check_value(name: str, annotation: Any, value: Any) -> Any:
         if kind == "tuple[str,...]":
             if any(not isinstance(v, str) for v in value):
                 raise _bad(name, "a list of strings", value)
+            allowed = LIST_CHOICES.get(name)
+            bad = [v for v in value if allowed and v not in allowed]
+            if bad:
+                raise OptionError(f"{name}: values must be among {', '.join(allowed)}, got "
+                                  f"{', '.join(map(repr, bad))}", field=name)
         else:
             for v in value:
                 _number(name, v, True)

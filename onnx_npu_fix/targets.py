@@ -37,7 +37,7 @@ from typing import Any
 import onnx.defs
 
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.options import CHOICES, MINIMUM, FixOptions
+from onnx_npu_fix.options import CHOICES, LIST_CHOICES, MINIMUM, FixOptions
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -60,6 +60,7 @@ _TABLES = ("target", "constraints", "notes")
 # String choices and numeric minimums are FixOptions' own rules (options.py): a value is accepted in a profile
 # exactly when FixOptions accepts it.
 _CHOICES = CHOICES
+_LIST_CHOICES = LIST_CHOICES
 # Byte budgets that may be written with a unit ("384KiB"); act_bytes is bytes per element, not a budget.
 _SIZE_FIELDS = frozenset({"sram_bytes", "large_tensor_bytes"})
 # Fields that say who asked for what; a profile does not set them.
@@ -217,6 +218,10 @@ def _convert(key: str, kind: str, value: Any) -> Any:
             raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
         if key == "forbidden_ops":
             _check_op_types(value)
+        allowed = _LIST_CHOICES.get(key)
+        bad = [v for v in value if allowed and v not in allowed]
+        if bad:
+            raise ValueError(f"values must be among {', '.join(allowed)}, got {', '.join(map(repr, bad))}")
         return tuple(value)
     if kind == "shapes":
         if not isinstance(value, dict):

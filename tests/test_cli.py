@@ -38,15 +38,15 @@ def test_fixes_tcn_fixture_and_matches(tmp_path, fixture_path):
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
     assert lines[-1] == f"wrote {out}"
-    assert lines[0].startswith("cleanup")
+    assert lines[0].startswith("fold-constants") and lines[1].startswith("cleanup")
     assert_equivalent(onnx.load(fixture_path("tcn.onnx")), onnx.load(out))
     data = json.loads(report.read_text())
     assert data["report_version"] == 1
     assert data["exit_code"] == 0
     assert data["input"]["sha256"] and data["output"]["sha256"]
     assert data["options"]["max_dilation"] == 4
-    assert [p["name"] for p in data["passes"]][:2] == ["cleanup", "fold-constants"]
-    removed = [c["node"] for c in data["passes"][0]["changes"] if c["action"] == "removed"]
+    assert [p["name"] for p in data["passes"]][:2] == ["fold-constants", "cleanup"]
+    removed = [c["node"] for c in data["passes"][1]["changes"] if c["action"] == "removed"]
     assert removed == ["encoder.dropout_4"]
 
 
@@ -130,7 +130,7 @@ def test_missing_output_option(fixture_path):
 def test_list_passes_and_help():
     result = invoke("--list-passes")
     assert result.exit_code == 0
-    assert result.output.splitlines()[0].startswith("cleanup")
+    assert result.output.splitlines()[0].startswith("fold-constants")
     help_text = invoke("--help").output
     assert "npufix model.onnx -o fixed.onnx --max-dilation 4 --align 8" in help_text
 
@@ -160,7 +160,7 @@ def test_failed_validation_exits_3_and_writes_nothing(tmp_path, fixture_path, mo
     assert "pass cleanup failed" in result.output
     assert not out.exists()
     data = json.loads(report.read_text())
-    assert data["passes"][0]["status"] == "failed"
+    assert [p["status"] for p in data["passes"] if p["name"] == "cleanup"] == ["failed"]
     assert data["output"] is None
 
 

@@ -23,7 +23,7 @@ from onnx_npu_fix.pipeline import prepare, run_passes
 
 LAYOUTS = ("auto", "spatial", "channel", "batch")
 MAX_DILATIONS = (1, 2, 4, 7)
-ALLOWED_OPS = {"Pad", "Reshape", "Transpose", "Conv", "Slice"}
+ALLOWED_OPS = {"Pad", "Concat", "Reshape", "Transpose", "Conv", "Slice"}
 
 
 # --- model builders ------------------------------------------------------------------------------------
@@ -431,11 +431,13 @@ def qdq_model(in_shape=(1, 4, 30), dilation=8, channels_out=4, group=4, bias_dq=
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
 
 
+@pytest.mark.parametrize("remainder_pad", ["pad", "pad4d", "concat"])
 @pytest.mark.parametrize("bias_dq", [False, True], ids=["float-bias", "int32-bias"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_qdq_pattern_survives(layout, bias_dq):
+def test_qdq_pattern_survives(layout, bias_dq, remainder_pad):
     original = qdq_model(bias_dq=bias_dq)
-    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=2, s2b_layout=layout)
+    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=2, s2b_layout=layout,
+                               remainder_pad=remainder_pad)
     assert max_dilation_of(fixed) <= 2
     (conv,) = conv_nodes(fixed)
     index = GraphIndex(fixed)
@@ -443,10 +445,18 @@ def test_qdq_pattern_survives(layout, bias_dq):
     assert index.producer[conv.input[0]].op_type == "DequantizeLinear"
     assert index.producer[conv.input[1]].op_type == "DequantizeLinear"
     assert [n.op_type for n in index.consumers_of(conv.output[0])] == ["QuantizeLinear"]
-    # The moved Pad works on the uint8 tensor and pads with the zero point.
-    pad = next(n for n in fixed.graph.node if n.op_type == "Pad")
-    assert index.elem_type(pad.input[0]) == TensorProto.UINT8
-    assert index.const_value(pad.input[2]) == 128
+    # The moved Pad (or Concat with constant blocks) works on the uint8 tensor and pads with the zero point.
+    if remainder_pad == "concat":
+        concat = next(n for n in fixed.graph.node if n.op_type == "Concat")
+        assert "Pad" not in ops(fixed)
+        blocks = [index.const_value(i) for i in concat.input if index.const_value(i) is not None]
+        assert blocks and all(b.dtype == np.uint8 and (b == 128).all() for b in blocks)
+        assert index.elem_type(concat.output[0]) == TensorProto.UINT8
+    else:
+        pad = next(n for n in fixed.graph.node if n.op_type == "Pad")
+        assert index.elem_type(pad.input[0]) == TensorProto.UINT8
+        assert index.const_value(pad.input[2]) == 128
+        assert len(index.static_shape(pad.input[0])) == (3 if remainder_pad == "pad" else 4)
     assert ops(fixed).count("QuantizeLinear") == 2
     assert ops(fixed).count("DequantizeLinear") == ops(original).count("DequantizeLinear")
     assert result.changes[0].detail["qdq"] == {"input_moved_before_dq": True, "output_moved_after_q": True}
@@ -678,3 +688,154 @@ def test_a_non_finite_weight_in_a_dead_tap_is_not_trimmed():
     prepare(model, options)
     run = run_passes(model, options, [DilatedConvPass()])
     assert run.ok and run.report.passes[0].status == "validated", run.report.to_json()
+
+
+# --- emission forms (issue 13): remainder padding, 1-D -> 4-D lift, do no harm ------------------------------
+
+REMAINDER_FORMS = ("concat", "pad4d", "pad")
+
+
+def _pads_and_concats(model):
+    index = GraphIndex(model)
+    pads = [len(index.static_shape(n.input[0])) for n in model.graph.node if n.op_type == "Pad"]
+    concats = [n for n in model.graph.node if n.op_type == "Concat"]
+    return pads, concats
+
+
+@pytest.mark.parametrize("remainder_pad", REMAINDER_FORMS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_remainder_pad_forms_are_exact(case, layout, remainder_pad):
+    # max_dilation 1: every case needs a rewrite, most with remainders (lengths not multiples of k).
+    _, in_shape, w_shape, group, bias, attrs = case
+    original = conv_model(in_shape, w_shape, group=group, bias=bias, **attrs)
+    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=1, s2b_layout=layout,
+                               remainder_pad=remainder_pad)
+    assert result.changes and not [r for r in result.rejections if r.blocking]
+    assert_bit_exact(original, fixed)
+    assert_equivalent(original, fixed)
+    pad_ranks, concats = _pads_and_concats(fixed)
+    if remainder_pad == "concat":
+        assert not pad_ranks  # zeros are constants concatenated along the padded axes
+        index = GraphIndex(fixed)
+        for node in concats:
+            blocks = [index.const_value(i) for i in node.input if index.const_value(i) is not None]
+            assert blocks and all((b == 0).all() for b in blocks)
+    elif remainder_pad == "pad4d":
+        assert not concats and all(rank >= 4 for rank in pad_ranks)
+    else:
+        assert not concats and all(rank == len(in_shape) for rank in pad_ranks)
+    again, second = apply_pass(fixed, DilatedConvPass(), max_dilation=1, s2b_layout=layout,
+                               remainder_pad=remainder_pad)
+    assert not second.changes and again.graph.node == fixed.graph.node
+
+
+def test_rank3_pad_needs_a_remainder():
+    # The remainder path really is exercised: with the plain form, length 37 and dilation 8 leave a rank-3 Pad.
+    original = conv_model([1, 4, 37], [4, 1, 3], group=4, dilations=[8], pads=[8, 8])
+    fixed, _ = apply_pass(original, DilatedConvPass(), max_dilation=2, remainder_pad="pad")
+    assert _pads_and_concats(fixed)[0] == [3]
+    fixed, _ = apply_pass(original, DilatedConvPass(), max_dilation=2)  # the default form
+    assert _pads_and_concats(fixed)[0] == [] and "Concat" in ops(fixed)
+
+
+@pytest.mark.parametrize("remainder_pad", REMAINDER_FORMS)
+@pytest.mark.parametrize("max_dilation", [None, 2, 15])
+@pytest.mark.parametrize("case", [c for c in CASES if c[0].startswith("1d")], ids=lambda c: c[0])
+def test_lift_conv1d(case, max_dilation, remainder_pad):
+    _, in_shape, w_shape, group, bias, attrs = case
+    original = conv_model(in_shape, w_shape, group=group, bias=bias, **attrs)
+    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=max_dilation, lift_conv1d=True,
+                               remainder_pad=remainder_pad)
+    assert not [r for r in result.rejections if r.blocking]
+    assert result.changes[0].action == "lift 1-D conv to 4-D"
+    assert_bit_exact(original, fixed)
+    assert_equivalent(original, fixed)
+    index = GraphIndex(fixed)
+    for conv in conv_nodes(fixed):
+        assert len(index.static_shape(conv.input[0])) == 4 and len(get_attr(conv, "kernel_shape")) == 2
+    pad_ranks, _ = _pads_and_concats(fixed)
+    assert all(rank == 4 for rank in pad_ranks)  # after the lift, even the plain Pad is 4-D
+    # No Reshape feeds another one: the lift's view and the phase split's are merged.
+    for node in fixed.graph.node:
+        if node.op_type == "Reshape":
+            producer = index.producer.get(node.input[0])
+            assert producer is None or producer.op_type != "Reshape"
+    again, second = apply_pass(fixed, DilatedConvPass(), max_dilation=max_dilation, lift_conv1d=True,
+                               remainder_pad=remainder_pad)
+    assert not second.changes and again.graph.node == fixed.graph.node
+
+
+def test_lift_keeps_a_qdq_conv_fusable():
+    original = qdq_model()
+    fixed, result = apply_pass(original, DilatedConvPass(), lift_conv1d=True)
+    (conv,) = conv_nodes(fixed)
+    index = GraphIndex(fixed)
+    assert index.producer[conv.input[0]].op_type == "DequantizeLinear"
+    assert [n.op_type for n in index.consumers_of(conv.output[0])] == ["QuantizeLinear"]
+    assert len(index.static_shape(conv.input[0])) == 4
+    assert_bit_exact(original, fixed)
+
+
+def aspp_like():
+    """A genuinely 2-D conv with dilation 36: only the channel / batch layouts (Transpose) can split it."""
+    return conv_model([1, 4, 40, 40], [4, 4, 3, 3], dilations=[36, 36], pads=[36, 36, 36, 36])
+
+
+def test_do_no_harm_leaves_a_conv_whose_only_layouts_run_on_the_cpu():
+    original = aspp_like()
+    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=31, s2b_layouts=("spatial",))
+    assert not [c for c in result.changes if c.action == "space-to-batch"]
+    (rejection,) = result.rejections
+    assert rejection.node == "conv" and rejection.reason.startswith("do no harm")
+    assert "channel, batch" in rejection.reason and "--force-rewrite" in rejection.reason
+    assert max_dilation_of(fixed) == 36
+    # --force-rewrite: rewritten anyway, with a warning that names the CPU.
+    forced, forced_result = apply_pass(original, DilatedConvPass(), max_dilation=31, s2b_layouts=("spatial",),
+                                       force_rewrite=True)
+    assert max_dilation_of(forced) <= 31 and any("CPU" in w for w in forced_result.warnings)
+    assert_bit_exact(original, forced)
+    # A layout the target does run is still chosen for the same conv.
+    ok, ok_result = apply_pass(original, DilatedConvPass(), max_dilation=31, s2b_layouts=("batch",))
+    assert ok_result.changes[-1].detail["layout"] == "batch" and not ok_result.rejections
+    assert_bit_exact(original, ok)
+
+
+def test_do_no_harm_keeps_the_spatial_layout_of_1d_convs():
+    original = conv_model([1, 4, 150], [4, 1, 3], group=4, dilations=[64], pads=[64, 64])
+    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=31, s2b_layouts=("spatial",))
+    assert result.changes[-1].detail["layout"] == "spatial" and "Transpose" not in ops(fixed)
+    assert_bit_exact(original, fixed)
+
+
+def test_an_explicit_layout_is_used_with_a_warning():
+    original = conv_model([1, 4, 150], [4, 1, 3], group=4, dilations=[64], pads=[64, 64])
+    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=31, s2b_layouts=("spatial",),
+                               s2b_layout="channel")
+    assert result.changes[-1].detail["layout"] == "channel"
+    assert any("runs its ops on the CPU" in w for w in result.warnings)
+    assert_bit_exact(original, fixed)
+
+
+@pytest.mark.parametrize(("name", "shape"), [("torch_convtasnet.onnx", (1, 8000)),
+                                           ("torch_convtasnet_causal.onnx", (1, 8000)),
+                                           ("torchaudio_convtasnet.onnx", (1, 1, 8000))])
+def test_convtasnet_exports_take_the_bm1684x_forms(fixture_path, name, shape):
+    """The torch exports at 999 frames (8000 samples): remainders, lifted convs, no rank-3 Pad before a Reshape."""
+    from onnx_npu_fix.api import fix
+    from onnx_npu_fix.options import FixOptions
+    from onnx_npu_fix.targets import apply_target, load_target
+
+    options = apply_target(load_target("bm1684x"), FixOptions(input_shapes={"mix": shape}), {})
+    outcome = fix(onnx.load(fixture_path(name)), options)
+    assert outcome.ok
+    fixed = outcome.model
+    index = GraphIndex(fixed)
+    assert max_dilation_of(fixed) <= 15
+    for conv in conv_nodes(fixed):
+        assert len(index.static_shape(conv.input[0])) == 4
+    for node in fixed.graph.node:
+        if node.op_type == "Pad":
+            assert all(c.op_type != "Reshape" for c in index.consumers_of(node.output[0])) or \
+                len(index.static_shape(node.input[0])) == 4
+    assert "Concat" in ops(fixed) or "Pad" in ops(fixed)  # 999 frames: the remainder path ran

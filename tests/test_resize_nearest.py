@@ -626,3 +626,70 @@ def test_unknown_resize_mode_is_an_error():
 
 def test_pass_declares_itself_approximate():
     assert ResizeNearestPass.name == "resize-nearest" and ResizeNearestPass.exact is False
+
+
+# --- ConvTranspose stride limits and targets without ConvTranspose (issue 13) -----------------------------
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize("coord", ["half_pixel", "pytorch_half_pixel", "asymmetric"])
+@pytest.mark.parametrize(("factor", "limit", "strides"), [
+    (8, 4, [4, 2]), (8, 2, [2, 2, 2]), (16, 8, [8, 2]), (9, 8, [3, 3]), (6, 4, [3, 2]), (8, 8, [8]),
+])
+def test_conv_transpose_split_into_stages_below_the_stride_limit(mode, coord, factor, limit, strides):
+    model = single_resize((1, 2, 5, 6), scales=[1, 1, factor, factor], mode=mode,
+                          coordinate_transformation_mode=coord)
+    fixed, result = apply_pass(model, ResizeNearestPass(), resize_mode="exact", max_convtranspose_stride=limit)
+    convs = [n for n in fixed.graph.node if n.op_type == "ConvTranspose"]
+    assert [get_attr(n, "strides") for n in convs] == [[s, s] for s in strides]
+    assert ops(fixed) == ["Pad"] + ["ConvTranspose"] * len(strides)
+    # Only the last stage crops; the staged form is the one-stage form refactored, so the same numbers.
+    assert all(not any(get_attr(n, "pads")) for n in convs[:-1])
+    assert result.metrics["exact"] is True
+    assert_equivalent(model, fixed, atol=1e-6)
+    one_stage, _ = apply_pass(model, ResizeNearestPass(), resize_mode="exact")
+    assert_equivalent(one_stage, fixed, atol=1e-6)
+    if mode == "linear":  # dyadic kernels for powers of two: small integers give bit-identical sums
+        if factor & (factor - 1) == 0:
+            for want, got in zip(run(model, int_feeds(model)), run(fixed, int_feeds(model))):
+                np.testing.assert_array_equal(got["y"], want["y"])
+    if len(strides) > 1:
+        assert result.changes[0].new["stages"] == [{2: s, 3: s} for s in strides]
+        assert "stages" in result.changes[0].detail["why"]
+    again, second = apply_pass(fixed, ResizeNearestPass(), resize_mode="exact", max_convtranspose_stride=limit)
+    assert not second.changes and again.graph.node == fixed.graph.node
+
+
+def test_conv_transpose_stages_algebra():
+    # W(z) = B(z) A(z^s2): the half_pixel x8 triangle splits into x2 then x4, and the rebuilt kernel is W.
+    from onnx_npu_fix.passes.resize_nearest import conv_transpose_stages
+
+    w = np.convolve(np.ones(8), np.ones(8))
+    w = np.convolve(w, [1.0, 1.0]) / 16  # [1,3,5,...,15,15,...,1]/16
+    stages = conv_transpose_stages(w, 8, 4)
+    assert [s for _, s in stages] == [4, 2]
+    (a, s1), (b, s2) = stages
+    up = np.zeros((len(a) - 1) * s2 + 1)
+    up[::s2] = a
+    np.testing.assert_allclose(np.convolve(b, up), w, atol=1e-12)
+    assert conv_transpose_stages(w, 8, 8) == [(pytest.approx(w), 8)]
+    assert conv_transpose_stages(np.ones(7), 7, 4) is None  # a prime stride cannot be staged
+
+
+def test_prime_stride_above_the_limit_falls_back_to_matmul():
+    model = single_resize((1, 2, 5, 6), scales=[1, 1, 7, 7], mode="linear", coordinate_transformation_mode="half_pixel")
+    fixed, result = apply_pass(model, ResizeNearestPass(), resize_mode="exact", max_convtranspose_stride=4)
+    assert ops(fixed) == ["MatMul", "MatMul"] and result.metrics["exact"] is True
+    assert_equivalent(model, fixed, atol=1e-6)
+
+
+def test_target_without_conv_transpose_gets_the_matmul_form():
+    model = single_resize((1, 2, 5, 6), scales=[1, 1, 2, 2], mode="linear", coordinate_transformation_mode="half_pixel")
+    fixed, result = apply_pass(model, ResizeNearestPass(), resize_mode="exact", allow_convtranspose=False)
+    assert ops(fixed) == ["MatMul", "MatMul"] and result.metrics["exact"] is True
+    assert_equivalent(model, fixed, atol=1e-6)
+    # 3 resized axes: no MatMul form either, so nearest with the reason in the warning.
+    model = single_resize((1, 2, 3, 5, 6), scales=[1, 1, 2, 2, 2], mode="linear",
+                          coordinate_transformation_mode="half_pixel")
+    fixed, result = apply_pass(model, ResizeNearestPass(), resize_mode="exact", allow_convtranspose=False)
+    assert ops(fixed) == ["Resize"] and "allow_convtranspose = false" in result.warnings[0]

@@ -1,6 +1,8 @@
 """The pass registry. ``DEFAULT_ORDER`` is the one place that says which passes run, and in which order.
 
-Why this order: cleanup and constant folding first, so later passes see static shapes and plain constants;
+Why this order: constant folding and cleanup first, so later passes see static shapes and plain constants (folding
+before cleanup: a Pad / Slice / Reshape whose pads or shape are computed from static shapes is only recognised as
+a no-op once they are constants, e.g. the all-zero Pad asteroid's ConvTasNet export ends with);
 BatchNorm folding before channel alignment, so alignment only pads Conv weights; alignment before dilated-conv,
 so the space-to-batch rewrite works on channel counts that are already aligned and keeps them.
 """
@@ -17,8 +19,8 @@ from onnx_npu_fix.passes.reorder_memory import ReorderMemoryPass
 from onnx_npu_fix.passes.resize_nearest import ResizeNearestPass
 
 DEFAULT_ORDER: tuple[type[Pass], ...] = (
-    CleanupPass,
     FoldConstantsPass,
+    CleanupPass,
     FoldBatchNormPass,
     ResizeNearestPass,
     AlignChannelsPass,

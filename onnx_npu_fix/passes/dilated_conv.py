@@ -25,9 +25,13 @@ whose kernel extent is 1 only has its dilation reset (it reads one tap; the dila
 Per split axis the conv reads exactly ``q*k`` samples, where q = (ceil(O/T) - 1)*(s/p) + (K-1)*D' + 1 is the
 shortest per-phase length that yields ceil(O/T) outputs. Whole blocks of k padding samples are whole zero
 rows of every phase, so the new Conv pads them itself (pads floor(pb/k) and floor(E/k) rows, E the end padding
-needed — never more than the original pads, divided by k); only the remainders (< k per side) go into an
-explicit Pad, which disappears when the Conv's pads and the length are multiples of k (the usual TCN case;
-tpu-mlir 1.30.2 also fails to compile a Pad -> Reshape pair there). The per-phase outputs are interleaved back
+needed — never more than the original pads, divided by k); only the remainders (< k per side) are padded
+explicitly, which disappears when the Conv's pads and the length are multiples of k (the usual TCN case).
+The remainder padding takes the target's form (``remainder_pad``, :func:`padding_steps`): ``concat`` (the
+default) concatenates constant zero blocks along each padded axis; ``pad4d`` pads a rank-3 tensor on its
+[B,C,1,L] view; ``pad`` is one Pad of the tensor's rank — tpu-mlir 1.30.2 aborts in codegen on that rank-3
+Pad before the phase Reshape (``getI64Array: Assertion arr->size() == num_elem``) and compiles the other two.
+All three are the same zeros in the same places. The per-phase outputs are interleaved back
 and a Slice crops to O. When k divides the stride (T = 1) only phase 0 is read: the split is a strided Slice
 ``[0 : q*k : k]`` (which also drops the trailing samples the floor mode ignores) and no phase axis is needed
 ("direct" in the report).
@@ -77,6 +81,19 @@ axis left with one tap needs no dilation at all. This is exact, lowers MACs and 
 the need for space-to-batch; it is applied only to convs over the limit, with constant weights, and only when
 the new pads stay non-negative ("trim dead taps" in the report).
 
+Lifting 1-D convs (``lift_conv1d``, before everything else): every Conv on a static [B,C,L] input becomes
+Reshape [B,C,1,L] -> Conv (kernel [1,K], dilation [1,D], stride [1,s], pads [0,pb,0,pe], weights reshaped
+[M,C/g,K] -> [M,C/g,1,K]) -> Reshape [B,M,O]: each output reads the same samples with the same weights. The
+lifted conv is then split like any [B,C,1,L] conv (spatial layout), and the Reshapes the lift and the split emit
+back to back are merged (Reshape(Reshape(x, s1), s2) = Reshape(x, s2)). A QDQ conv keeps DQ -> Conv -> Q adjacent:
+the Reshapes move to the quantized side as above.
+
+Do no harm (``s2b_layouts``): a target may list the layouts whose ops its compiler keeps on the NPU (rknn runs
+the channel / batch layouts' Transpose and Reshape on the CPU). ``auto`` tries only those; when none of them can
+rewrite a conv (a genuinely 2-D conv has no spatial layout), the rewrite would only move work to the CPU, so the
+conv is left with a Rejection that says so, unless ``force_rewrite``. An explicit ``s2b_layout`` is honoured with
+a warning.
+
 Left alone with a blocking Rejection: a non-static input shape (the reason names ``--input-shape``), an
 unknown kernel, stride with no usable k, opset < 11, layouts whose needed ops are forbidden, channel layout
 with non-constant weights when batch is not possible, and ConvTranspose with a dilation above the limit
@@ -102,6 +119,7 @@ from onnx_npu_fix.graph import (
     conv_macs,
     format_shape,
     get_attr,
+    infer_shapes,
     node_macs,
     opset_version,
     private_initializer,
@@ -214,6 +232,7 @@ class _Step:
     shape: list[int]
     consts: list[Any] = field(default_factory=list)  # np.ndarray -> new initializer, str -> existing tensor
     attrs: dict[str, Any] = field(default_factory=dict)
+    data_slot: int = 0  # where the current tensor goes among the inputs (Concat [zeros, x, zeros]: 1)
 
 
 @dataclass
@@ -252,13 +271,23 @@ class DilatedConvPass(Pass):
 
     def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         result = PassResult()
-        if options.max_dilation is None and options.allowed_dilations is None:
+        if options.max_dilation is None and options.allowed_dilations is None and not options.lift_conv1d:
             return result
         if options.s2b_layout not in LAYOUTS:
             raise ValueError(f"s2b_layout must be one of {', '.join(LAYOUTS)}, not {options.s2b_layout!r}")
+        if options.remainder_pad not in REMAINDER_PAD_FORMS:
+            raise ValueError(f"remainder_pad must be one of {', '.join(REMAINDER_PAD_FORMS)}, "
+                             f"not {options.remainder_pad!r}")
         index = GraphIndex(model)
         opset = opset_version(model)
         macs_before = conv_macs(model, index)
+        emitted: set[str] = set()  # names of the Reshape nodes this pass emits (merged at the end)
+        if options.lift_conv1d and _lift_conv1d(index, model, options, result, emitted):
+            infer_shapes(model)  # the lifted convs' new tensors need shapes for the phase split
+            index = GraphIndex(model)  # the 1-D convs are 4-D now; dilations are checked on the lifted ones
+        if options.max_dilation is None and options.allowed_dilations is None:
+            _merge_reshape_chains(model, emitted)
+            return result
         if _trim_dead_taps(index, model, options, result):
             index = GraphIndex(model)  # weight shapes changed; the rest of the pass sees the trimmed convs
 
@@ -287,30 +316,13 @@ class DilatedConvPass(Pass):
 
         # --- rewrite ---
         editor = GraphEditor(index)
-        rewritten_readers: dict[str, int] = {}
-        for plan in plans:
-            if plan.q_in is not None:
-                name = plan.q_in.dq.output[0]
-                rewritten_readers[name] = rewritten_readers.get(name, 0) + 1
+        rewritten_readers = _count_dq_readers(plans)
         weight_bytes_added = 0
         nodes_added = 0
         macs_after = macs_before
         for plan in plans:
-            new_nodes, added_bytes = _rewrite(index, editor, plan)
+            added, added_bytes = _replace(index, editor, plan, rewritten_readers, emitted)
             node = plan.node
-            editor.replace(node, new_nodes)
-            added = len(new_nodes) - 1
-            if plan.q_out is not None:
-                editor.remove(plan.q_out)  # its copy sits right after the new conv
-                added -= 1
-            if plan.q_in is not None:
-                dq_out = plan.q_in.dq.output[0]
-                if (dq_out not in index.output_set
-                        and rewritten_readers[dq_out] == len(index.consumers_of(dq_out))):
-                    # Every reader now goes through its own copy: drop the original once.
-                    editor.remove(plan.q_in.dq)
-                    rewritten_readers[dq_out] = -1
-                    added -= 1
             weight_bytes_added += added_bytes
             nodes_added += added
             macs_after += plan.macs_after - plan.macs_before
@@ -347,6 +359,7 @@ class DilatedConvPass(Pass):
             if plan.warning:
                 result.warnings.append(plan.warning)
         editor.commit()
+        _merge_reshape_chains(model, emitted)  # the lift's Reshapes and the phase split's become one each
         if plans or result.changes:
             result.metrics.update({
                 "conv_macs_before": macs_before,
@@ -356,6 +369,128 @@ class DilatedConvPass(Pass):
                 "weight_bytes_added": weight_bytes_added,
             })
         return result
+
+
+def _count_dq_readers(plans: list[_Plan]) -> dict[str, int]:
+    """Per input DequantizeLinear output: how many of the planned convs read it (moved before a copy)."""
+    readers: dict[str, int] = {}
+    for plan in plans:
+        if plan.q_in is not None:
+            name = plan.q_in.dq.output[0]
+            readers[name] = readers.get(name, 0) + 1
+    return readers
+
+
+def _replace(index: GraphIndex, editor: GraphEditor, plan: _Plan, rewritten_readers: dict[str, int],
+             emitted: set[str]) -> tuple[int, int]:
+    """Replace ``plan.node`` by its rewrite; returns (nodes added, weight bytes added)."""
+    new_nodes, added_bytes = _rewrite(index, editor, plan)
+    editor.replace(plan.node, new_nodes)
+    emitted.update(n.name for n in new_nodes if n.op_type == "Reshape")
+    added = len(new_nodes) - 1
+    if plan.q_out is not None:
+        editor.remove(plan.q_out)  # its copy sits right after the new conv
+        added -= 1
+    if plan.q_in is not None:
+        dq_out = plan.q_in.dq.output[0]
+        if (dq_out not in index.output_set
+                and rewritten_readers[dq_out] == len(index.consumers_of(dq_out))):
+            # Every reader now goes through its own copy: drop the original once.
+            editor.remove(plan.q_in.dq)
+            rewritten_readers[dq_out] = -1
+            added -= 1
+    return added, added_bytes
+
+
+def _merge_reshape_chains(model: onnx.ModelProto, emitted: set[str]) -> bool:
+    """Reshape(Reshape(x, s1), s2) = Reshape(x, s2): merge chains of Reshapes this pass emitted (the lift's
+    view and the phase split's), when the inner one has no other reader and is no graph output."""
+    if not emitted:
+        return False
+    index = GraphIndex(model)
+    editor = GraphEditor(index)
+    dropped_shapes: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type != "Reshape" or node.name not in emitted:
+            continue
+        inner = index.producer.get(node.input[0])
+        while (inner is not None and inner.op_type == "Reshape" and inner.name in emitted
+               and inner.output[0] not in index.output_set and len(index.consumers_of(inner.output[0])) == 1):
+            node.input[0] = inner.input[0]
+            editor.remove(inner)
+            dropped_shapes.add(inner.input[1])
+            inner = index.producer.get(node.input[0])
+    editor.commit()
+    if dropped_shapes:
+        still_read = {name for n in model.graph.node for name in n.input}
+        keep = [t for t in model.graph.initializer if t.name not in dropped_shapes - still_read]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(keep)
+    return bool(dropped_shapes)
+
+
+# --- lifting 1-D convs to 4-D ----------------------------------------------------------------------------
+
+
+def _lift_conv1d(index: GraphIndex, model: onnx.ModelProto, options: FixOptions, result: PassResult,
+                 emitted: set[str]) -> bool:
+    """Run every 1-D Conv as a 4-D one (``lift_conv1d``): x [B,C,L] -> Reshape [B,C,1,L] -> Conv with kernel
+    [1,K], dilation [1,D], stride [1,s], pads [0,pb,0,pe] -> [B,M,1,O] -> Reshape [B,M,O]. The 4-D conv reads
+    the same samples with the same weights (reshaped [M,C/g,K] -> [M,C/g,1,K]): exact."""
+    plans: list[_Plan] = []
+    for node in model.graph.node:
+        if node.domain not in _DEFAULT_DOMAINS or node.op_type != "Conv" or len(node.input) < 2:
+            continue
+        shape = index.shape(node.input[0])
+        if shape is None or len(shape) != 3:
+            continue
+        try:
+            plans.append(_plan_lift(index, node, options))
+        except _Skip as skip:
+            result.rejections.append(Rejection(node.name, node.op_type, f"not lifted to 4-D: {skip}"))
+    if not plans:
+        return False
+    editor = GraphEditor(index)
+    readers = _count_dq_readers(plans)
+    for plan in plans:
+        added, _ = _replace(index, editor, plan, readers, emitted)
+        old = {a: plan.conv_attrs[a][1:] for a in ("kernel_shape", "dilations", "strides")}
+        result.changes.append(Change(plan.node.name, "Conv", "lift 1-D conv to 4-D", old=old,
+                                     new={a: plan.conv_attrs[a] for a in old},
+                                     detail={"nodes_added": added, "layout": "lift",
+                                             "why": "lift_conv1d: the target compiles 4-D convs only "
+                                                    "(Reshape [B,C,L] -> [B,C,1,L] around it)"}))
+    editor.commit()
+    return True
+
+
+def _plan_lift(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> _Plan:
+    in_shape = index.static_shape(node.input[0])
+    w_shape = index.static_shape(node.input[1])
+    if in_shape is None:
+        raise _Skip(f"input '{node.input[0]}' has no static shape; freeze it with --input-shape")
+    if w_shape is None or len(w_shape) != 3:
+        raise _Skip("weight shape unknown")
+    geo = conv_geometry(index, node)
+    if not geo.resolved:
+        raise _Skip(f"auto_pad {geo.auto_pad} could not be resolved")
+    if "Reshape" in options.forbidden_ops:
+        raise _Skip("needs Reshape, which the target forbids")
+    _check_weight(_weight_source(index, node.input[1]), "reshape", "weights")
+    batch, channels, length = in_shape
+    out_len = geo.output_length(0, length)
+    view, final = [batch, channels, 1, length], [batch, w_shape[0], out_len]
+    begin, end = geo.pad_pair(0)
+    attrs = {"kernel_shape": [1, geo.kernel[0]], "dilations": [1, geo.dilations[0]],
+             "strides": [1, geo.strides[0]], "pads": [0, begin, 0, end], "group": geo.group}
+    macs = node_macs(index, node) or 0
+    q_in, q_out = _quantized_input(index, node), _quantized_output(index, node)
+    return _Plan(node=node, layout="lift", splits=[], reset_axes={},
+                 pre=[_Step("Reshape", "lift_in", view, [np.array(view, np.int64)])],
+                 post=[_Step("Reshape", "lift_out", final, [np.array(final, np.int64)])],
+                 conv_attrs=attrs, conv_shape=[batch, w_shape[0], 1, out_len], weight_op="reshape",
+                 weight_shape=[w_shape[0], w_shape[1], 1, geo.kernel[0]], tile=1, q_in=q_in, q_out=q_out,
+                 macs_before=macs, macs_after=macs)
 
 
 # --- dead taps ---------------------------------------------------------------------------------------
@@ -508,6 +643,7 @@ def _plan(index: GraphIndex, node: onnx.NodeProto, options: FixOptions, opset: i
     else:
         candidates = [(options.s2b_layout, None)]
 
+    candidates = _npu_layouts(node, candidates, options, explicit=options.s2b_layout != "auto")
     reasons = []
     for layout, warning in candidates:
         try:
@@ -519,6 +655,35 @@ def _plan(index: GraphIndex, node: onnx.NodeProto, options: FixOptions, opset: i
         plan.warning = warning
         return plan
     raise _Skip("; ".join(reasons))
+
+
+def _npu_layouts(node: onnx.NodeProto, candidates: list[tuple[str, str | None]], options: FixOptions, *,
+                 explicit: bool) -> list[tuple[str, str | None]]:
+    """Do no harm: keep only the layouts whose ops the target runs on its NPU (``s2b_layouts``).
+
+    When none is left, rewriting would only move this conv's work onto the target's CPU (e.g. rknn runs the
+    Reshape/Transpose of the channel and batch layouts on the CPU, while a genuinely 2-D conv has no spatial
+    layout): the conv is left alone with a Rejection that says so, unless ``force_rewrite``. A layout the
+    user named explicitly (``--s2b-layout``) is used with a warning."""
+    npu = options.s2b_layouts
+    if npu is None or all(layout == "direct" or layout in npu for layout, _ in candidates):
+        return candidates
+    if explicit:
+        layout, warning = candidates[0]
+        note = (f"{node.name}: the {layout} layout was asked for, but the target runs its ops on the CPU "
+                f"(it runs {', '.join(npu) or 'no space-to-batch layout'} on the NPU)")
+        return [(layout, f"{warning}; {note}" if warning else note)]
+    kept = [(layout, warning) for layout, warning in candidates if layout in npu]
+    if kept:
+        return kept
+    if options.force_rewrite:
+        layout, warning = candidates[0]
+        note = f"{node.name}: --force-rewrite: the {layout} layout puts ops on the target's CPU"
+        return [(layout, f"{warning}; {note}" if warning else note)]
+    names = ", ".join(layout for layout, _ in candidates)
+    raise _Skip(f"do no harm: the layouts that can rewrite this conv ({names}) run their Reshape/Transpose on "
+                f"the target's CPU (it keeps only {', '.join(npu) or 'none'} on the NPU), so the rewrite would "
+                f"move work from the NPU to the CPU; left as it is (--force-rewrite rewrites it anyway)")
 
 
 def _plan_layout(index: GraphIndex, node: onnx.NodeProto, geo: ConvGeometry, layout: str,
@@ -546,10 +711,12 @@ def _plan_layout(index: GraphIndex, node: onnx.NodeProto, geo: ConvGeometry, lay
         if s.phases > 1 and s.end_adjust < 0:  # pragma: no cover - excluded by the algebra above
             raise _Skip(f"internal: negative end padding on axis {2 + s.axis}")
     if any(pads):
-        consts: list[Any] = [np.array(pads, np.int64)]
+        pad_value = None
         if q_in is not None and q_in.zero_point is not None and q_in.zero_point.reshape(-1)[0] != 0:
-            consts.append(q_in.zero_point.reshape(()))  # pads dequantize to exactly 0
-        pre.append(_Step("Pad", "pad", list(cur), consts))
+            pad_value = q_in.zero_point.reshape(())  # pads dequantize to exactly 0
+        data = q_in.dq.input[0] if q_in is not None else node.input[0]
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(index.elem_type(data)))
+        pre.extend(padding_steps(list(in_shape), pads, pad_value, dtype, options.remainder_pad))
 
     # New conv attributes: split axes lose their pads and take D/k and s/p.
     kernel, dilations, strides = list(geo.kernel), list(geo.dilations), list(geo.strides)
@@ -664,6 +831,60 @@ def _plan_layout(index: GraphIndex, node: onnx.NodeProto, geo: ConvGeometry, lay
                  conv_attrs=conv_attrs, conv_shape=conv_shape, weight_op=weight_op,
                  weight_shape=new_w_shape, tile=tile, q_in=q_in if pre else None,
                  q_out=q_out if post else None, macs_before=macs_before, macs_after=macs_after)
+
+
+REMAINDER_PAD_FORMS = ("concat", "pad4d", "pad")
+
+
+def padding_steps(shape: Sequence[int], pads: Sequence[int], value: np.ndarray | None, dtype: np.dtype,
+                  form: str) -> list[_Step]:
+    """The ops that zero-pad (or pad with ``value``, a quantized zero point) a tensor of ``shape`` by ``pads``
+    (ONNX order: all begins, then all ends), in the target's form (``remainder_pad``):
+
+    - ``pad``:    one Pad of the tensor's own rank.
+    - ``pad4d``:  a rank-3 tensor [B,C,L] is viewed as [B,C,1,L] around a 4-D Pad (the view's Reshapes merge with
+                  the phase Reshape that follows); rank >= 4: one Pad.
+    - ``concat``: per padded axis one Concat of [zeros, x, zeros] along it, the zeros a constant (filled with
+                  ``value`` if given) of the padded shape.
+    All three compute the same tensor; only which op forms the compiler sees differs."""
+    rank = len(shape)
+    begins, ends = list(pads[:rank]), list(pads[rank:])
+    out_shape = [d + b + e for d, b, e in zip(shape, begins, ends)]
+    if form == "pad" or (form == "pad4d" and rank >= 4):
+        consts: list[Any] = [np.array(pads, np.int64)]
+        if value is not None:
+            consts.append(value)
+        return [_Step("Pad", "pad", out_shape, consts)]
+    if form == "pad4d":
+        if rank != 3:
+            raise _Skip(f"remainder_pad pad4d needs a rank >= 3 tensor, got rank {rank}")
+        view = [shape[0], shape[1], 1, shape[2]]
+        consts = [np.array([0, 0, 0, begins[2], 0, 0, 0, ends[2]], np.int64)]
+        if value is not None:
+            consts.append(value)
+        padded_view = [shape[0], shape[1], 1, out_shape[2]]
+        return [_Step("Reshape", "pad_view", view, [np.array(view, np.int64)]),
+                _Step("Pad", "pad", padded_view, consts),
+                _Step("Reshape", "pad_unview", out_shape, [np.array(out_shape, np.int64)])]
+    if form != "concat":
+        raise ValueError(f"remainder_pad must be one of {', '.join(REMAINDER_PAD_FORMS)}, not {form!r}")
+    fill = 0 if value is None else value.reshape(-1)[0]
+    steps: list[_Step] = []
+    cur = list(shape)
+    for axis in range(rank):
+        if not begins[axis] and not ends[axis]:
+            continue
+        zeros: list[Any] = []
+        for width in (begins[axis], ends[axis]):
+            if width:
+                block = list(cur)
+                block[axis] = width
+                zeros.append(np.full(block, fill, dtype=dtype))
+        cur = list(cur)
+        cur[axis] += begins[axis] + ends[axis]
+        steps.append(_Step("Concat", f"pad_axis{axis}", list(cur), zeros, attrs={"axis": axis},
+                           data_slot=1 if begins[axis] else 0))
+    return steps
 
 
 def _slice_consts(axis: int, start: int, end: int, step: int) -> list[Any]:
@@ -866,16 +1087,18 @@ def _rewrite(index: GraphIndex, editor: GraphEditor, plan: _Plan) -> tuple[list[
     return nodes, w_bytes + b_bytes
 
 
-_CONST_ROLES = {"Pad": ("pads", "value"), "Reshape": ("shape",), "Slice": ("starts", "ends", "axes", "steps")}
+_CONST_ROLES = {"Pad": ("pads", "value"), "Concat": ("zeros", "zeros"), "Reshape": ("shape",),
+                "Slice": ("starts", "ends", "axes", "steps")}
 
 
 def _emit(index: GraphIndex, editor: GraphEditor, steps: list[_Step], cur: str, base: str,
           nodes: list[onnx.NodeProto], final: str | None) -> str:
     for i, st in enumerate(steps):
         node_name = index.unique_name(f"{base}/{st.tag}")
-        inputs = [cur]
-        for role, c in zip(_CONST_ROLES.get(st.op, ()), st.consts):
-            inputs.append(c if isinstance(c, str) else editor.add_initializer(f"{node_name}_{role}", c))
+        roles = _CONST_ROLES.get(st.op) or tuple(f"{st.op.lower()}{i}" for i in range(len(st.consts)))
+        inputs = [c if isinstance(c, str) else editor.add_initializer(f"{node_name}_{role}", c)
+                  for role, c in zip(roles, st.consts)]
+        inputs.insert(st.data_slot, cur)
         out = final if (final is not None and i == len(steps) - 1) else index.unique_name(f"{node_name}_out")
         nodes.append(helper.make_node(st.op, inputs, [out], name=node_name, **st.attrs))
         cur = out

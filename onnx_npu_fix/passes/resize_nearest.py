@@ -57,7 +57,12 @@ builds ``M`` in float64 from the spec formulas (checked against onnxruntime for 
    whole ``M`` is then rebuilt from it and compared, so the form is used only where it is exact. This gives
    half_pixel / pytorch_half_pixel x2: edge pad 1, kernel [1,3,3,1]/4, pads 3; asymmetric x2: edge pad (0, 1),
    kernel [1,2,1]/2, pads (1, 2); align_corners with ``out = 2N-1``: kernel [1,2,1]/2, pads 1 — and the same
-   for any integer factor and for cubic (edge pad 2) where it holds;
+   for any integer factor and for cubic (edge pad 2) where it holds. When a stride exceeds
+   ``max_convtranspose_stride`` (tpu-mlir aborts from stride 9) the ConvTranspose is split into stages with
+   smaller strides, exactly: stride s with kernel W is ``Y(z) = W(z) X(z^s)``, and stages s1 (kernel a) then s2
+   (kernel b) give ``B(z) A(z^s2)``, so a and b with ``W(z) = B(z) A(z^s2)`` are found by polynomial division
+   (:func:`conv_transpose_stages`; x8 -> x4 x2, x16 -> x8 x2, x9 -> x3 x3); only the last stage crops. A prime
+   stride above the limit has no stages: MatMul below. With ``allow_convtranspose`` off, MatMul is used instead;
 3. else, when only the last two axes are resized: ``MatMul(A_H, X)`` then ``MatMul(., A_W^T)`` with the
    constant matrices (align_corners with ``out = 2N``, non-integer factors, downsampling, ConvTranspose
    forbidden), if each matrix has at most 2^22 elements;
@@ -280,6 +285,56 @@ def conv_transpose_form(triplets: tuple[np.ndarray, np.ndarray, np.ndarray], l_i
     return None
 
 
+def _deconvolve(w: np.ndarray, d: np.ndarray) -> np.ndarray | None:
+    """b with ``convolve(b, d) == w`` (polynomial division without remainder), or None when none exists."""
+    n = len(w) - len(d) + 1
+    if n < 1 or d[0] == 0:
+        return None
+    rest = np.array(w, dtype=np.float64)
+    b = np.zeros(n)
+    for i in range(n):
+        b[i] = rest[i] / d[0]
+        rest[i:i + len(d)] -= b[i] * d
+    scale = max(float(np.abs(w).max()), 1e-300)
+    if float(np.abs(rest).max()) > 1e-12 * scale or not np.allclose(np.convolve(b, d), w, rtol=0, atol=1e-12 * scale):
+        return None
+    return b
+
+
+def _stage_kernels(stride: int) -> list[np.ndarray]:
+    """First-stage kernels tried for a stride: the triangle (linear interpolation) and the box (nearest)."""
+    box = np.ones(stride) / stride
+    return [np.convolve(box, box) * stride, box * stride, np.array([1.0])]
+
+
+def conv_transpose_stages(kernel: np.ndarray, stride: int, max_stride: int) -> list[tuple[np.ndarray, int]] | None:
+    """ConvTranspose(stride s, kernel w) as stages (a, s1), (b, s2), ... each with a stride <= ``max_stride``.
+
+    A ConvTranspose with stride s computes ``Y(z) = W(z) X(z^s)`` (z-transforms along the axis); two in a row,
+    stride s1 with kernel a then s2 with kernel b, compute ``B(z) A(z^s2) X(z^(s1 s2))``. So stages exist when
+    ``W(z) = B(z) A(z^s2)`` with s = s1*s2: b is W divided by a upsampled by s2, kept when the division
+    leaves no remainder (checked in float64). The interpolation kernels of linear / cubic resizes factor this
+    way (the half_pixel x8 triangle [1,3,...,15,15,...,1]/16 = (1+z) Box8(z)^2 / 16, Box8(z) = Box4(z)(1+z^4)).
+    The stages' output before the last stage's pads is the full one-stage output; the caller puts the
+    original crop pads on the last stage. Returns None when no factorisation is found."""
+    if stride <= max_stride:
+        return [(np.asarray(kernel, dtype=np.float64), stride)]
+    for s1 in range(min(max_stride, stride - 1), 1, -1):
+        if stride % s1:
+            continue
+        s2 = stride // s1
+        for a in _stage_kernels(s1):
+            up = np.zeros((len(a) - 1) * s2 + 1)
+            up[::s2] = a
+            b = _deconvolve(np.asarray(kernel, dtype=np.float64), up)
+            if b is None:
+                continue
+            rest = conv_transpose_stages(b, s2, max_stride)
+            if rest is not None:
+                return [(a, s1), *rest]
+    return None
+
+
 # --- reading a node -------------------------------------------------------------------------------
 
 
@@ -481,6 +536,8 @@ class _Plan:
     nearest_mode: str = "floor"
     factors: list[int] | None = None
     axis_forms: dict[int, AxisConvTranspose] = field(default_factory=dict)
+    stages: list[dict[int, tuple[np.ndarray, int]]] = field(default_factory=list)
+    """ConvTranspose stages (per stage: axis -> (kernel, stride)) when one stride exceeds the target's limit."""
     matrices: dict[int, np.ndarray] = field(default_factory=dict)
     note: str = ""
 
@@ -605,7 +662,7 @@ class ResizeNearestPass(Pass):
         if site.mode == "bilinear":  # pre-opset-7 spelling of linear
             site.mode = "linear"
         if options.resize_mode == "exact":
-            exact_plan, why = self._plan_exact(site, forbidden)
+            exact_plan, why = self._plan_exact(site, forbidden, options)
             if exact_plan is not None:
                 return exact_plan
         plan = self._plan_approximate(site)
@@ -668,7 +725,8 @@ class ResizeNearestPass(Pass):
             return "antialias downsampling"
         return f"samples between input elements (factors {[round(f, 6) for f in site.factors]})"
 
-    def _plan_exact(self, site: _Site, forbidden: set[str]) -> tuple[_Plan | None, str]:
+    def _plan_exact(self, site: _Site, forbidden: set[str], options: FixOptions | None = None
+                    ) -> tuple[_Plan | None, str]:
         """The exact form for a linear / cubic site, or None and why there is none."""
         if _integer_sampling(site):
             plan = self._plan_approximate(site)
@@ -687,8 +745,11 @@ class ResizeNearestPass(Pass):
         matrices = {a: site.matrix(a) for a in resized}
         rank = len(site.in_shape)
         why: list[str] = []
+        max_stride = options.max_convtranspose_stride if options is not None else None
         if "ConvTranspose" in forbidden:
             why.append("ConvTranspose is forbidden")
+        elif options is not None and not options.allow_convtranspose:
+            why.append("the target runs ConvTranspose on its CPU (allow_convtranspose = false)")
         elif rank < 3 or any(a < 2 for a in resized):
             why.append(f"axes {resized} are not all spatial")
         else:
@@ -700,11 +761,19 @@ class ResizeNearestPass(Pass):
                     break
                 forms[a] = form
             else:
+                stages = _split_stages(forms, max_stride)
                 if "Pad" in forbidden and any(f.edge != (0, 0) for f in forms.values()):
                     why.append("the ConvTranspose form needs Pad, which is forbidden")
+                elif stages is None:
+                    why.append(f"stride {max(f.stride for f in forms.values())} exceeds max_convtranspose_stride "
+                               f"{max_stride} and the kernel does not factor into stages")
                 else:
-                    return _Plan(site, "conv-transpose", exact=True, axis_forms=forms,
-                                 note="depthwise ConvTranspose"), ""
+                    note = "depthwise ConvTranspose" + (
+                        f" in {len(stages)} stages (strides "
+                        f"{' x '.join(str(max(st for _, st in stage.values())) for stage in stages)}, "
+                        f"max_convtranspose_stride {max_stride})" if len(stages) > 1 else "")
+                    return _Plan(site, "conv-transpose", exact=True, axis_forms=forms, stages=stages,
+                                 note=note), ""
         if "MatMul" in forbidden:
             why.append("MatMul is forbidden")
         elif any(a < rank - 2 for a in resized):
@@ -771,6 +840,8 @@ class ResizeNearestPass(Pass):
                    "axes": {a: {"kernel": [round(float(w), 6) for w in f.kernel], "stride": f.stride,
                                 "pads": list(f.pads), "edge_pad": list(f.edge)}
                             for a, f in plan.axis_forms.items()}}
+            if len(plan.stages) > 1:
+                new["stages"] = [{a: st for a, (_, st) in stage.items()} for stage in plan.stages]
             return Change(node.name, node.op_type, f"{site.mode}->conv-transpose", old=old, new=new,
                           detail=detail)
         nodes = self._matmul_nodes(plan, editor)
@@ -862,12 +933,40 @@ class ResizeNearestPass(Pass):
                 nodes.append(editor.make_node("Pad", [source], [padded], f"{node.name}_edge_pad",
                                               mode="edge", pads=pads))
             source = padded
-        w_name = editor.add_initializer(f"{node.name}_interp_kernel", np.ascontiguousarray(weight))
-        nodes.append(editor.make_node(
-            "ConvTranspose", [source, w_name], list(node.output), f"{node.name}_interp",
-            group=channels, kernel_shape=[len(f.kernel) for f in per_axis],
-            strides=[f.stride for f in per_axis],
-            pads=[f.pads[0] for f in per_axis] + [f.pads[1] for f in per_axis]))
+        if len(plan.stages) <= 1:
+            w_name = editor.add_initializer(f"{node.name}_interp_kernel", np.ascontiguousarray(weight))
+            nodes.append(editor.make_node(
+                "ConvTranspose", [source, w_name], list(node.output), f"{node.name}_interp",
+                group=channels, kernel_shape=[len(f.kernel) for f in per_axis],
+                strides=[f.stride for f in per_axis],
+                pads=[f.pads[0] for f in per_axis] + [f.pads[1] for f in per_axis]))
+            return nodes
+        nodes.extend(self._conv_transpose_stage_nodes(plan, editor, source, spatial, channels, dtype))
+        return nodes
+
+    @staticmethod
+    def _conv_transpose_stage_nodes(plan: _Plan, editor: GraphEditor, source: str, spatial: list[int],
+                                    channels: int, dtype: Any) -> list[onnx.NodeProto]:
+        """One depthwise ConvTranspose per stage; only the last one crops (the one-stage form's pads)."""
+        node = plan.site.node
+        unit = (np.ones(1), 1)
+        pads_begin = [plan.axis_forms[a].pads[0] if a in plan.axis_forms else 0 for a in spatial]
+        pads_end = [plan.axis_forms[a].pads[1] if a in plan.axis_forms else 0 for a in spatial]
+        nodes: list[onnx.NodeProto] = []
+        for i, stage in enumerate(plan.stages):
+            per_axis = [stage.get(a, unit) for a in spatial]
+            kernel = per_axis[0][0]
+            for k, _ in per_axis[1:]:
+                kernel = np.multiply.outer(kernel, k)
+            weight = np.broadcast_to(kernel, (channels, 1, *kernel.shape)).astype(dtype)
+            last = i == len(plan.stages) - 1
+            out = node.output[0] if last else editor.index.unique_name(f"{node.name}_interp_stage{i}")
+            w_name = editor.add_initializer(f"{node.name}_interp_kernel{i}", np.ascontiguousarray(weight))
+            pads = pads_begin + pads_end if last else [0] * (2 * len(spatial))
+            nodes.append(editor.make_node(
+                "ConvTranspose", [source, w_name], [out], f"{node.name}_interp_stage{i}", group=channels,
+                kernel_shape=[len(k) for k, _ in per_axis], strides=[st for _, st in per_axis], pads=pads))
+            source = out
         return nodes
 
     def _matmul_nodes(self, plan: _Plan, editor: GraphEditor) -> list[onnx.NodeProto]:
@@ -901,6 +1000,24 @@ class ResizeNearestPass(Pass):
             nodes.append(editor.make_node("MatMul", inputs, [out], f"{node.name}_interp_axis{axis}"))
             source = out
         return nodes
+
+
+def _split_stages(forms: dict[int, AxisConvTranspose], max_stride: int | None
+                  ) -> list[dict[int, tuple[np.ndarray, int]]] | None:
+    """Per-stage kernels and strides of every axis when some stride exceeds ``max_stride`` ([] when none
+    does: one ConvTranspose); axes with fewer stages get unit stages. None when an axis cannot be split."""
+    if max_stride is None or all(f.stride <= max_stride for f in forms.values()):
+        return []
+    per_axis: dict[int, list[tuple[np.ndarray, int]]] = {}
+    for axis, form in forms.items():
+        stages = conv_transpose_stages(form.kernel, form.stride, max_stride)
+        if stages is None:
+            return None
+        per_axis[axis] = stages
+    count = max(len(st) for st in per_axis.values())
+    unit = (np.ones(1), 1)
+    # An axis with fewer stages runs its own ones first and then unit stages (kernel [1], stride 1).
+    return [{axis: (st[i] if i < len(st) else unit) for axis, st in per_axis.items()} for i in range(count)]
 
 
 def _describe_node(node: onnx.NodeProto, plan: _Plan) -> dict[str, Any]:
