@@ -208,7 +208,7 @@ class RestorePoint:
     @property
     def data(self) -> bytes | None:
         """The model's bytes, when this point holds them."""
-        return self.model if self.kind is RestoreKind.BYTES else None  # type: ignore[return-value]
+        return self.model if isinstance(self.model, bytes) else None
 
     def restore(self, model: onnx.ModelProto, reload: Callable[[], onnx.ModelProto] | None) -> None:
         """Make ``model`` what it was at this point (``reload`` reads the input again, for REREAD)."""
