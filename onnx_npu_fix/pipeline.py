@@ -10,10 +10,12 @@ Then, with ``validate="each"`` (the default):
      changed a rounding of a quantized model (``PassResult.quantized_tolerance``) is measured like an approximate one.
 Consecutive exact passes are validated as one group (one session after the last of them); an approximate pass
 is always measured alone; a failing group is replayed pass by pass so the failing pass is named (see _Run).
-The original's outputs are computed once, in the background while the passes run, and the outputs of the last
-validated model are carried forward. Finally the output model is compared with the original (reusing the last
-outputs: no extra session). A failing pass stops the run (nothing is written) unless ``keep_going`` is set,
-which restores the model as it was before that pass and continues with the next one.
+How a candidate is judged (the inputs, the original's outputs computed once in the background, the outputs of
+the last validated model carried forward, the criteria) is validate.Validator's; this module is the scheduler:
+order, grouping, replay, rollback, timing, and each pass's Outcome, from which its PassStatus follows.
+Finally the output model is compared with the original (reusing the last outputs: no extra session). A failing
+pass stops the run (nothing is written) unless ``keep_going`` is set, which restores the model as it was before
+that pass and continues with the next one.
 
 The inputs come from onnx_npu_fix.inputs (loaded data, or seeded sets, more of them when an approximate change
 may be measured). An original onnxruntime cannot run is an InputError, never a silently unvalidated run; with
@@ -27,8 +29,8 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
-import numpy as np
 import onnx
 
 from onnx_npu_fix.errors import InputError, StrictRefused, first_line
@@ -41,20 +43,15 @@ from onnx_npu_fix.graph import (
     remove_unused,
     set_input_shapes,
 )
-from onnx_npu_fix.inputs import validation_feeds
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass
-from onnx_npu_fix.report import EXACT_ALTERNATIVE, FixReport, PassRecord
-from onnx_npu_fix.validate import (
+from onnx_npu_fix.report import EXACT_ALTERNATIVE, FixReport, PassRecord, PassStatus
+from onnx_npu_fix.validate import (  # noqa: F401 - check_structure: public here before it moved to validate.py
     Comparison,
     Feeds,
-    Outputs,
     Reference,
-    Runner,
-    compare,
-    compare_quantized,
-    quantized_output_steps,
-    runtime_errors,
+    Validator,
+    check_structure,
 )
 
 log = logging.getLogger("onnx_npu_fix")
@@ -131,15 +128,102 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     """
     started = time.perf_counter()
     report = FixReport()
+    if options.validate == "none":
+        report.validation_note = NOT_VALIDATED
     approximate = any(not p.exact and p.may_change(model, options) for p in passes)
-    validator = _Validator(model, options, report, reference=reference, approximate=approximate,
-                           reference_feeds=reference_feeds)
+    validator = Validator(model, options, reference=reference, approximate=approximate,
+                          reference_feeds=reference_feeds)
     try:
         data = _Run(model, options, list(passes), report, validator, on_serialized, reload).run()
     finally:
         validator.close()
     report.seconds = time.perf_counter() - started
     return FixResult(model=model, report=report, serialized=data)
+
+
+class Outcome(Enum):
+    """What happened to a pass (or to the group validated with it); the run's next step follows from it
+    (_Run._next) and the record's status from :data:`STATUS_OF` (_Run._settle, the one place it is set)."""
+
+    UNCHANGED = "unchanged"
+    """The pass changed nothing: nothing to validate."""
+    PENDING = "pending"
+    """It changed the model; its group is validated after a later pass (the record's status is set then)."""
+    VALIDATED = "validated"
+    """The pass (or its group) passed validation: the model is the new accepted one."""
+    NOT_VALIDATED = "not validated"
+    """Kept unvalidated (--validate final/none), or the run stopped before its group was validated."""
+    FAILED = "failed"
+    """It broke shape inference, the checker, onnxruntime or the tolerance: the run stops."""
+    ROLLED_BACK = "rolled back"
+    """It failed or crashed and the model is restored to before it (--keep-going): the run goes on."""
+    ERROR = "error"
+    """It crashed: the run stops."""
+    REPLAY = "replay"
+    """Its group is undone and its records dropped: its passes run again, each validated alone."""
+    REFUSED_STRICT = "refused strict"
+    """An approximate change under --strict: StrictRefused ends the run (no report is returned)."""
+
+
+STATUS_OF: dict[Outcome, PassStatus | None] = {
+    Outcome.UNCHANGED: PassStatus.UNCHANGED,
+    Outcome.PENDING: None,  # settled when its group is
+    Outcome.VALIDATED: PassStatus.VALIDATED,
+    Outcome.NOT_VALIDATED: PassStatus.NOT_VALIDATED,
+    Outcome.FAILED: PassStatus.FAILED,
+    Outcome.ROLLED_BACK: PassStatus.ROLLED_BACK,
+    Outcome.ERROR: PassStatus.ERROR,
+    Outcome.REPLAY: None,  # its records are dropped
+    Outcome.REFUSED_STRICT: None,  # the run raises
+}
+"""The record's status after each outcome (None: left as it is)."""
+
+_STOPS = (Outcome.FAILED, Outcome.ERROR)
+
+
+class RestoreKind(Enum):
+    """What a restore point holds."""
+
+    NONE = "none"
+    """Nothing: the run cannot go back (neither grouped validation nor --keep-going needs to)."""
+    REREAD = "re-read"
+    """The input, read and prepared again (no pass has changed it yet): no copy held for a rare failure."""
+    BYTES = "bytes"
+    """The bytes the last validation serialized (nothing has changed the model since): free."""
+    COPY = "copy"
+    """A copy of the model proto."""
+
+
+@dataclass(frozen=True)
+class RestorePoint:
+    """Where a replay or a rollback takes the run back to: the model before pass ``index`` (the first of its
+    group, or the one pass), when the report held ``records`` records."""
+
+    kind: RestoreKind
+    index: int = 0
+    records: int = 0
+    model: bytes | onnx.ModelProto | None = None
+    """The serialized model (BYTES) or its copy (COPY)."""
+
+    @property
+    def data(self) -> bytes | None:
+        """The model's bytes, when this point holds them."""
+        return self.model if isinstance(self.model, bytes) else None
+
+    def restore(self, model: onnx.ModelProto, reload: Callable[[], onnx.ModelProto] | None) -> None:
+        """Make ``model`` what it was at this point (``reload`` reads the input again, for REREAD)."""
+        if self.kind is RestoreKind.REREAD:
+            assert reload is not None
+            model.CopyFrom(reload())
+        elif self.kind is RestoreKind.BYTES:
+            model.Clear()
+            model.ParseFromString(self.model)
+        elif self.kind is RestoreKind.COPY:
+            model.CopyFrom(self.model)
+
+
+_CHANGED = RestorePoint(RestoreKind.NONE)
+"""_Run.here after a change: only a copy can take the run back to the model as it is now."""
 
 
 @dataclass
@@ -158,17 +242,19 @@ class _Run:
     a group of several passes fails, the model is restored to where the group started and its passes are run
     again one by one, each validated alone, so the failing pass is still named (and, with ``keep_going``, rolled
     back alone).
+
+    The run's state: ``group`` (the passes changed and not yet validated), ``point`` (the restore point before
+    it), ``here`` (the free way back to the model as it is now), ``solo_until`` (a replay's extent). Each step
+    returns an :class:`Outcome`; :meth:`_next` turns it into the pass to run next, :meth:`_settle` into statuses.
     """
 
     def __init__(self, model: onnx.ModelProto, options: FixOptions, passes: list[Pass], report: FixReport,
-                 validator: _Validator, on_serialized: Callable[[bytes], None] | None = None,
+                 validator: Validator, on_serialized: Callable[[bytes], None] | None = None,
                  reload: Callable[[], onnx.ModelProto] | None = None) -> None:
         self.model, self.options, self.passes = model, options, passes
         self.report, self.validator = report, validator
         self.on_serialized = on_serialized
         self.reload = reload
-        self.pristine = True
-        """No pass has changed the model yet (``reload`` can restore it)."""
         self.each = options.validate == "each"
         # Above 2 GB a restore point is a second copy of the weights: there, every pass is validated alone, as
         # a replay would need that copy.
@@ -176,132 +262,120 @@ class _Run:
         self.group: list[_Pending] = []
         self.solo_until = -1
         """Passes up to this index are validated alone (a replay after a failed group)."""
-        self.point: onnx.ModelProto | bytes | object | None = None
+        self.point = RestorePoint(RestoreKind.NONE)
         """The model before the current group (or pass): what a replay or a rollback restores."""
-        self.point_at = (0, 0)
-        """(pass index, number of records) where ``point`` was taken."""
-        self.data: bytes | None = None
-        """The model serialized by the last validation, while nothing changed it since."""
+        self.here = RestorePoint(RestoreKind.REREAD) if reload is not None else _CHANGED
+        """A restore point at the model as it is now that costs nothing (the input re-read while no pass changed
+        it, the bytes of the last validation while nothing changed it since), else NONE."""
 
     def run(self) -> bytes | None:
-        i = 0
-        while True:
+        i: int | None = 0
+        while i is not None:
             at_end = i >= len(self.passes)
-            if self.group and (at_end or (not self.passes[i].exact
-                                          and self.passes[i].may_change(self.model, self.options))):
+            if self.group and (at_end or self._measured_alone(self.passes[i])):
                 # Validate the pending group at the end, and before a pass declared approximate that may change
                 # something (it is measured alone). Then back to the loop's head: the group is settled.
-                next_i = self._resume_at(self._flush(last=at_end), i)
-                if next_i is None:
-                    return None
-                i = next_i
-                continue
-            if at_end:
+                i = self._next(self._validate_group(last=at_end), i)
+            elif at_end:
                 return self._finish()
-            pass_ = self.passes[i]
-            if not self.group:
-                self._take_point(i)
-            record = PassRecord(name=pass_.name, exact=pass_.exact)
-            self.report.passes.append(record)
-            t0 = time.perf_counter()
-            try:
-                result = pass_.run(self.model, self.options)
-            except InputError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a crashing pass is a failed pass, reported, never a traceback
-                record.seconds = time.perf_counter() - t0
-                record.status = "error"
-                record.error = f"{type(exc).__name__}: {first_line(exc)}"
-                self.report.warnings.append(f"pass {pass_.name} crashed:\n{traceback.format_exc()}")
-                next_i = self._resume_at(self._go_on(i, record), i + 1)
-                if next_i is None:
-                    return None
-                i = next_i
-                continue
-            record.seconds = time.perf_counter() - t0
-            record.changes, record.rejections = result.changes, result.rejections
-            record.metrics, record.warnings = result.metrics, result.warnings
-            if "exact" in result.metrics:  # a pass whose rewrites this run were all exact says so
-                record.exact = bool(result.metrics["exact"])
-            record.quantized_tolerance = result.quantized_tolerance
-            if record.quantized_tolerance:
-                # One rounding of a quantized model removed: each removed rounding is within a step, but the
-                # steps add up through the layers after it (5 at the QDQ U-Net's mask), so the output is not
-                # "exact within k steps". Measured alone, against --max-approx-error, steps reported.
-                record.exact = False
-            if self.options.strict and result.changed and not record.exact:
-                raise StrictRefused(strict_message(record))
-            if not result.changed:
-                i += 1
-                continue
-            self.data = None
-            self.pristine = False
-            # What a rewrite left unused (old weights, Constant producers of replaced inputs) is dropped here,
-            # once, instead of in every pass.
-            dead, unused = remove_unused(self.model)
-            for node in dead:
-                record.changes.append(Change(node.name, node.op_type, "removed dead node"))
-            for name in unused:
-                record.changes.append(Change(name, "initializer", "removed unused initializer"))
-            t1 = time.perf_counter()
-            problem = None
-            if not (pass_.keeps_shapes and keep_inferred_shapes(self.model.graph)):
-                problem = self.validator.refresh_shapes(self.model)
-            record.validate_seconds = time.perf_counter() - t1
-            if problem is not None:
-                record.status, record.error = "failed", problem
-                next_i = self._resume_at(self._go_on(i, record), i + 1)
-                if next_i is None:
-                    return None
-                i = next_i
-                continue
-            if not self.each:
-                self.validator.accept_unvalidated(record)
-                i += 1
-                continue
-            if not record.exact and self.group:
-                # Declared exact, but this run's rewrite was approximate: its error must not be measured against
-                # exact passes' tolerance, nor theirs hidden under its bound. Undo the group; each runs alone.
-                self._replay(i)
-                i = self.point_at[0]
-                continue
-            self.group.append(_Pending(i, record))
-            outcome = "ok"
-            if i <= self.solo_until or not record.exact or not self.grouping:
-                outcome = self._flush()
-            next_i = self._resume_at(outcome, i + 1)
-            if next_i is None:
-                return None
-            i = next_i
+            else:
+                i = self._next(self._step(i), i + 1)
+        return None
 
-    def _resume_at(self, outcome: str, otherwise: int) -> int | None:
-        """The pass the loop goes on with after ``outcome`` of _flush or _go_on: None when the run stops, the
-        group's first pass after a replay, else ``otherwise``."""
-        if outcome == "stop":
+    def _measured_alone(self, pass_: Pass) -> bool:
+        return not pass_.exact and pass_.may_change(self.model, self.options)
+
+    def _next(self, outcome: Outcome, otherwise: int) -> int | None:
+        """The pass the loop goes on with after ``outcome``: None when the run stops, the group's first pass
+        after a replay, else ``otherwise``."""
+        if outcome in _STOPS:
             return None
-        return self.point_at[0] if outcome == "replay" else otherwise
+        return self.point.index if outcome is Outcome.REPLAY else otherwise
 
-    def _go_on(self, i: int, record: PassRecord) -> str:
-        """After pass ``i`` crashed or broke shape inference: "stop" ends the run; with keep_going the model is
-        restored: "rolled back" (the pass alone) or "replay" (its unvalidated group, to run again pass by pass)."""
-        if not self.options.keep_going or self.point is None:
-            self._abandon()
-            return "stop"
+    def _settle(self, records: Sequence[PassRecord], outcome: Outcome, error: str | None = None) -> Outcome:
+        """The one place a record's status is set: from ``outcome`` (STATUS_OF), with ``error`` saying why."""
+        status = STATUS_OF[outcome]
+        for record in records:
+            if status is not None:
+                record.status = status
+            if error is not None:
+                record.error = error
+        return outcome
+
+    def _step(self, i: int) -> Outcome:
+        """Run pass ``i``, and validate it when it is not grouped with the next."""
+        pass_ = self.passes[i]
+        if not self.group:
+            self._take_point(i)
+        record = PassRecord(name=pass_.name, exact=pass_.exact)
+        self.report.passes.append(record)
+        t0 = time.perf_counter()
+        try:
+            result = pass_.run(self.model, self.options)
+        except InputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a crashing pass is a failed pass, reported, never a traceback
+            record.seconds = time.perf_counter() - t0
+            self.report.warnings.append(f"pass {pass_.name} crashed:\n{traceback.format_exc()}")
+            return self._fail(i, record, Outcome.ERROR, f"{type(exc).__name__}: {first_line(exc)}")
+        record.seconds = time.perf_counter() - t0
+        record.changes, record.rejections = result.changes, result.rejections
+        record.metrics, record.warnings = result.metrics, result.warnings
+        if "exact" in result.metrics:  # a pass whose rewrites this run were all exact says so
+            record.exact = bool(result.metrics["exact"])
+        record.quantized_tolerance = result.quantized_tolerance
+        if record.quantized_tolerance:
+            # One rounding of a quantized model removed: each removed rounding is within a step, but the
+            # steps add up through the layers after it (5 at the QDQ U-Net's mask), so the output is not
+            # "exact within k steps". Measured alone, against --max-approx-error, steps reported.
+            record.exact = False
+        if self.options.strict and result.changed and not record.exact:
+            self._settle([record], Outcome.REFUSED_STRICT)
+            raise StrictRefused(strict_message(record))
+        if not result.changed:
+            return self._settle([record], Outcome.UNCHANGED)
+        self.here = _CHANGED
+        # What a rewrite left unused (old weights, Constant producers of replaced inputs) is dropped here,
+        # once, instead of in every pass.
+        dead, unused = remove_unused(self.model)
+        for node in dead:
+            record.changes.append(Change(node.name, node.op_type, "removed dead node"))
+        for name in unused:
+            record.changes.append(Change(name, "initializer", "removed unused initializer"))
+        t1 = time.perf_counter()
+        problem = None
+        if not (pass_.keeps_shapes and keep_inferred_shapes(self.model.graph)):
+            problem = refresh_shapes(self.model)
+        record.validate_seconds = time.perf_counter() - t1
+        if problem is not None:
+            return self._fail(i, record, Outcome.FAILED, problem)
+        if not self.each:
+            self.validator.accept(exact=record.exact)
+            return self._settle([record], Outcome.NOT_VALIDATED)
+        if not record.exact and self.group:
+            # Declared exact, but this run's rewrite was approximate: its error must not be measured against
+            # exact passes' tolerance, nor theirs hidden under its bound. Undo the group; each runs alone.
+            return self._replay(i)
+        self.group.append(_Pending(i, record))
+        if i <= self.solo_until or not record.exact or not self.grouping:
+            return self._validate_group()
+        return Outcome.PENDING
+
+    def _fail(self, i: int, record: PassRecord, outcome: Outcome, error: str) -> Outcome:
+        """Pass ``i`` crashed (ERROR) or its change was refused (FAILED): the run stops (the group before it was
+        never validated, and the report says so), unless keep_going restores the model: the pass alone is
+        rolled back, or its unvalidated group is replayed pass by pass."""
+        if not self.options.keep_going or self.point.kind is RestoreKind.NONE:
+            self._settle([p.record for p in self.group], Outcome.NOT_VALIDATED)
+            self.group.clear()
+            return self._settle([record], outcome, error)
         if self.group:  # the passes before it in its group are not validated yet: run them again, alone
-            self._replay(i)
-            return "replay"
+            return self._replay(i)
         self._restore()
-        record.status = "rolled back"
-        return "rolled back"
-
-    def _abandon(self) -> None:
-        """The run stops: the group's passes were never validated, and the report says so."""
-        for pending in self.group:
-            pending.record.status = "not validated"
-        self.group.clear()
+        return self._settle([record], Outcome.ROLLED_BACK, error)
 
     def _finish(self) -> bytes | None:
-        report, validator, data = self.report, self.validator, self.data
+        report, validator, data = self.report, self.validator, self.here.data
         if report.failed_pass is not None and not self.options.keep_going:
             return None
         validator.require_original()
@@ -322,242 +396,65 @@ class _Run:
     # --- restore points ---------------------------------------------------------------------------------
     def _take_point(self, i: int) -> None:
         """Remember the model as it is before pass ``i`` (free when the last validation serialized it)."""
-        if self.data is not None:
-            self.point = self.data
+        here = self.here
+        if here.kind is RestoreKind.BYTES:
+            kind, model = here.kind, here.model
         elif not (self.grouping or self.options.keep_going):
-            self.point = None
-        elif self.pristine and self.reload is not None:
-            self.point = _RELOAD  # the input as read: no 100 MB copy held for a failure that rarely comes
+            kind, model = RestoreKind.NONE, None
+        elif here.kind is RestoreKind.REREAD:
+            kind, model = here.kind, None
         else:
-            self.point = _copy(self.model)
-        self.point_at = (i, len(self.report.passes))
+            kind, model = RestoreKind.COPY, _copy(self.model)
+        self.point = RestorePoint(kind, i, len(self.report.passes), model)
 
     def _restore(self) -> None:
-        point = self.point
-        if point is _RELOAD:
-            assert self.reload is not None
-            self.model.CopyFrom(self.reload())
-            self.pristine = True
-        elif isinstance(point, bytes):
-            self.model.Clear()
-            self.model.ParseFromString(point)
-        elif isinstance(point, onnx.ModelProto):
-            self.model.CopyFrom(point)
-        self.data = point if isinstance(point, bytes) else None  # restored from bytes: they describe it again
+        self.point.restore(self.model, self.reload)
+        # Restored from bytes or by reading the input again: the same way back is free again.
+        free = self.point.kind in (RestoreKind.REREAD, RestoreKind.BYTES)
+        self.here = RestorePoint(self.point.kind, model=self.point.model) if free else _CHANGED
 
-    def _replay(self, until: int) -> None:
+    def _replay(self, until: int) -> Outcome:
         """Undo the current group; its passes (up to pass ``until``) then run again, each validated alone."""
         self.solo_until = max(self.solo_until, until)
         self.group.clear()
         self._restore()
-        del self.report.passes[self.point_at[1]:]
+        del self.report.passes[self.point.records:]
+        return Outcome.REPLAY
 
     # --- validation ---------------------------------------------------------------------------------------
-    def _flush(self, *, last: bool = False) -> str:
-        """Validate the pending group: "ok", "stop" (failed, the run ends), "replay" (restored: run again from
-        the group's first pass) or "rolled back" (keep_going: the one pass undone). ``last``: no pass follows,
-        so these are the output's bytes if they pass."""
-        group = self.group
-        records = [p.record for p in group]
+    def _validate_group(self, *, last: bool = False) -> Outcome:
+        """Validate the pending group: VALIDATED, FAILED (the run ends), REPLAY (restored: run again from the
+        group's first pass, each alone) or ROLLED_BACK (keep_going: the one pass undone). ``last``: no pass
+        follows, so these are the output's bytes if they pass."""
+        records = [p.record for p in self.group]
         t0 = time.perf_counter()
-        problem, data = self.validator.validate(self.model, records, self.on_serialized if last else None)
+        verdict = self.validator.check(self.model, exact=all(r.exact for r in records),
+                                       on_serialized=self.on_serialized if last else None)
+        if verdict.comparison is not None:
+            for record in records:
+                record.validation = verdict.comparison
+                if len(records) > 1:
+                    record.validated_with = [r.name for r in records]
         records[-1].validate_seconds += time.perf_counter() - t0
-        if problem is None:
+        if verdict.passed:
             self.group = []
-            self.data = data
-            return "ok"
-        if len(group) > 1:
-            self._replay(group[-1].index)
-            return "replay"
-        self.group = []
-        record = records[0]
-        record.status, record.error = "failed", problem
-        if not self.options.keep_going or self.point is None:
-            return "stop"
-        self._restore()
-        record.status = "rolled back"
-        return "rolled back"
+            self.here = RestorePoint(RestoreKind.BYTES, model=verdict.data) if verdict.data is not None else _CHANGED
+            return self._settle(records, Outcome.VALIDATED)
+        if len(records) > 1:
+            return self._replay(self.group[-1].index)
+        pending = self.group.pop()
+        assert verdict.problem is not None
+        return self._fail(pending.index, pending.record, Outcome.FAILED, verdict.problem)
 
 
-class _Validator:
-    """Holds the seeded inputs and the outputs of the last accepted model, so each is computed once.
-
-    The original's outputs are computed on a background thread (validate.Reference) while the passes work; the
-    first validation waits for them.
-    """
-
-    def __init__(self, model: onnx.ModelProto, options: FixOptions, report: FixReport, *,
-                 reference: Reference | None = None, reference_feeds: Feeds | None = None,
-                 approximate: bool = False) -> None:
-        self.options = options
-        self.report = report
-        self.feeds: list[Feeds] = []
-        self._original: list[Outputs] | None = None
-        self._current: list[Outputs] | None = None
-        self._reference: Reference | None = None
-        self.all_exact = True
-        self.changed = False
-        self.steps: dict[str, np.ndarray] = {}
-        if options.validate == "none":
-            report.validation_note = NOT_VALIDATED
-            return
-        self.feeds = validation_feeds(model, n_inputs=options.n_inputs, seed=options.seed,
-                                      data=options.validation_data, ranges=options.input_ranges,
-                                      approximate=approximate and not options.strict)
-        # Outputs made by a DequantizeLinear are judged in quantization steps (graph output names never change).
-        self.steps = quantized_output_steps(model)
-        if reference is None and approx_model_bytes(model) >= TWO_GB:
-            # No file to start from and too large for bytes: the scratch copy must be written now, before the
-            # passes change the model, so this one is computed here.
-            self._settle(lambda: self._run(model))
-            return
-        self._reference = reference or Reference(model.SerializeToString())
-        if reference is not None and reference_feeds:
-            self._reference.run([{**feeds, **reference_feeds} for feeds in self.feeds])
-        else:
-            self._reference.run(self.feeds)
-
-    def _settle(self, compute) -> None:  # noqa: ANN001 - a zero-argument callable returning the outputs
-        try:
-            self._original = compute()
-        except runtime_errors() as exc:
-            # Without the original's outputs nothing can be validated, and nothing is written unvalidated
-            # unless the user asked for it.
-            raise InputError(f"onnxruntime cannot run the original model ({first_line(exc)}), so no change "
-                             f"could be validated; nothing written (fix the model, or --validate none to write "
-                             f"it unvalidated)") from None
-        self._current = self._original
-
-    def _wait(self) -> None:
-        if self._reference is not None:
-            reference, self._reference = self._reference, None
-            try:
-                self._settle(reference.outputs)
-            finally:
-                reference.close()
-
-    def require_original(self) -> None:
-        """Raise InputError unless the original's outputs exist (or validation is off): a run that changed
-        nothing still proves that the model it hands back runs."""
-        if self.options.validate != "none":
-            self._wait()
-
-    @property
-    def original(self) -> list[Outputs] | None:
-        self._wait()
-        return self._original
-
-    @property
-    def current(self) -> list[Outputs] | None:
-        self._wait()
-        return self._current
-
-    def close(self) -> None:
-        if self._reference is not None:
-            self._reference.close()
-
-    def _run(self, model: onnx.ModelProto, data: bytes | None = None, *,
-             before_runs: Callable[[], None] | None = None) -> list[Outputs]:
-        runner = Runner(model, data=data)
-        try:
-            if before_runs is not None:
-                before_runs()
-            return runner.run_all(self.feeds)
-        finally:
-            runner.close()
-
-    def refresh_shapes(self, model: onnx.ModelProto) -> str | None:
-        """Strict shape inference after a pass (fresh shapes for the next pass; catches broken types)."""
-        try:
-            infer_shapes(model)
-        except Exception as exc:  # noqa: BLE001
-            return f"shape inference fails after this pass: {first_line(exc)}"
-        return None
-
-    def accept_unvalidated(self, record: PassRecord) -> None:
-        record.status = "not validated"
-        self._accept(record)
-
-    def validate(self, model: onnx.ModelProto, records: list[PassRecord],
-                 on_serialized: Callable[[bytes], None] | None = None) -> tuple[str | None, bytes | None]:
-        """Check and run the model after ``records``' passes (one group); a one-line problem or None, and the
-        serialized model (reused by a later replay or by save_model, after going to ``on_serialized``)."""
-        data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
-        problem = check_structure(model, data)
-        if problem:
-            return f"the model fails the onnx checker after this pass: {problem}", data
-        if on_serialized is not None and data is not None:
-            on_serialized(data)
-        try:
-            # The session is built while the original's runs may still be going; its own runs wait for them
-            # (two models computing at once would only fight over the cores).
-            outputs = self._run(model, data, before_runs=self._wait)
-        except runtime_errors() as exc:
-            self._wait()  # an original that cannot run either is the input's problem, not this pass's
-            return f"onnxruntime cannot run the model after this pass: {first_line(exc)}", data
-        assert self.current is not None  # the original ran (else _wait raised)
-        exact = all(r.exact for r in records)
-        comparison = self._compare(self.current, outputs, exact=exact)
-        for record in records:
-            record.validation = comparison
-            if len(records) > 1:
-                record.validated_with = [r.name for r in records]
-        if not comparison.passed:
-            worst = comparison.worst
-            where = f"output '{worst.name}'" if worst else "outputs"
-            detail = comparison.error or (f"{where}: max abs error {worst.max_abs:.3g}, rel L2 {worst.rel_l2:.3g} "
-                                          f"({comparison.criterion})")
-            return f"validation failed on {detail}", data
-        for record in records:
-            record.status = "validated"
-            self._accept(record)
-        self._current = outputs
-        return None, data
-
-    def _accept(self, record: PassRecord) -> None:
-        self.changed = True
-        self.all_exact = self.all_exact and record.exact
-
-    def final(self, model: onnx.ModelProto, data: bytes | None = None) -> Comparison | None:
-        """The output model against the original (reusing the last pass's outputs when every pass ran);
-        ``data``: the model already serialized."""
-        if not self.changed or self.options.validate == "none" or self.original is None:
-            return None
-        if self.options.validate == "each" and self.current is not None:
-            outputs = self.current
-        else:
-            try:
-                outputs = self._run(model, data)
-            except runtime_errors() as exc:
-                return Comparison(error=f"onnxruntime cannot run the output model: {first_line(exc)}")
-        return self._compare(self.original, outputs, exact=self.all_exact)
-
-    def _compare(self, reference: list[Outputs], outputs: list[Outputs], *, exact: bool) -> Comparison:
-        if self.steps:
-            return compare_quantized(reference, outputs, self.steps, exact=exact, rtol=self.options.rtol,
-                                     atol=self.options.atol, max_approx_error=self.options.max_approx_error,
-                                     quant_steps=self.options.quant_steps)
-        return compare(reference, outputs, exact=exact, rtol=self.options.rtol, atol=self.options.atol,
-                       max_approx_error=self.options.max_approx_error)
-
-
-def check_structure(model: onnx.ModelProto, data: bytes | None = None) -> str | None:
-    """The onnx checker's complaint about ``model`` (one line), or None. ``data``: the model already
-    serialized (checking bytes skips the checker's own re-serialization). Above 2 GB the checker cannot take
-    the in-memory proto; strict shape inference and onnxruntime still check those models."""
-    if data is None:
-        if approx_model_bytes(model) >= TWO_GB:
-            return None
-        data = model.SerializeToString()
+def refresh_shapes(model: onnx.ModelProto) -> str | None:
+    """Strict shape inference after a pass (fresh shapes for the next pass; catches broken types): the one-line
+    problem, or None."""
     try:
-        onnx.checker.check_model(data)
+        infer_shapes(model)
     except Exception as exc:  # noqa: BLE001
-        return first_line(exc)
+        return f"shape inference fails after this pass: {first_line(exc)}"
     return None
-
-
-_RELOAD = object()
-"""A restore point meaning: the input model, read and prepared again."""
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

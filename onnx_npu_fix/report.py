@@ -16,6 +16,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from onnx_npu_fix.passes.base import Change, Rejection
@@ -24,12 +25,34 @@ from onnx_npu_fix.validate import Comparison, quant_summary
 REPORT_VERSION = 1
 
 
+class PassStatus(str, Enum):
+    """A pass's verdict in the build record (``PassRecord.status``); the values are the record's strings, and a
+    status compares equal to its string. The pass manager sets it from the pass's outcome (pipeline.Outcome)."""
+
+    UNCHANGED = "unchanged"
+    """The pass changed nothing."""
+    VALIDATED = "validated"
+    """Its change was checked and compared with the model before it (alone, or with ``validated_with``)."""
+    NOT_VALIDATED = "not validated"
+    """Its change is kept unchecked: --validate final/none, or the run stopped before its group was validated."""
+    FAILED = "failed"
+    """Its change broke shape inference, the checker, onnxruntime or the tolerance; the run stopped."""
+    ROLLED_BACK = "rolled back"
+    """It failed or crashed and was undone (--keep-going); ``error`` says why."""
+    ERROR = "error"
+    """It crashed; the run stopped."""
+
+    def __str__(self) -> str:  # the record's string, also in f-strings (Python 3.12 formats mixed-in enums by name)
+        return self.value
+
+    __format__ = str.__format__
+
+
 @dataclass
 class PassRecord:
     name: str
     exact: bool
-    status: str = "unchanged"
-    """unchanged | validated | not validated | failed | rolled back | error"""
+    status: PassStatus = PassStatus.UNCHANGED
     changes: list[Change] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -61,7 +84,7 @@ class PassRecord:
         return {
             "name": self.name,
             "exact": self.exact,
-            "status": self.status,
+            "status": str(self.status),
             "changes": [c.to_json() for c in self.changes],
             "rejections": [r.to_json() for r in self.rejections],
             "metrics": self.metrics,
@@ -91,7 +114,7 @@ class FixReport:
 
     @property
     def failed_pass(self) -> PassRecord | None:
-        return next((p for p in self.passes if p.status in ("failed", "error")), None)
+        return next((p for p in self.passes if p.status in (PassStatus.FAILED, PassStatus.ERROR)), None)
 
     @property
     def blocking(self) -> list[tuple[str, Rejection]]:

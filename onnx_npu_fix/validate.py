@@ -2,6 +2,11 @@
 
 Optimizations are off so onnxruntime runs the graph as written: with ORT_ENABLE_ALL its own Conv+BN fusion
 would make an original and a wrongly folded model look alike, and session creation is 1.4-3x slower.
+
+:class:`Validator` is the validation of one pass-manager run (the pass manager, pipeline.py, decides *when* to
+validate and what a verdict does to the run; this module decides *how*): the run's input sets, the original's
+outputs (computed in the background), the outputs of the last accepted model, and the comparison of a candidate
+with them under the run's criteria (rtol/atol, the approximate bound, quantization steps).
 """
 
 from __future__ import annotations
@@ -11,14 +16,14 @@ import hashlib
 import math
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
-from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.errors import InputError, first_line
 from onnx_npu_fix.graph import (
     TWO_GB,
     approx_model_bytes,
@@ -27,6 +32,9 @@ from onnx_npu_fix.graph import (
     shape_of_value_info,
     write_with_external_data,
 )
+
+if TYPE_CHECKING:
+    from onnx_npu_fix.options import FixOptions
 
 Feeds = dict[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
@@ -558,3 +566,190 @@ def validate_chain(whole: onnx.ModelProto, segments: Sequence[onnx.ModelProto], 
     names = [o.name for o in whole.graph.output]
     candidate = [{name: values[name] for name in names if name in values} for values in chained]
     return compare(reference, candidate, exact=True, rtol=0.0, atol=0.0, max_approx_error=0.0)
+
+
+# --- the validation of a pass-manager run ----------------------------------------------------------------
+
+
+def check_structure(model: onnx.ModelProto, data: bytes | None = None) -> str | None:
+    """The onnx checker's complaint about ``model`` (one line), or None. ``data``: the model already
+    serialized (checking bytes skips the checker's own re-serialization). Above 2 GB the checker cannot take
+    the in-memory proto; strict shape inference and onnxruntime still check those models."""
+    if data is None:
+        if approx_model_bytes(model) >= TWO_GB:
+            return None
+        data = model.SerializeToString()
+    try:
+        onnx.checker.check_model(data)
+    except Exception as exc:  # noqa: BLE001
+        return first_line(exc)
+    return None
+
+
+@dataclass
+class Verdict:
+    """A candidate model judged by :meth:`Validator.check`."""
+
+    problem: str | None
+    """One line saying why it was refused; None when it passed."""
+    comparison: Comparison | None
+    """Its outputs against the last accepted model's (None when it could not run: checker, onnxruntime)."""
+    data: bytes | None
+    """The candidate serialized (None above 2 GB): reused by a later restore or by save_model."""
+
+    @property
+    def passed(self) -> bool:
+        return self.problem is None
+
+
+class Validator:
+    """The validation of one run: its seeded (or loaded) inputs, the original's outputs and those of the last
+    accepted model, so each is computed once; :meth:`check` judges a candidate against the last accepted model.
+
+    The original's outputs are computed on a background thread (Reference) while the passes work; the first
+    validation waits for them. A run whose original onnxruntime cannot run is an InputError (nothing could be
+    validated), unless validation is off.
+    """
+
+    def __init__(self, model: onnx.ModelProto, options: FixOptions, *, reference: Reference | None = None,
+                 reference_feeds: Feeds | None = None, approximate: bool = False) -> None:
+        """``reference``: the original's outputs already under way, else computed from ``model`` as it is now.
+        ``reference_feeds``: inputs only ``reference`` takes (frozen inputs), added to every set it runs.
+        ``approximate``: the run may make an approximate change (more input sets, see inputs.py)."""
+        from onnx_npu_fix.inputs import validation_feeds  # inputs.py builds on this module
+
+        self.options = options
+        self.feeds: list[Feeds] = []
+        self._original: list[Outputs] | None = None
+        self._current: list[Outputs] | None = None
+        self._reference: Reference | None = None
+        self.all_exact = True
+        """Every accepted change was exact (the final comparison's criterion)."""
+        self.changed = False
+        """Some change was accepted (validated or not)."""
+        self.steps: dict[str, np.ndarray] = {}
+        if options.validate == "none":
+            return
+        self.feeds = validation_feeds(model, n_inputs=options.n_inputs, seed=options.seed,
+                                      data=options.validation_data, ranges=options.input_ranges,
+                                      approximate=approximate and not options.strict)
+        # Outputs made by a DequantizeLinear are judged in quantization steps (graph output names never change).
+        self.steps = quantized_output_steps(model)
+        if reference is None and approx_model_bytes(model) >= TWO_GB:
+            # No file to start from and too large for bytes: the scratch copy must be written now, before the
+            # passes change the model, so this one is computed here.
+            self._settle(lambda: self._run(model))
+            return
+        self._reference = reference or Reference(model.SerializeToString())
+        if reference is not None and reference_feeds:
+            self._reference.run([{**feeds, **reference_feeds} for feeds in self.feeds])
+        else:
+            self._reference.run(self.feeds)
+
+    def _settle(self, compute: Callable[[], list[Outputs]]) -> None:
+        try:
+            self._original = compute()
+        except runtime_errors() as exc:
+            # Without the original's outputs nothing can be validated, and nothing is written unvalidated
+            # unless the user asked for it.
+            raise InputError(f"onnxruntime cannot run the original model ({first_line(exc)}), so no change "
+                             f"could be validated; nothing written (fix the model, or --validate none to write "
+                             f"it unvalidated)") from None
+        self._current = self._original
+
+    def _wait(self) -> None:
+        if self._reference is not None:
+            reference, self._reference = self._reference, None
+            try:
+                self._settle(reference.outputs)
+            finally:
+                reference.close()
+
+    def require_original(self) -> None:
+        """Raise InputError unless the original's outputs exist (or validation is off): a run that changed
+        nothing still proves that the model it hands back runs."""
+        if self.options.validate != "none":
+            self._wait()
+
+    @property
+    def original(self) -> list[Outputs] | None:
+        self._wait()
+        return self._original
+
+    @property
+    def current(self) -> list[Outputs] | None:
+        """The outputs of the last accepted model (the original's until a validation passes)."""
+        self._wait()
+        return self._current
+
+    def close(self) -> None:
+        if self._reference is not None:
+            self._reference.close()
+
+    def _run(self, model: onnx.ModelProto, data: bytes | None = None, *,
+             before_runs: Callable[[], None] | None = None) -> list[Outputs]:
+        runner = Runner(model, data=data)
+        try:
+            if before_runs is not None:
+                before_runs()
+            return runner.run_all(self.feeds)
+        finally:
+            runner.close()
+
+    def check(self, model: onnx.ModelProto, *, exact: bool,
+              on_serialized: Callable[[bytes], None] | None = None) -> Verdict:
+        """Check and run ``model`` (the candidate after one pass or one group of them) and compare its outputs
+        with the last accepted model's: by rtol/atol when ``exact`` (quantized outputs in quantization steps),
+        else by the approximate bound. A passing candidate becomes the accepted model. ``on_serialized`` gets
+        the candidate's bytes once the checker accepted them, before onnxruntime runs them."""
+        data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
+        problem = check_structure(model, data)
+        if problem:
+            return Verdict(f"the model fails the onnx checker after this pass: {problem}", None, data)
+        if on_serialized is not None and data is not None:
+            on_serialized(data)
+        try:
+            # The session is built while the original's runs may still be going; its own runs wait for them
+            # (two models computing at once would only fight over the cores).
+            outputs = self._run(model, data, before_runs=self._wait)
+        except runtime_errors() as exc:
+            self._wait()  # an original that cannot run either is the input's problem, not this pass's
+            return Verdict(f"onnxruntime cannot run the model after this pass: {first_line(exc)}", None, data)
+        assert self.current is not None  # the original ran (else _wait raised)
+        comparison = self._compare(self.current, outputs, exact=exact)
+        if not comparison.passed:
+            worst = comparison.worst
+            where = f"output '{worst.name}'" if worst else "outputs"
+            detail = comparison.error or (f"{where}: max abs error {worst.max_abs:.3g}, rel L2 {worst.rel_l2:.3g} "
+                                          f"({comparison.criterion})")
+            return Verdict(f"validation failed on {detail}", comparison, data)
+        self.accept(exact=exact)
+        self._current = outputs
+        return Verdict(None, comparison, data)
+
+    def accept(self, *, exact: bool) -> None:
+        """A change is kept (by :meth:`check`, or unvalidated): the final comparison covers it."""
+        self.changed = True
+        self.all_exact = self.all_exact and exact
+
+    def final(self, model: onnx.ModelProto, data: bytes | None = None) -> Comparison | None:
+        """The output model against the original (reusing the last accepted outputs when every pass was
+        validated); ``data``: the model already serialized. None when nothing changed or validation is off."""
+        if not self.changed or self.options.validate == "none" or self.original is None:
+            return None
+        if self.options.validate == "each" and self.current is not None:
+            outputs = self.current
+        else:
+            try:
+                outputs = self._run(model, data)
+            except runtime_errors() as exc:
+                return Comparison(error=f"onnxruntime cannot run the output model: {first_line(exc)}")
+        return self._compare(self.original, outputs, exact=self.all_exact)
+
+    def _compare(self, reference: list[Outputs], outputs: list[Outputs], *, exact: bool) -> Comparison:
+        if self.steps:
+            return compare_quantized(reference, outputs, self.steps, exact=exact, rtol=self.options.rtol,
+                                     atol=self.options.atol, max_approx_error=self.options.max_approx_error,
+                                     quant_steps=self.options.quant_steps)
+        return compare(reference, outputs, exact=exact, rtol=self.options.rtol, atol=self.options.atol,
+                       max_approx_error=self.options.max_approx_error)

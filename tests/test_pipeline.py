@@ -267,8 +267,7 @@ class BreakShapes(Pass):
 
 @pytest.fixture
 def sessions(monkeypatch):
-    """Counts the onnxruntime sessions the pass manager builds."""
-    import onnx_npu_fix.pipeline as pipeline
+    """Counts the onnxruntime sessions the pass manager builds (its validation's and the original's)."""
     import onnx_npu_fix.validate as validate
 
     built = []
@@ -278,8 +277,7 @@ def sessions(monkeypatch):
             built.append(1)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "Runner", Counting)
-    monkeypatch.setattr(validate, "Runner", Counting)  # the original's, built on the reference thread
+    monkeypatch.setattr(validate, "Runner", Counting)  # also the original's, built on the reference thread
     return built
 
 
@@ -433,8 +431,10 @@ def test_an_unused_or_broken_reference_closes_without_hanging(tmp_path):
 
 def test_models_above_two_gb_validate_each_pass_alone(monkeypatch, sessions):
     import onnx_npu_fix.pipeline as pipeline
+    import onnx_npu_fix.validate as validate
 
-    monkeypatch.setattr(pipeline, "TWO_GB", 16)  # every model counts as "above 2 GB" here
+    monkeypatch.setattr(pipeline, "TWO_GB", 16)  # every model counts as "above 2 GB" here: to the scheduler,
+    monkeypatch.setattr(validate, "TWO_GB", 16)  # to its validation (no bytes, the original computed at once)
     original = small_model()
     model = small_model()
     result = run(model, [RenameRelu(), AddZero()])

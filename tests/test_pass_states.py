@@ -1,0 +1,228 @@
+"""The pass manager's state machine: scripted pass results -> each record's status, the groups validated
+together, and the restore points the run went back to.
+
+Every row runs the real manager (onnxruntime validation included) on a three-node model with passes whose result
+is scripted; the restore points are observed where the model is restored (RestorePoint.restore), so a status
+set in the wrong place, a group settled wrongly or a restore from the wrong point fails a row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import assert_equivalent
+from onnx import helper, numpy_helper
+
+from onnx_npu_fix import api, pipeline
+from onnx_npu_fix import validate as validate_module
+from onnx_npu_fix.errors import StrictRefused
+from onnx_npu_fix.graph import GraphIndex
+from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.passes.base import Change, Pass, PassResult
+from onnx_npu_fix.pipeline import STATUS_OF, Outcome, RestoreKind, RestorePoint, prepare, run_passes
+from onnx_npu_fix.report import PassStatus
+
+
+def small_model() -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.arange(8, dtype=np.float32).reshape(2, 4) / 8, "w")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+        helper.make_node("Identity", ["y"], ["y_id"], name="id"),
+        helper.make_node("Relu", ["y_id"], ["out"], name="relu"),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 2])],
+                              [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [3, 4])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+_ADDED = {"ok": 0.0, "wrong": 100.0, "approx": 0.01, "far": 100.0, "sly": 0.01}
+"""What each scripted pass adds to the graph's output (0: an exact change)."""
+
+
+class Scripted(Pass):
+    """A pass whose result is its script:
+
+    ok      exact, correct (adds 0 to the output)       wrong   declared exact, adds 100: fails the tolerance
+    approx  approximate, adds 0.01 (within the bound)   far     approximate, adds 100: fails the bound
+    sly     declared exact, reports this run approximate (metrics "exact": False), adds 0.01
+    noop    changes nothing                             crash   raises
+    shapes  makes the MatMul's shapes incompatible: strict shape inference fails after it
+    """
+
+    summary = "scripted test pass"
+
+    def __init__(self, script: str, index: int) -> None:
+        self.script = script
+        self.name = f"{script}{index}"
+        self.exact = script not in ("approx", "far")
+
+    def run(self, model, options):
+        if self.script == "noop":
+            return PassResult()
+        if self.script == "crash":
+            raise RuntimeError("scripted crash")
+        if self.script == "shapes":
+            for t in model.graph.initializer:
+                if t.name == "w":
+                    t.CopyFrom(numpy_helper.from_array(np.zeros((5, 4), np.float32), "w"))
+            return PassResult(changes=[Change("w", "initializer", "reshaped")])
+        index = GraphIndex(model)
+        out = model.graph.output[0].name
+        producer = index.producer[out]
+        before = index.unique_name(f"pre_{self.name}")
+        producer.output[0] = before
+        constant = index.unique_name(f"{self.name}_c")
+        model.graph.initializer.append(numpy_helper.from_array(np.array(_ADDED[self.script], np.float32), constant))
+        model.graph.node.append(helper.make_node("Add", [before, constant], [out], name=self.name))
+        result = PassResult(changes=[Change(self.name, "Add", "added")])
+        if self.script == "sly":
+            result.metrics["exact"] = False
+        return result
+
+
+@pytest.fixture
+def restores(monkeypatch):
+    """The restore points the run went back to, as (kind, pass index) in order."""
+    seen: list[tuple[str, int]] = []
+    restore = RestorePoint.restore
+
+    def logged(self, model, reload):
+        seen.append((self.kind.value, self.index))
+        return restore(self, model, reload)
+
+    monkeypatch.setattr(RestorePoint, "restore", logged)
+    return seen
+
+
+V, NV, F, RB, E, U = "validated", "not validated", "failed", "rolled back", "error", "unchanged"
+
+# (scripts, options, expected statuses, expected validated_with per record, expected restores)
+TABLE = [
+    # grouped validation of exact passes: one session, one group
+    ("ok ok", {}, [V, V], [["ok0", "ok1"], ["ok0", "ok1"]], []),
+    ("noop ok", {}, [U, V], [[], []], []),
+    # a failing group is replayed from its copy, pass by pass; the validated bytes are the next point
+    ("ok wrong ok", {}, [V, F], [[], []], [("copy", 0)]),
+    ("ok wrong ok", {"keep_going": True}, [V, RB, V], [[], [], []], [("copy", 0), ("bytes", 1)]),
+    ("wrong", {}, [F], [[]], []),
+    ("ok wrong wrong", {"keep_going": True}, [V, RB, RB], [[], [], []],
+     [("copy", 0), ("bytes", 1), ("bytes", 2)]),  # restored from bytes: those bytes are the next point again
+    ("wrong ok", {"keep_going": True}, [RB, V], [[], []], [("copy", 0), ("copy", 0)]),
+    # a crash: its unvalidated group is not validated when the run stops, replayed with --keep-going
+    ("ok crash ok", {}, [NV, E], [[], []], []),
+    ("ok crash ok", {"keep_going": True}, [V, RB, V], [[], [], []], [("copy", 0), ("bytes", 1)]),
+    ("crash ok ok", {"keep_going": True}, [RB, V, V], [[], ["ok1", "ok2"], ["ok1", "ok2"]], [("copy", 0)]),
+    # broken shape inference names the pass, not its group
+    ("ok shapes", {}, [NV, F], [[], []], []),
+    ("ok shapes ok", {"keep_going": True}, [V, RB, V], [[], [], []], [("copy", 0), ("bytes", 1)]),
+    # approximate passes are measured alone; the group before them is validated first
+    ("ok approx ok", {}, [V, V, V], [[], [], []], []),
+    ("ok ok approx", {}, [V, V, V], [["ok0", "ok1"], ["ok0", "ok1"], []], []),
+    ("far", {}, [F], [[]], []),
+    ("ok far ok", {"keep_going": True}, [V, RB, V], [[], [], []], [("bytes", 1)]),
+    # declared exact, approximate this run: the group is undone, each pass runs alone
+    ("ok sly", {}, [V, V], [[], []], [("copy", 0)]),
+    # --validate final / none: nothing validated per pass, nothing replayed; --keep-going still rolls back
+    ("ok wrong", {"validate": "final"}, [NV, NV], [[], []], []),
+    ("ok crash ok", {"validate": "final"}, [NV, E], [[], []], []),
+    ("ok crash ok", {"validate": "final", "keep_going": True}, [NV, RB, NV], [[], [], []], [("copy", 1)]),
+    ("ok wrong noop", {"validate": "none"}, [NV, NV, U], [[], [], []], []),
+]
+
+
+@pytest.mark.parametrize(("scripts", "opts", "statuses", "groups", "restored"), TABLE,
+                         ids=[f"{row[0]} {row[1]}" for row in TABLE])
+def test_scripted_passes_end_in_their_statuses(scripts, opts, statuses, groups, restored, restores):
+    options = FixOptions(**opts)
+    model = small_model()
+    prepare(model, options)
+    passes = [Scripted(script, i) for i, script in enumerate(scripts.split())]
+    result = run_passes(model, options, passes)
+    records = result.report.passes
+    assert [r.status for r in records] == statuses
+    assert [r.validated_with for r in records] == groups
+    assert restores == restored
+    for record in records:
+        assert isinstance(record.status, PassStatus)
+        # only a validated record says it passed; a failed one keeps the comparison that refused it
+        assert (record.validation is not None and record.validation.passed) == (record.status == V)
+        assert (record.error is not None) == (record.status in (F, RB, E))
+    # unvalidated changes are judged by the final comparison (none with --validate none)
+    unvalidated_wrong = "wrong" in [p.script for p, r in zip(passes, records) if r.status == NV]
+    assert result.ok == (F not in statuses and E not in statuses
+                         and (options.validate == "none" or not unvalidated_wrong))
+    if result.ok and options.validate != "none":
+        assert_equivalent(small_model(), model, rtol=0, atol=0.011)
+
+
+@pytest.mark.parametrize(("scripts", "statuses", "restored"), [
+    # no pass changed the model yet: the input is read again instead of copied
+    ("wrong ok", [RB, V], [("re-read", 0), ("re-read", 0)]),
+    ("ok wrong", [V, RB], [("re-read", 0), ("bytes", 1)]),
+    ("crash ok", [RB, V], [("re-read", 0)]),
+])
+def test_a_run_that_can_read_its_input_again_restores_by_reading(tmp_path, monkeypatch, restores,
+                                                                scripts, statuses, restored):
+    def no_copies(model):
+        raise AssertionError("the pass manager kept a copy although it can read the input again")
+
+    monkeypatch.setattr(pipeline, "_copy", no_copies)
+    path = tmp_path / "m.onnx"
+    onnx.save(small_model(), path)
+    model = api.load_model(path)
+    passes = [Scripted(script, i) for i, script in enumerate(scripts.split())]
+    result = api.fix(model, FixOptions(keep_going=True), passes, source=path)
+    assert [r.status for r in result.report.passes] == statuses
+    assert restores == restored
+    assert_equivalent(small_model(), model)
+
+
+@pytest.mark.parametrize(("opts", "statuses", "restored"), [
+    ({}, [V, F], []),  # nothing to go back to: no copy taken
+    ({"keep_going": True}, [V, RB, V], [("copy", 1)]),  # a copy per pass (no bytes above 2 GB)
+])
+def test_above_two_gb_every_pass_is_validated_alone_from_a_copy(monkeypatch, restores, opts, statuses, restored):
+    monkeypatch.setattr(pipeline, "TWO_GB", 16)  # every model counts as "above 2 GB"
+    monkeypatch.setattr(validate_module, "TWO_GB", 16)
+    options = FixOptions(**opts)
+    model = small_model()
+    prepare(model, options)
+    result = run_passes(model, options, [Scripted(s, i) for i, s in enumerate(["ok", "wrong", "ok"])])
+    assert [r.status for r in result.report.passes] == statuses
+    assert [r.validated_with for r in result.report.passes] == [[]] * len(statuses)
+    assert restores == restored
+
+
+def test_strict_refuses_an_approximate_change_after_validating_the_group_before_it(restores):
+    options = FixOptions(strict=True)
+    model = small_model()
+    prepare(model, options)
+    with pytest.raises(StrictRefused, match="pass approx1 would change"):
+        run_passes(model, options, [Scripted("ok", 0), Scripted("approx", 1)])
+    assert restores == []
+    # a pass declared exact whose run was approximate is refused too
+    model = small_model()
+    prepare(model, options)
+    with pytest.raises(StrictRefused, match="pass sly0"):
+        run_passes(model, options, [Scripted("sly", 0)])
+
+
+def test_every_outcome_has_a_status_and_every_status_an_outcome():
+    assert set(STATUS_OF) == set(Outcome)
+    assert {s for s in STATUS_OF.values() if s is not None} == set(PassStatus)
+    # the build record's strings (report_version 1): a status is its string, in JSON and in text
+    assert [str(s) for s in PassStatus] == [U, V, NV, F, RB, E]
+    assert all(s == str(s) and f"{s}" == s.value for s in PassStatus)
+
+
+@pytest.mark.parametrize("kind", [RestoreKind.BYTES, RestoreKind.COPY, RestoreKind.REREAD])
+def test_a_restore_point_gives_back_the_model_it_was_taken_at(kind):
+    at = small_model()
+    held = {RestoreKind.BYTES: at.SerializeToString(), RestoreKind.COPY: pipeline._copy(at)}.get(kind)
+    point = RestorePoint(kind, 2, 1, held)
+    changed = small_model()
+    changed.graph.node[2].op_type = "Sigmoid"
+    point.restore(changed, small_model)
+    assert changed == at
+    assert point.data == (held if kind is RestoreKind.BYTES else None)
