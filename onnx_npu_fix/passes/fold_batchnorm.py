@@ -71,7 +71,7 @@ from onnx_npu_fix.graph import (
     subgraphs,
 )
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _FLOAT_TYPES: dict[int, type] = {
@@ -120,14 +120,17 @@ class _Lowering:
     why_not_folded: str
 
 
-class FoldBatchNormPass(Pass):
+class FoldBatchNormPass(ScratchFindPass):
+    """BatchNormalization folding. ``find`` rewrites a scratch copy (:class:`ScratchFindPass`): the folds are
+    planned per layer and applied in weight batches, and the QDQ folds and lowerings are decided as they are
+    applied."""
     name = "fold-batchnorm"
     summary = ("fold BatchNormalization into the adjacent Conv/ConvTranspose/Gemm/MatMul, "
                "else lower it to Mul+Add")
     exact = True
     keeps_shapes = True
 
-    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+    def apply(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         # Tens of thousands of small arrays, records and protobuf wrappers, none of them garbage before the
         # pass ends: full collections over them cost a fifth of the pass on a 100k-node graph.
         with paused_gc():

@@ -45,7 +45,7 @@ from onnx_npu_fix.graph import (
     shape_of_value_info,
 )
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
 from onnx_npu_fix.passes.cleanup import CleanupPass
 from onnx_npu_fix.subgraph import ModelNames, rename_in_graph, splice, trace_origin
 
@@ -60,12 +60,14 @@ _CONTROL_FLOW = ("If", "Loop", "Scan")
 _STANDARD = ("", "ai.onnx")
 
 
-class FoldConstantsPass(Pass):
+class FoldConstantsPass(ScratchFindPass):
+    """Constant folding. ``find`` rewrites a scratch copy (:class:`ScratchFindPass`): each fold makes the next
+    node's inputs constant, and the If / Loop folds need the shapes inferred after the rounds before them."""
     name = "fold-constants"
     summary = "fold Shape/Gather/Concat chains and other constant subexpressions into initializers"
     exact = True
 
-    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+    def apply(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         result = PassResult()
         if not _has_candidates(model):
             return result  # the usual case on a clean graph: no index, no inference

@@ -102,7 +102,7 @@ from onnx_npu_fix.graph import (
     subgraphs,
 )
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
 from onnx_npu_fix.qdq import dequantizer_of, power_of_two_int8, quantize_new_weights, wrap_moves
 
 _RESIZE_OPS = ("Resize", "Upsample")
@@ -542,8 +542,11 @@ class _Plan:
     note: str = ""
 
 
-class ResizeNearestPass(Pass):
-    """Linear / cubic Resize -> nearest (or exact ConvTranspose / MatMul forms); nearest -> canonical form."""
+class ResizeNearestPass(ScratchFindPass):
+    """Linear / cubic Resize -> nearest (or exact ConvTranspose / MatMul forms); nearest -> canonical form.
+
+    ``find`` rewrites a scratch copy (:class:`ScratchFindPass`): a site's form depends on the edits made for the
+    sites before it (shared quantizers, the edge-bump check over the rewritten graph)."""
 
     name = "resize-nearest"
     summary = "every Resize/Upsample nearest: linear/cubic -> nearest (or exact forms), one canonical form"
@@ -552,7 +555,7 @@ class ResizeNearestPass(Pass):
     def may_change(self, model: onnx.ModelProto, options: FixOptions) -> bool:
         return any(node.op_type in _RESIZE_OPS for node in model.graph.node)
 
-    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+    def apply(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         if options.resize_mode not in _MODES:
             raise ValueError(f"resize_mode must be one of {', '.join(_MODES)}, not {options.resize_mode!r}")
         result = PassResult(metrics={"exact": True, "approximate_nodes": [], "forms": {}})
