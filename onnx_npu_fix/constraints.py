@@ -11,30 +11,36 @@ Each check is driven by a :class:`~onnx_npu_fix.options.FixOptions` field and na
   in-channels-align   Conv/ConvTranspose input channels not a multiple of ``align``  -> align-channels
                       (channels a graph input fixes, even through Relu/pooling/...: only with ``align_io``)
   out-channels-align  ... output channels (padded, sliced back where the real tensor is read) -> align-channels
-  concat-align        Concat input channels not a multiple of ``concat_align`` -> align-channels when they
-                      come from Convs, the result reaches a Conv and ``align`` is a multiple; else no pass
+  concat-align        Concat input channels not a multiple of ``concat_align`` -> align-channels where its
+                      padding makes them multiples; else no pass
   batchnorm           a BatchNormalization, unless ``allow_batchnorm``         -> fold-batchnorm
   resize-mode         Resize/Upsample not nearest (``require_nearest_resize``) -> resize-nearest
   max-rank            an activation of rank above ``max_rank``                 -> no pass
   batch-one           batch above 1, where it starts (``batch_one``); only on tensors whose axis 0 is traced
                       to a graph input's batch (batch_axis.py), never an arbitrary axis 0  -> no pass
   forbidden-op        an op type in ``forbidden_ops``                          -> no pass
-  leftover-op         a Dropout / Identity still in the graph                  -> cleanup
+  leftover-op         a Dropout / Identity still in the graph                  -> cleanup (fold-constants behind
+                      a foldable If / Loop)
   max-kernel          Conv kernel extent above ``max_kernel``                  -> no pass
   max-stride          Conv stride above ``max_stride``                         -> no pass
   sram                estimated activation peak above ``sram_bytes``           -> reorder-memory if it then fits
   control-flow        an If / Loop / Scan, unless ``allow_control_flow``       -> fold-constants when its condition
                       / trip count is constant; --freeze-input / --input-shape when a graph input decides it
 
-Channel counts come from the weight shape: a Conv weight is [M, C/group, k...], a ConvTranspose weight
-[C, M/group, k...]. A plain or depthwise conv must have C and M aligned; a grouped conv (1 < group < C) must
-have its per-group counts aligned, since NPUs run it as ``group`` convs. Which channel and Concat findings
-align-channels fixes mirrors that pass's rules (passes/align_channels.py); tests/test_constraints.py runs the
-named passes and checks that every violation they are said to fix is gone. Shape findings (unknown-shape,
-batch-one) are reported where they start, not again on every tensor downstream.
+Channel counts come from the weight shape (:func:`onnx_npu_fix.ops.conv_channels`). A plain or depthwise conv must
+have C and M aligned; a grouped conv (1 < group < C) must have its per-group counts aligned, since NPUs run it as
+``group`` convs. Shape findings (unknown-shape, batch-one) are reported where they start, not again on every
+tensor downstream.
+
+Which pass fixes a violation is not decided here: ``RESPONSIBLE`` says which pass is responsible for which
+constraint, and :func:`_ask_passes` asks that pass's read-only ``find`` (passes/base.py) whether the violating node
+is in its plans — once per pass, only when a violation of its constraint exists. A refused node gets "no pass
+fixes this" and the pass's rejection reason as the end of its message. tests/test_fixed_by.py checks the answers
+against the finds and against running the passes.
 
 Everything runs on a light copy with inferred shapes (:func:`onnx_npu_fix.memory.analysis_copy`); the caller's
-model is never modified. One pass over the nodes with a GraphIndex, O(nodes + edges), plus the memory estimate.
+model is never modified. One pass over the nodes with a GraphIndex, O(nodes + edges), plus the memory estimate,
+plus the responsible passes' finds when there is something to ask them.
 """
 
 from __future__ import annotations

@@ -41,7 +41,6 @@ from onnx_npu_fix.graph import (
     infer_shapes,
     opset_version,
     remove_dead_nodes,
-    remove_unused_initializers,
     shape_of_value_info,
 )
 from onnx_npu_fix.options import FixOptions
@@ -91,9 +90,8 @@ class FoldConstantsPass(ScratchFindPass):
         remaining = {n.name for n in model.graph.node}
         result.rejections.extend(r for name, r in skipped.items() if name in remaining)
         flow.reject_remaining(blocking=not options.allow_control_flow)
-        if result.changes:
-            for name in remove_unused_initializers(model.graph):
-                result.changes.append(Change(name, "initializer", "removed unused initializer"))
+        # The initializers a fold left unused are dropped by the pass manager (pipeline.remove_unused), as for
+        # every pass.
         return result
 
     def _fold_round(self, model: onnx.ModelProto, opsets, limit: int, result: PassResult,
