@@ -71,7 +71,7 @@ from onnx_npu_fix.graph import (
     subgraphs,
 )
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
+from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _FLOAT_TYPES: dict[int, type] = {
@@ -120,33 +120,30 @@ class _Lowering:
     why_not_folded: str
 
 
-class FoldBatchNormPass(ScratchFindPass):
-    """BatchNormalization folding. ``find`` rewrites a scratch copy (:class:`ScratchFindPass`): the folds are
-    planned per layer and applied in weight batches, and the QDQ folds and lowerings are decided as they are
-    applied."""
+class FoldBatchNormPass(Pass):
+    """BatchNormalization folding. ``find`` is read-only: one plan per BN (folded into its producer or consumer,
+    folded into a QDQ conv's scale, or lowered), a rejection for every BN it keeps; ``rewrite`` applies them."""
     name = "fold-batchnorm"
     summary = ("fold BatchNormalization into the adjacent Conv/ConvTranspose/Gemm/MatMul, "
                "else lower it to Mul+Add")
     exact = True
     keeps_shapes = True
 
-    def apply(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         # Tens of thousands of small arrays, records and protobuf wrappers, none of them garbage before the
         # pass ends: full collections over them cost a fifth of the pass on a 100k-node graph.
         with paused_gc():
-            return self._run(model, options)
+            return super().run(model, options)
 
-    def _run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
-        result = PassResult()
+    def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
+        result = PassResult()  # collects the rejections and warnings of finding; rewrite reports them
         index = GraphIndex(model)
         opset = opset_version(model)
         blocking = not options.allow_batchnorm
-        conv_mode = options.bn_standalone == "conv"
         if options.bn_standalone not in ("mul-add", "conv"):
             result.warnings.append(
                 f"bn_standalone={options.bn_standalone!r} is not mul-add|conv; using mul-add")
 
-        # --- find (read-only) -------------------------------------------------------------------------
         edits: dict[int, _LayerEdit] = {}
         lowerings: list[_Lowering] = []
         bn_names: list[str] = []
@@ -191,6 +188,19 @@ class FoldBatchNormPass(ScratchFindPass):
                 result.rejections.append(Rejection(node.name, node.op_type, f"{problem} ({why})", blocking))
                 continue
             lowerings.append(_Lowering(node, affine, rank, dtype, why))
+        plans = [Plan(tuple(bn.name for bn in (e.out_bn, e.inp_bn) if bn is not None), "fold", e)
+                 for e in edits.values()]
+        plans += [Plan((low.bn.name,), "lower", low) for low in lowerings]
+        plans += [Plan((fold.bn.name,), "fold into QDQ conv scale", fold) for fold in qdq_folds]
+        state = _Finding(index, result, edits, lowerings, qdq_folds, bn_names, total, left)
+        return Found(plans, list(result.rejections), state=state)
+
+    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
+        finding: _Finding = found.state
+        index, result, edits, lowerings, qdq_folds = (finding.index, finding.result, finding.edits,
+                                                      finding.lowerings, finding.qdq_folds)
+        bn_names, total, left = finding.bn_names, finding.total, finding.left
+        conv_mode = options.bn_standalone == "conv"
 
         # --- rewrite ----------------------------------------------------------------------------------
         editor = GraphEditor(index)
@@ -220,6 +230,20 @@ class FoldBatchNormPass(ScratchFindPass):
 
 
 # --- the BN itself ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Finding:
+    """What find saw, for rewrite: the index it planned on and its plans in the order they are applied."""
+
+    index: GraphIndex
+    result: PassResult
+    edits: dict[int, _LayerEdit]
+    lowerings: list[_Lowering]
+    qdq_folds: list[Any]
+    bn_names: list[str]
+    total: int
+    left: int
 
 
 def _is_batchnorm(node: onnx.NodeProto) -> bool:
