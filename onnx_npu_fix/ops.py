@@ -9,7 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+import numpy as np
 import onnx
+
+# Every ONNX floating-point element type, and the ones numpy computes in (bfloat16 has no numpy type).
+FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+                         onnx.TensorProto.BFLOAT16})
+NUMPY_FLOAT_TYPES: dict[int, type] = {
+    onnx.TensorProto.FLOAT: np.float32,
+    onnx.TensorProto.FLOAT16: np.float16,
+    onnx.TensorProto.DOUBLE: np.float64,
+}
 
 # Ops whose output channel count their weights choose, not the graph input that feeds them.
 WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "Gemm", "MatMul", "MatMulInteger",

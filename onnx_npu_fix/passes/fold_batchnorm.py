@@ -70,15 +70,12 @@ from onnx_npu_fix.graph import (
     set_attr,
     subgraphs,
 )
+from onnx_npu_fix.ops import NUMPY_FLOAT_TYPES
 from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
-_FLOAT_TYPES: dict[int, type] = {
-    onnx.TensorProto.FLOAT: np.float32,
-    onnx.TensorProto.FLOAT16: np.float16,
-    onnx.TensorProto.DOUBLE: np.float64,
-}
+_FLOAT_TYPES = NUMPY_FLOAT_TYPES  # the types the fold computes in
 _LE_DTYPES = {elem: np.dtype(t).newbyteorder("<") for elem, t in _FLOAT_TYPES.items()}
 _PARAM_ROLES = ("scale", "B", "input_mean", "input_var")
 _PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")

@@ -132,7 +132,7 @@ _BUMP_TARGET = 10
 _BUMP_COMPATIBLE = ("MaxPool", "AveragePool")
 # Exact forms only where float rounding stays inside the exact tolerance: in float16 the MatMul form differs
 # from onnxruntime's Resize by ~1 ulp (2e-3 relative), which no exact check accepts.
-_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)  # the exact forms' margins are shown for these
 
 
 # --- interpolation matrices (float64, the spec's formulas) ------------------------------------------
