@@ -273,3 +273,20 @@ def test_a_plugin_pass_with_only_run_still_runs_and_knows_nothing():
 
     assert OnlyRun().find(onnx.ModelProto(), FixOptions()).known is False
     assert OnlyRun().run(onnx.ModelProto(), FixOptions()).changed is False
+
+
+def test_each_find_runs_once_and_only_when_its_constraint_is_violated(monkeypatch):
+    calls: list[str] = []
+    for name in set(RESPONSIBLE.values()):
+        cls = PASSES[name]
+        real = cls.find
+
+        def spy(self, model, options, _real=real, _name=name):
+            calls.append(_name)
+            return _real(self, model, options)
+
+        monkeypatch.setattr(cls, "find", spy)
+    assert find_violations(_conv_chain(8), FixOptions(align=8)) == []
+    assert calls == []  # nothing violated: no find runs
+    violations = find_violations(_conv_chain(12), FixOptions(align=8))
+    assert len(violations) == 2 and calls == ["align-channels"]
