@@ -11,30 +11,36 @@ Each check is driven by a :class:`~onnx_npu_fix.options.FixOptions` field and na
   in-channels-align   Conv/ConvTranspose input channels not a multiple of ``align``  -> align-channels
                       (channels a graph input fixes, even through Relu/pooling/...: only with ``align_io``)
   out-channels-align  ... output channels (padded, sliced back where the real tensor is read) -> align-channels
-  concat-align        Concat input channels not a multiple of ``concat_align`` -> align-channels when they
-                      come from Convs, the result reaches a Conv and ``align`` is a multiple; else no pass
+  concat-align        Concat input channels not a multiple of ``concat_align`` -> align-channels where its
+                      padding makes them multiples; else no pass
   batchnorm           a BatchNormalization, unless ``allow_batchnorm``         -> fold-batchnorm
   resize-mode         Resize/Upsample not nearest (``require_nearest_resize``) -> resize-nearest
   max-rank            an activation of rank above ``max_rank``                 -> no pass
   batch-one           batch above 1, where it starts (``batch_one``); only on tensors whose axis 0 is traced
                       to a graph input's batch (batch_axis.py), never an arbitrary axis 0  -> no pass
   forbidden-op        an op type in ``forbidden_ops``                          -> no pass
-  leftover-op         a Dropout / Identity still in the graph                  -> cleanup
+  leftover-op         a Dropout / Identity still in the graph                  -> cleanup (fold-constants behind
+                      a foldable If / Loop)
   max-kernel          Conv kernel extent above ``max_kernel``                  -> no pass
   max-stride          Conv stride above ``max_stride``                         -> no pass
   sram                estimated activation peak above ``sram_bytes``           -> reorder-memory if it then fits
   control-flow        an If / Loop / Scan, unless ``allow_control_flow``       -> fold-constants when its condition
                       / trip count is constant; --freeze-input / --input-shape when a graph input decides it
 
-Channel counts come from the weight shape: a Conv weight is [M, C/group, k...], a ConvTranspose weight
-[C, M/group, k...]. A plain or depthwise conv must have C and M aligned; a grouped conv (1 < group < C) must
-have its per-group counts aligned, since NPUs run it as ``group`` convs. Which channel and Concat findings
-align-channels fixes mirrors that pass's rules (passes/align_channels.py); tests/test_constraints.py runs the
-named passes and checks that every violation they are said to fix is gone. Shape findings (unknown-shape,
-batch-one) are reported where they start, not again on every tensor downstream.
+Channel counts come from the weight shape (:func:`onnx_npu_fix.ops.conv_channels`). A plain or depthwise conv must
+have C and M aligned; a grouped conv (1 < group < C) must have its per-group counts aligned, since NPUs run it as
+``group`` convs. Shape findings (unknown-shape, batch-one) are reported where they start, not again on every
+tensor downstream.
+
+Which pass fixes a violation is not decided here: ``RESPONSIBLE`` says which pass is responsible for which
+constraint, and :func:`_ask_passes` asks that pass's read-only ``find`` (passes/base.py) whether the violating node
+is in its plans — once per pass, only when a violation of its constraint exists. A refused node gets "no pass
+fixes this" and the pass's rejection reason as the end of its message. tests/test_fixed_by.py checks the answers
+against the finds and against running the passes.
 
 Everything runs on a light copy with inferred shapes (:func:`onnx_npu_fix.memory.analysis_copy`); the caller's
-model is never modified. One pass over the nodes with a GraphIndex, O(nodes + edges), plus the memory estimate.
+model is never modified. One pass over the nodes with a GraphIndex, O(nodes + edges), plus the memory estimate,
+plus the responsible passes' finds when there is something to ask them.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from typing import Any
 import onnx
 
 from onnx_npu_fix.batch_axis import batch_tensors
-from onnx_npu_fix.graph import GraphIndex, Shape, format_shape, get_attr, has_subgraphs, paused_gc
+from onnx_npu_fix.graph import GraphIndex, Shape, format_shape, get_attr, paused_gc
 from onnx_npu_fix.memory import (
     MemoryEstimate,
     analysis_copy,
@@ -55,8 +61,9 @@ from onnx_npu_fix.memory import (
     format_bytes,
     render_memory,
 )
+from onnx_npu_fix.ops import channels_follow_inputs, conv_channels
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.qdq import conv_weight_problem, qoperator_reason
+from onnx_npu_fix.passes.base import Found
 
 # How each constraint's limit reads in the one-line form ("<value> vs <limit>").
 LIMIT_TEXT: dict[str, str] = {
@@ -81,6 +88,17 @@ LIMIT_TEXT: dict[str, str] = {
     "sram-layer": "SRAM {}",
 }
 CONSTRAINTS: tuple[str, ...] = tuple(LIMIT_TEXT)
+
+# Which pass is responsible for which constraint: the one table. Whether it fixes a given violation is not decided
+# here but asked from that pass's read-only find (:func:`_ask_passes`); a key (constraint, op type) narrows a
+# constraint to one op. Constraints not in the table name an option (--input-shape, --freeze-input), no pass, or
+# a pass from that pass's own module (fold-constants.control_flow_fix; reorder-memory from memory.order_plan).
+RESPONSIBLE: dict[Any, str] = {
+    "dilation": "dilated-conv", "dilation-allowed": "dilated-conv",
+    "in-channels-align": "align-channels", "out-channels-align": "align-channels", "concat-align": "align-channels",
+    "batchnorm": "fold-batchnorm", ("forbidden-op", "BatchNormalization"): "fold-batchnorm",
+    "resize-mode": "resize-nearest", "leftover-op": "cleanup",
+}
 
 _STANDARD = ("", "ai.onnx")
 
@@ -202,7 +220,7 @@ def find_violations(model: onnx.ModelProto, options: FixOptions) -> list[Violati
 
 
 def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = False,
-                prepared: bool = False, memory: bool = True) -> CheckReport:
+                prepared: bool = False, memory: bool = True, _ask: bool = True) -> CheckReport:
     """Violations plus the activation-memory estimate (and the shape listing when ``shapes``), all from one
     analysis copy with inferred shapes. ``options.input_shapes`` is applied to the copy, as a fixing run would.
 
@@ -227,10 +245,12 @@ def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = F
             ctx.batch_sources, ctx.batch = batch_tensors(index)
         ctx.dynamic_in = _check_graph_inputs(ctx)
         if options.align > 0:
-            ctx.input_fixed = _input_fixed(index, ctx.const)
+            ctx.input_fixed = channels_follow_inputs(light.graph.node, index.graph_inputs, ctx.const.__contains__)
         for node in light.graph.node:
             _check_node(ctx, node)
         _check_graph_outputs(ctx)
+        if ctx.ask and _ask:
+            _ask_passes(model, light, index, options, ctx.ask)
         estimate = None
         if memory or options.sram_bytes is not None:
             estimate = estimate_index(index, options.act_bytes, options.sram_bytes, constants=ctx.const,
@@ -254,10 +274,19 @@ class _Context:
     batch: set[str] = field(default_factory=set)
     found: list[Violation] = field(default_factory=list)
     exempt: list[Violation] = field(default_factory=list)
+    ask: list[Violation] = field(default_factory=list)
+    """Violations whose fixed_by is the responsible pass's until its find confirms it (:func:`_ask_passes`)."""
 
     def add(self, node: onnx.NodeProto, constraint: str, value: Any, limit: Any, fixed_by: str | None,
             message: str = "") -> None:
         self.found.append(Violation(node.name, node.op_type, constraint, value, limit, fixed_by, message))
+
+    def add_fixable(self, node: onnx.NodeProto, constraint: str, value: Any, limit: Any, message: str) -> None:
+        """A violation of a constraint a pass is responsible for (``RESPONSIBLE``): whether it fixes this node is
+        asked from the pass's find once every violation is known."""
+        fixed_by = RESPONSIBLE.get((constraint, node.op_type)) or RESPONSIBLE[constraint]
+        self.add(node, constraint, value, limit, fixed_by, message)
+        self.ask.append(self.found[-1])
 
 
 def _static(shape: Shape | None) -> bool:
@@ -267,6 +296,67 @@ def _static(shape: Shape | None) -> bool:
         if not isinstance(d, int) or d < 0:
             return False
     return True
+
+
+def _find_model(model: onnx.ModelProto, light: onnx.ModelProto) -> onnx.ModelProto:
+    """What the pass manager hands a pass (frozen input shapes, named nodes, inferred shapes: ``light``), with the
+    initializer data the light copy left out put back from ``model``: the passes' finds read weight values."""
+    if light is model:
+        return model
+    full = onnx.ModelProto()
+    full.CopyFrom(light)
+    originals = {t.name: t for t in model.graph.initializer}
+    for t in full.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL and t.name in originals:
+            t.CopyFrom(originals[t.name])
+    return full
+
+
+def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphIndex, options: FixOptions,
+                asked: list[Violation]) -> None:
+    """Confirm each violation's responsible pass with that pass's own find: it stays ``fixed_by`` only when the
+    violating node is in the find's plans; otherwise no pass fixes it and the message says why (the pass's
+    rejection reason). Each pass's find runs once, and only when a violation of its constraint exists. The finds
+    run on the model as given (each pass alone, not after the passes before it in the order)."""
+    from onnx_npu_fix.passes import PASSES
+
+    full: onnx.ModelProto | None = None
+    answers: dict[str, tuple[set[str], Found | None, str]] = {}
+    remaining: dict[str, set[tuple[str, str]]] = {}
+    for violation in asked:
+        name = violation.fixed_by
+        assert name is not None
+        if name not in answers:
+            if full is None:
+                full = _find_model(model, light)
+            try:
+                found = PASSES[name]().find(full, options)
+                answers[name] = (found.planned(), found, "")
+            except Exception as exc:  # noqa: BLE001 - a find that fails answers "not fixed", with why
+                answers[name] = (set(), None, f"its find failed: {type(exc).__name__}: {exc}".splitlines()[0])
+        planned, found, failure = answers[name]
+        if violation.node in planned:
+            if found is None or found.after is None:
+                continue
+            if name not in remaining:
+                # The find rewrote a copy: the plan fixes this violation only if the copy no longer has it
+                # (a plan may touch a node without fixing every constraint on it: a Concat the padding crosses).
+                after = check_model(found.after, options, memory=False, _ask=False).violations
+                remaining[name] = {(v.node, v.constraint) for v in after}
+            if (violation.node, violation.constraint) not in remaining[name]:
+                continue
+            reason: str | None = "rewrites it, but the violation remains"
+        else:
+            reason = failure or (found.reason(violation.node) if found is not None else None)
+        violation.fixed_by = None
+        violation.message = f"{violation.message}; {name}: {reason or 'finds no rewrite for it'}"
+        if violation.constraint == "leftover-op":
+            node = next((n for n in light.graph.node if n.name == violation.node), None)
+            producer = index.producer.get(node.input[0]) if node is not None and node.input else None
+            if producer is not None and producer.op_type in _CONTROL_FLOW_OPS and producer.domain in _STANDARD:
+                # Behind an If / Loop output: cleanup (re-run by fold-constants) removes it once that folds.
+                violation.fixed_by = _control_flow_fix(index, producer)[0]
+                violation.message += f"; it goes once {producer.name} ({producer.op_type}) is folded"
 
 
 def _check_graph_inputs(ctx: _Context) -> bool:
@@ -319,31 +409,26 @@ def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
     elif op in ("QLinearConv", "ConvInteger"):
         _check_qoperator_conv(ctx, node)
     elif standard and op == "BatchNormalization" and not options.allow_batchnorm:
-        ctx.add(node, "batchnorm", "present", "not allowed", "fold-batchnorm",
-                "folded into the adjacent Conv/Gemm, else lowered to Mul+Add")
+        ctx.add_fixable(node, "batchnorm", "present", "not allowed", "a BatchNormalization")
     elif standard and op in ("Resize", "Upsample") and options.require_nearest_resize:
         mode = get_attr(node, "mode", "nearest") or "nearest"
         if mode != "nearest":
-            ctx.add(node, "resize-mode", mode, "nearest", "resize-nearest",
-                    "--resize-mode nearest approximates it (bounded by --max-approx-error); exact keeps it exact "
-                    "where an exact form exists")
+            ctx.add_fixable(node, "resize-mode", mode, "nearest",
+                            "--resize-mode nearest approximates it (bounded by --max-approx-error); exact keeps it "
+                            "exact where an exact form exists")
     elif standard and op == "Concat" and options.concat_align > 0:
         _check_concat(ctx, node)
     elif standard and op in ("Dropout", "Identity"):
-        blocked = _leftover_blocked(ctx.index, node)
-        fixed_by = None if blocked else "cleanup"
-        producer = ctx.index.producer.get(node.input[0]) if blocked and node.input else None
-        if producer is not None and producer.op_type in _CONTROL_FLOW_OPS and producer.domain in _STANDARD:
-            # Behind an If / Loop output: cleanup (re-run by fold-constants) removes it once that folds.
-            fixed_by = _control_flow_fix(ctx.index, producer)[0]
-            blocked += f"; it goes once {producer.name} ({producer.op_type}) is folded"
-        ctx.add(node, "leftover-op", "present", "removed", fixed_by,
-                blocked or "an inference no-op; vendor compilers may reject or mis-handle it")
+        ctx.add_fixable(node, "leftover-op", "present", "removed",
+                        "an inference no-op; vendor compilers may reject or mis-handle it")
     if standard and op in _CONTROL_FLOW_OPS and not options.allow_control_flow:
         _check_control_flow(ctx, node)
     if op in options.forbidden_ops and not _reported_as_op(op, options):
-        fixer = {"BatchNormalization": "fold-batchnorm"}.get(op) if standard else None
-        ctx.add(node, "forbidden-op", op, sorted(options.forbidden_ops), fixer, "the target cannot run this op type")
+        why = "the target cannot run this op type"
+        if standard and ("forbidden-op", op) in RESPONSIBLE:
+            ctx.add_fixable(node, "forbidden-op", op, sorted(options.forbidden_ops), why)
+        else:
+            ctx.add(node, "forbidden-op", op, sorted(options.forbidden_ops), None, why)
     _check_outputs(ctx, node)
 
 
@@ -369,35 +454,6 @@ def _control_flow_fix(index: GraphIndex, node: onnx.NodeProto) -> tuple[str | No
     return control_flow_fix(index, node)
 
 
-# Ops whose output channel count their weights choose (so it is not fixed by a graph input), and ops that keep
-# channels apart (a padded channel layout passes through them). Both as in passes/align_channels.py.
-_WEIGHTED = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "Gemm", "MatMul", "MatMulInteger",
-                       "QLinearMatMul", "Einsum", "LSTM", "GRU", "RNN", "Attention"})
-_CHANNEL_LOCAL = frozenset({
-    "Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "Elu", "Selu", "Celu",
-    "Softplus", "Softsign", "Gelu", "Erf", "Mish", "ThresholdedRelu", "Neg", "Abs", "Identity", "Dropout",
-    "MaxPool", "AveragePool", "LpPool", "Resize", "Upsample", "BatchNormalization", "InstanceNormalization"})
-_WALK = 32  # hops: channel-local chains are short; the bound keeps the check linear
-
-
-def _input_fixed(index: GraphIndex, const: set[str]) -> set[str]:
-    """Tensors whose channel count a graph input fixes: reached from one without passing a weighted op."""
-    fixed = set(index.graph_inputs)
-    for node in index.graph.node:
-        if node.op_type in _WEIGHTED:
-            continue
-        reads_data = False
-        for i in node.input:  # a plain loop that stops at the first data input no graph input fixes
-            if i and i not in const:
-                if i not in fixed:
-                    break
-                reads_data = True
-        else:
-            if reads_data:
-                fixed.update(o for o in node.output if o)
-    return fixed
-
-
 def _check_conv(ctx: _Context, node: onnx.NodeProto) -> None:
     index, options, op = ctx.index, ctx.options, node.op_type
     w_shape = index.shape(node.input[1]) if len(node.input) > 1 else None
@@ -411,17 +467,13 @@ def _check_conv(ctx: _Context, node: onnx.NodeProto) -> None:
                  or options.max_kernel is not None else [])
     strides = list(get_attr(node, "strides") or [1] * len(kernel)) if options.max_stride is not None else []
     group = int(get_attr(node, "group", 1) or 1)
-    fixer = "dilated-conv" if op == "Conv" else None
     if options.max_dilation is not None and max(dilations, default=1) > options.max_dilation:
-        ctx.add(node, "dilation", dilations, options.max_dilation, fixer,
-                "space-to-batch turns it into a conv with dilation <= the limit" if fixer
-                else "dilated ConvTranspose is not rewritten")
+        ctx.add_fixable(node, "dilation", dilations, options.max_dilation,
+                        f"{op} dilation above the limit")
     elif options.allowed_dilations is not None:
         allowed = set(options.allowed_dilations) | {1}
         if any(d not in allowed for d in dilations):
-            ctx.add(node, "dilation-allowed", dilations, sorted(allowed), fixer,
-                    "space-to-batch turns it into a conv with an allowed dilation" if fixer
-                    else "dilated ConvTranspose is not rewritten")
+            ctx.add_fixable(node, "dilation-allowed", dilations, sorted(allowed), f"{op} dilation not allowed")
     if options.max_kernel is not None and max(kernel, default=1) > options.max_kernel:
         ctx.add(node, "max-kernel", kernel, options.max_kernel, None,
                 f"dilated extent {[(k - 1) * d + 1 for k, d in zip(kernel, dilations)]}")
@@ -432,7 +484,7 @@ def _check_conv(ctx: _Context, node: onnx.NodeProto) -> None:
 
 
 def _check_qoperator_conv(ctx: _Context, node: onnx.NodeProto) -> None:
-    """QLinearConv / ConvInteger: channels checked like a Conv's, and no pass fixes them (qdq.qoperator_reason)."""
+    """QLinearConv / ConvInteger: channels and dilation checked like a Conv's (the passes say they refuse them)."""
     slot = 3 if node.op_type == "QLinearConv" else 1
     options = ctx.options
     if options.max_dilation is not None or options.allowed_dilations is not None:
@@ -440,8 +492,8 @@ def _check_qoperator_conv(ctx: _Context, node: onnx.NodeProto) -> None:
         allowed = set(options.allowed_dilations or ()) | {1}
         too_large = options.max_dilation is not None and max(dilations, default=1) > options.max_dilation
         if too_large or (options.allowed_dilations is not None and any(d not in allowed for d in dilations)):
-            ctx.add(node, "dilation" if too_large else "dilation-allowed", dilations,
-                    options.max_dilation if too_large else sorted(allowed), None, qoperator_reason(node))
+            ctx.add_fixable(node, "dilation" if too_large else "dilation-allowed", dilations,
+                            options.max_dilation if too_large else sorted(allowed), f"{node.op_type} dilation")
     w_shape = ctx.index.shape(node.input[slot]) if len(node.input) > slot else None
     if _static(w_shape) and len(w_shape) >= 3:  # type: ignore[arg-type]
         if options.align > 0:
@@ -450,14 +502,7 @@ def _check_qoperator_conv(ctx: _Context, node: onnx.NodeProto) -> None:
 
 def _check_conv_channels(ctx: _Context, node: onnx.NodeProto, w_shape: Shape, group: int) -> None:
     align = ctx.options.align
-    # align-channels pads constant weights and the QDQ weights qdq.conv_weight_problem accepts, nothing else.
-    blocked = conv_weight_problem(ctx.index, node)
-    fixer = None if blocked else "align-channels"
-    why = f"; {blocked}" if blocked else ""
-    if node.op_type != "ConvTranspose":
-        c_in, c_out = w_shape[1] * group, w_shape[0]
-    else:
-        c_in, c_out = w_shape[0], w_shape[1] * group
+    c_in, c_out = conv_channels(node.op_type, w_shape, group)
     per_group = group > 1 and group != c_in  # depthwise (group == C) is aligned on C and M
     what = f" per group (group {group})" if per_group else ""
     n_in, n_out = (c_in // group, c_out // group) if per_group else (c_in, c_out)
@@ -470,7 +515,7 @@ def _check_conv_channels(ctx: _Context, node: onnx.NodeProto, w_shape: Shape, gr
                 node.name, node.op_type, "in-channels-align", n_in, align, None,
                 f"input channels{what} follow a graph input (via {x}); --align-io pads them inside the graph"))
         else:
-            ctx.add(node, "in-channels-align", n_in, align, fixer, f"input channels{what}{why}")
+            ctx.add_fixable(node, "in-channels-align", n_in, align, f"input channels{what}")
     if n_out % align:
         depthwise = group > 1 and group == c_in
         if depthwise and node.input[0] in ctx.input_fixed and not ctx.options.align_io:
@@ -479,16 +524,13 @@ def _check_conv_channels(ctx: _Context, node: onnx.NodeProto, w_shape: Shape, gr
                 node.name, node.op_type, "out-channels-align", n_out, align, None,
                 f"depthwise output channels follow a graph input (via {node.input[0]}); --align-io pads them"))
             return
-        # align-channels pads the filters and, where a consumer needs the real tensor (graph outputs too),
-        # slices the real channels back out, so output channels are always fixable.
-        ctx.add(node, "out-channels-align", n_out, align, fixer, f"output channels{what}{why}")
+        ctx.add_fixable(node, "out-channels-align", n_out, align, f"output channels{what}")
 
 
 def _check_concat(ctx: _Context, node: onnx.NodeProto) -> None:
     index, align = ctx.index, ctx.options.concat_align
     channels: list[Any] = []
     bad: list[str] = []
-    offending: list[str] = []
     for inp in node.input:
         if not inp or inp in ctx.const:
             continue
@@ -502,63 +544,9 @@ def _check_concat(ctx: _Context, node: onnx.NodeProto) -> None:
         channels.append(c if isinstance(c, int) else "?")
         if isinstance(c, int) and c % align:
             bad.append(f"{inp} ({c})")
-            offending.append(inp)
     if not bad:
         return
-    fixable = _concat_fixable(ctx, node, offending)
-    message = f"inputs {', '.join(bad)} are not multiples of {align}"
-    if fixable:
-        message += "; align-channels pads the Convs that produce them"
-    ctx.add(node, "concat-align", channels, align, "align-channels" if fixable else None, message)
-
-
-def _concat_fixable(ctx: _Context, node: onnx.NodeProto, offending: list[str]) -> bool:
-    """align-channels pads a channel Concat's inputs when each comes from a Conv through channel-local ops and
-    the Concat's result reaches a Conv, and its padding (a multiple of ``align``) is one of ``concat_align``."""
-    index, options = ctx.index, ctx.options
-    if options.align <= 0 or options.align % options.concat_align:
-        return False
-    rank = len(index.shape(node.output[0]) or ())
-    axis = int(get_attr(node, "axis", 1))
-    if axis != 1 and not (rank and axis == 1 - rank):
-        return False
-    for name in offending:
-        producer = index.producer.get(name)
-        for _ in range(_WALK):
-            if producer is None or producer.op_type not in _CHANNEL_LOCAL:
-                break
-            producer = index.producer.get(producer.input[0]) if producer.input else None
-        if producer is None or producer.op_type not in ("Conv", "ConvTranspose"):
-            return False
-    frontier, seen = [node.output[0]], 0
-    while frontier and seen < _WALK:
-        tensor = frontier.pop()
-        for user in index.consumers_of(tensor):
-            seen += 1
-            if user.op_type in ("Conv", "ConvTranspose") and user.input[0] == tensor:
-                return True
-            if user.op_type in _CHANNEL_LOCAL or user.op_type == "Concat":
-                frontier.extend(o for o in user.output[:1] if o)
-    return False
-
-
-def _leftover_blocked(index: GraphIndex, node: onnx.NodeProto) -> str:
-    """Why cleanup cannot remove this Dropout/Identity ('' when it can); mirrors passes/cleanup.py."""
-    if not node.input or not node.input[0]:
-        return "it has no input"
-    if node.op_type == "Dropout":
-        if len(node.output) > 1 and node.output[1] and (index.consumers_of(node.output[1])
-                                                        or node.output[1] in index.output_set):
-            return "its mask output is used"
-        if len(node.input) > 2 and node.input[2] and not index.is_const(node.input[2]):
-            return "training_mode is not a constant"
-    src, dst = node.input[0], node.output[0]
-    if dst in index.output_set:
-        producer = index.producer.get(src)
-        if (producer is None or src in index.output_set or src in index.initializers
-                or len(index.consumers_of(src)) != 1 or has_subgraphs(producer)):
-            return "its output is a graph output and its input cannot take that name"
-    return ""
+    ctx.add_fixable(node, "concat-align", channels, align, f"inputs {', '.join(bad)} are not multiples of {align}")
 
 
 def _check_outputs(ctx: _Context, node: onnx.NodeProto) -> None:

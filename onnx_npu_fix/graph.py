@@ -19,6 +19,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnx_npu_fix.ops import FLOAT_TYPES
+
 Shape = tuple  # a tuple of int (static) / str (symbolic) / None (unknown) per axis
 
 _CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
@@ -604,8 +606,6 @@ _LIGHT_LIMIT = 1024  # elements; initializers above this are replaced by data-le
 # Floating-point initializers feed shape computations only as Resize/Upsample scales or Range bounds (a handful of
 # values); larger ones are weights, stubbed too: 33k 576-element conv weights are most of a 100k-node chain.
 _LIGHT_FLOAT_LIMIT = 64
-_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
-                          onnx.TensorProto.BFLOAT16})
 
 
 def shape_only_copy(model: onnx.ModelProto, *, keep_value_info: bool = False) -> onnx.ModelProto:
@@ -630,7 +630,7 @@ def shape_only_copy(model: onnx.ModelProto, *, keep_value_info: bool = False) ->
     for t in model.graph.initializer:
         numel = _numel(t)
         if (t.data_location == onnx.TensorProto.EXTERNAL or numel > _LIGHT_LIMIT
-                or (numel > _LIGHT_FLOAT_LIMIT and t.data_type in _FLOAT_TYPES)):
+                or (numel > _LIGHT_FLOAT_LIMIT and t.data_type in FLOAT_TYPES)):
             stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
             stub.data_location = onnx.TensorProto.EXTERNAL
             stub.external_data.add(key="location", value="__npufix_shape_only__")

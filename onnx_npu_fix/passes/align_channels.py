@@ -53,8 +53,10 @@ from onnx_npu_fix.graph import (
     private_initializer,
     set_attr,
 )
+from onnx_npu_fix.ops import channels_follow_inputs, conv_channels
+from onnx_npu_fix.ops import conv_aligned as _conv_aligned
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
 from onnx_npu_fix.qdq import (
     QuantizedConst,
     dequantizer_of,
@@ -77,9 +79,6 @@ _BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean"})
 _REDUCE = frozenset({"ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceSumSquare", "ReduceL1",
                      "ReduceL2"})
 _SOFTMAX = frozenset({"Softmax", "LogSoftmax", "Hardmax"})
-# Ops whose output channel count is chosen by their weights, not by the graph input that feeds them.
-_WEIGHTED = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "Gemm", "MatMul", "MatMulInteger",
-                       "QLinearMatMul", "Einsum", "LSTM", "GRU", "RNN", "Attention"})
 
 
 def _ceil_to(value: int, align: int) -> int:
@@ -224,13 +223,16 @@ class _Carrier:
     """Resize: (sizes input slot, index of the channel entry) to rewrite to the padded count."""
 
 
-class AlignChannelsPass(Pass):
+class AlignChannelsPass(ScratchFindPass):
+    """Channel alignment. ``find`` rewrites a scratch copy (:class:`ScratchFindPass`): ``_Aligner.find`` classifies
+    the candidates read-only, but which channel layout each Conv gets is decided while rewriting, from the layouts
+    its producers emitted."""
     name = "align-channels"
     summary = ("pad Conv/ConvTranspose channel counts to a multiple of --align with zero filters, carry the "
                "padding through channel-local ops and slice it off where channels mix")
     exact = True
 
-    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+    def apply(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         result = PassResult()
         if options.align <= 1:
             return result
@@ -243,8 +245,7 @@ class AlignChannelsPass(Pass):
                 shape = index.static_shape(node.input[1])
                 group = int(get_attr(node, "group", 1))
                 if shape is not None and len(shape) > 2:
-                    transpose = node.op_type == "ConvTranspose"
-                    c_in, c_out = (shape[0], shape[1] * group) if transpose else (shape[1] * group, shape[0])
+                    c_in, c_out = conv_channels(node.op_type, shape, group)
                     if _conv_aligned(options.align, group, c_in, c_out):
                         continue
                 result.rejections.append(Rejection(node.name, node.op_type, "opset < 11 is not supported by "
@@ -274,8 +275,7 @@ def _all_convs_aligned(model: onnx.ModelProto, align: int) -> bool:
         if shape is None or len(shape) < 3:
             return False
         group = int(get_attr(node, "group", 1))
-        transpose = node.op_type == "ConvTranspose"
-        c_in, c_out = (shape[0], shape[1] * group) if transpose else (shape[1] * group, shape[0])
+        c_in, c_out = conv_channels(node.op_type, shape, group)
         if not _conv_aligned(align, group, c_in, c_out):
             return False
     return True
@@ -342,7 +342,7 @@ class _Aligner:
         if shape is None or len(shape) < 3:
             self._reject(node, "the weight shape is unknown", blocking=True)
             return None
-        c_in, c_out = (shape[0], shape[1] * group) if transpose else (shape[1] * group, shape[0])
+        c_in, c_out = conv_channels(node.op_type, shape, group)
         weight_q = bias_q = None
         if not index.is_const(node.input[1]):
             weight_q = quantized_const(index, node.input[1])
@@ -633,14 +633,7 @@ class _Aligner:
 
     def _find_input_fixed(self) -> None:
         """Tensors whose channel count the graph inputs fix (reached from them without a weighted op)."""
-        fixed = set(self.index.graph_inputs)
-        for node in self.nodes:
-            if node.op_type in _WEIGHTED:
-                continue
-            data = [i for i in node.input if i and not self.index.is_const(i)]
-            if data and all(i in fixed for i in data):
-                fixed.update(o for o in node.output if o)
-        self.input_fixed = fixed
+        self.input_fixed = channels_follow_inputs(self.nodes, self.index.graph_inputs, self.index.is_const)
 
     def _find_useful_and_requests(self) -> None:
         """Backward: which tensors a padded layout should reach (a Conv consumes them, maybe through channel-local
@@ -1017,13 +1010,6 @@ def _conv_macs(index: GraphIndex, node: onnx.NodeProto) -> int:
     if w_shape is None or counted is None:
         return 0
     return math.prod(counted) * math.prod(w_shape[1:])
-
-
-def _conv_aligned(align: int, group: int, c_in: int, c_out: int) -> bool:
-    """Whether the channel counts the NPU sees are multiples of ``align`` (depthwise: C; grouped: per group)."""
-    if group == 1 or group == c_in:
-        return c_in % align == 0 and c_out % align == 0
-    return (c_in // group) % align == 0 and (c_out // group) % align == 0
 
 
 def _pad_const(value: np.ndarray, axis: int, layout: Layout, fill: float) -> np.ndarray:

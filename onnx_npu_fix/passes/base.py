@@ -2,8 +2,18 @@
 
 A pass is an object with ``name``, ``exact``, ``summary`` and ``run(model, options) -> PassResult``.
 ``run`` edits the model in place (the manager keeps what it needs for rollback), never runs onnxruntime and
-never prints. It first *finds* candidates read-only — every candidate it leaves alone gets a
-:class:`Rejection` with a reason — then rewrites what it matched and returns a :class:`Change` per edit.
+never prints. A built-in pass splits it in two:
+
+* ``find(model, options) -> Found`` is read-only: :attr:`Found.plans` name the node(s) each edit would fix,
+  :attr:`Found.rejections` every candidate it leaves alone, with a reason. ``--check`` asks it which violations
+  the pass fixes (constraints.py), so the check's ``fixed_by`` cannot disagree with the pass.
+* ``rewrite(model, options, found) -> PassResult`` applies the plans and returns a :class:`Change` per edit.
+
+``Pass.run`` is ``rewrite(model, options, find(model, options))``. A plugin pass may implement only ``run``: its
+``find`` then says it does not know (``Found.known`` False) and ``--check`` names no pass for it.
+A pass whose later decisions depend on its earlier edits (so that finding cannot be cheaply separated from
+rewriting) derives from :class:`ScratchFindPass`: its ``find`` rewrites a copy of the model and reports what
+changed there.
 """
 
 from __future__ import annotations
@@ -69,8 +79,53 @@ class PassResult:
         return bool(self.changes)
 
 
+@dataclass
+class Plan:
+    """One edit :meth:`Pass.find` would make: the node(s) it fixes and what it does to them."""
+
+    nodes: tuple[str, ...]
+    action: str
+    state: Any = None
+    """What :meth:`Pass.rewrite` needs to apply it (the pass's own plan object), if anything."""
+
+
+@dataclass
+class Found:
+    """What a pass's read-only :meth:`Pass.find` saw: the edits it would make and the candidates it refuses."""
+
+    plans: list[Plan] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+    known: bool = True
+    """False for a pass that only implements ``run`` (plugins): nothing is known about what it would do."""
+    state: Any = None
+    """Pass-wide state :meth:`Pass.rewrite` reuses (e.g. the index the plans were made on)."""
+    after: onnx.ModelProto | None = None
+    """The model as :meth:`Pass.rewrite` would leave it, when find made it (:class:`ScratchFindPass`)."""
+
+    def planned(self) -> set[str]:
+        """The names of every node some plan fixes."""
+        return {name for plan in self.plans for name in plan.nodes}
+
+    def reason(self, node: str) -> str | None:
+        """Why the pass leaves ``node`` alone, if it said."""
+        return next((r.reason for r in self.rejections if r.node == node), None)
+
+    @classmethod
+    def unknown(cls) -> Found:
+        return cls(known=False)
+
+    @classmethod
+    def from_result(cls, result: PassResult) -> Found:
+        """The plans and rejections a run on a scratch copy showed: one plan per changed node."""
+        plans: dict[str, Plan] = {}
+        for change in result.changes:
+            plans.setdefault(change.node, Plan((change.node,), change.action))
+        return cls(list(plans.values()), list(result.rejections))
+
+
 class Pass:
-    """Base class for passes; subclasses set the class attributes and implement :meth:`run`."""
+    """Base class for passes; subclasses set the class attributes and implement :meth:`find` and
+    :meth:`rewrite` (or, for a plugin pass, only :meth:`run`)."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -87,8 +142,44 @@ class Pass:
         says False wrongly, its change is still measured alone)."""
         return True
 
-    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:  # pragma: no cover - abstract
+    def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
+        """Read-only: the edits :meth:`rewrite` would make on ``model``, and the candidates it refuses with a
+        reason. ``model`` is not modified. The default knows nothing (a pass that only implements ``run``)."""
+        return Found.unknown()
+
+    def rewrite(self, model: onnx.ModelProto, options: FixOptions,
+                found: Found) -> PassResult:  # pragma: no cover - abstract
+        """Apply ``found`` (from :meth:`find` on this same ``model``) in place; a Change per edit."""
         raise NotImplementedError
+
+    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+        """Find, then rewrite: what the pass manager calls."""
+        return self.rewrite(model, options, self.find(model, options))
 
     def __repr__(self) -> str:
         return f"<pass {self.name}>"
+
+
+class ScratchFindPass(Pass):
+    """A pass whose finding and rewriting are interleaved (a later candidate depends on the edits made for an
+    earlier one). It implements :meth:`apply` — the whole pass, in place; :meth:`find` runs it on a copy of the
+    model and reports what changed there (one plan per changed node, the run's rejections), so the answer is the
+    rewrite's own by construction, at the cost of one model copy. :meth:`run` calls :meth:`apply` directly: the
+    same edits as ``rewrite(find())``, without the copy."""
+
+    def apply(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
+        scratch = onnx.ModelProto()
+        scratch.CopyFrom(model)
+        found = Found.from_result(self.apply(scratch, options))
+        found.after = scratch
+        return found
+
+    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
+        # apply is deterministic: on the model find copied it makes the edits find reported.
+        return self.apply(model, options)
+
+    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+        return self.apply(model, options)

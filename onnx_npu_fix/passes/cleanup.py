@@ -35,7 +35,7 @@ from onnx_npu_fix.graph import (
     remove_unused,
 )
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
 
 # --- no-op detection: each returns why the node returns its input unchanged, or None -------------------------
 
@@ -115,14 +115,17 @@ _NO_OP_CHECKS = {"Pad": _pad_no_op, "Slice": _slice_no_op, "Reshape": _reshape_n
 _PASS_THROUGH_OPS = ("Identity", "Dropout", *_NO_OP_CHECKS)
 
 
-class CleanupPass(Pass):
+class CleanupPass(ScratchFindPass):
+    """Pass-through and no-op removal. ``find`` rewrites a scratch copy (:class:`ScratchFindPass`): removing a
+    pass-through renames its readers to its input, and whether the next one may hand a graph output's name to its
+    input depends on the renames made before it."""
     name = "cleanup"
     summary = ("remove Identity / inference Dropout / no-op Pad, Slice, Reshape, Transpose, Cast, dead nodes and "
                "unused initializers")
     exact = True
     keeps_shapes = True
 
-    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+    def apply(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         result = PassResult()
         graph = model.graph
         if any(n.op_type in _PASS_THROUGH_OPS for n in graph.node):

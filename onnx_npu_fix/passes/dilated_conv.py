@@ -126,7 +126,7 @@ from onnx_npu_fix.graph import (
     set_attr,
 )
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
 from onnx_npu_fix.qdq import qoperator_reason
 
 LAYOUTS = ("auto", "spatial", "channel", "batch")
@@ -264,12 +264,14 @@ class _Plan:
 # --- the pass ----------------------------------------------------------------------------------------
 
 
-class DilatedConvPass(Pass):
+class DilatedConvPass(ScratchFindPass):
+    """Dilated Conv via space-to-batch. ``find`` rewrites a scratch copy (:class:`ScratchFindPass`): the 1-D lift
+    and the dead-tap trim rewrite the graph before the space-to-batch plans are made on their result."""
     name = "dilated-conv"
     summary = "rewrite Conv with dilation > --max-dilation by an exact space-to-batch (Pad/Reshape/Slice)"
     exact = True
 
-    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+    def apply(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         result = PassResult()
         if options.max_dilation is None and options.allowed_dilations is None and not options.lift_conv1d:
             return result

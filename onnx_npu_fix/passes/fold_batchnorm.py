@@ -70,15 +70,12 @@ from onnx_npu_fix.graph import (
     set_attr,
     subgraphs,
 )
+from onnx_npu_fix.ops import NUMPY_FLOAT_TYPES
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
-_FLOAT_TYPES: dict[int, type] = {
-    onnx.TensorProto.FLOAT: np.float32,
-    onnx.TensorProto.FLOAT16: np.float16,
-    onnx.TensorProto.DOUBLE: np.float64,
-}
+_FLOAT_TYPES = NUMPY_FLOAT_TYPES  # the types the fold computes in
 _LE_DTYPES = {elem: np.dtype(t).newbyteorder("<") for elem, t in _FLOAT_TYPES.items()}
 _PARAM_ROLES = ("scale", "B", "input_mean", "input_var")
 _PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -121,6 +118,8 @@ class _Lowering:
 
 
 class FoldBatchNormPass(Pass):
+    """BatchNormalization folding. ``find`` is read-only: one plan per BN (folded into its producer or consumer,
+    folded into a QDQ conv's scale, or lowered), a rejection for every BN it keeps; ``rewrite`` applies them."""
     name = "fold-batchnorm"
     summary = ("fold BatchNormalization into the adjacent Conv/ConvTranspose/Gemm/MatMul, "
                "else lower it to Mul+Add")
@@ -131,19 +130,17 @@ class FoldBatchNormPass(Pass):
         # Tens of thousands of small arrays, records and protobuf wrappers, none of them garbage before the
         # pass ends: full collections over them cost a fifth of the pass on a 100k-node graph.
         with paused_gc():
-            return self._run(model, options)
+            return super().run(model, options)
 
-    def _run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
-        result = PassResult()
+    def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
+        result = PassResult()  # collects the rejections and warnings of finding; rewrite reports them
         index = GraphIndex(model)
         opset = opset_version(model)
         blocking = not options.allow_batchnorm
-        conv_mode = options.bn_standalone == "conv"
         if options.bn_standalone not in ("mul-add", "conv"):
             result.warnings.append(
                 f"bn_standalone={options.bn_standalone!r} is not mul-add|conv; using mul-add")
 
-        # --- find (read-only) -------------------------------------------------------------------------
         edits: dict[int, _LayerEdit] = {}
         lowerings: list[_Lowering] = []
         bn_names: list[str] = []
@@ -188,6 +185,19 @@ class FoldBatchNormPass(Pass):
                 result.rejections.append(Rejection(node.name, node.op_type, f"{problem} ({why})", blocking))
                 continue
             lowerings.append(_Lowering(node, affine, rank, dtype, why))
+        plans = [Plan(tuple(bn.name for bn in (e.out_bn, e.inp_bn) if bn is not None), "fold", e)
+                 for e in edits.values()]
+        plans += [Plan((low.bn.name,), "lower", low) for low in lowerings]
+        plans += [Plan((fold.bn.name,), "fold into QDQ conv scale", fold) for fold in qdq_folds]
+        state = _Finding(index, result, edits, lowerings, qdq_folds, bn_names, total, left)
+        return Found(plans, list(result.rejections), state=state)
+
+    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
+        finding: _Finding = found.state
+        index, result, edits, lowerings, qdq_folds = (finding.index, finding.result, finding.edits,
+                                                      finding.lowerings, finding.qdq_folds)
+        bn_names, total, left = finding.bn_names, finding.total, finding.left
+        conv_mode = options.bn_standalone == "conv"
 
         # --- rewrite ----------------------------------------------------------------------------------
         editor = GraphEditor(index)
@@ -217,6 +227,20 @@ class FoldBatchNormPass(Pass):
 
 
 # --- the BN itself ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Finding:
+    """What find saw, for rewrite: the index it planned on and its plans in the order they are applied."""
+
+    index: GraphIndex
+    result: PassResult
+    edits: dict[int, _LayerEdit]
+    lowerings: list[_Lowering]
+    qdq_folds: list[Any]
+    bn_names: list[str]
+    total: int
+    left: int
 
 
 def _is_batchnorm(node: onnx.NodeProto) -> bool:

@@ -41,11 +41,10 @@ from onnx_npu_fix.graph import (
     infer_shapes,
     opset_version,
     remove_dead_nodes,
-    remove_unused_initializers,
     shape_of_value_info,
 )
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
 from onnx_npu_fix.passes.cleanup import CleanupPass
 from onnx_npu_fix.subgraph import ModelNames, rename_in_graph, splice, trace_origin
 
@@ -60,12 +59,14 @@ _CONTROL_FLOW = ("If", "Loop", "Scan")
 _STANDARD = ("", "ai.onnx")
 
 
-class FoldConstantsPass(Pass):
+class FoldConstantsPass(ScratchFindPass):
+    """Constant folding. ``find`` rewrites a scratch copy (:class:`ScratchFindPass`): each fold makes the next
+    node's inputs constant, and the If / Loop folds need the shapes inferred after the rounds before them."""
     name = "fold-constants"
     summary = "fold Shape/Gather/Concat chains and other constant subexpressions into initializers"
     exact = True
 
-    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+    def apply(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
         result = PassResult()
         if not _has_candidates(model):
             return result  # the usual case on a clean graph: no index, no inference
@@ -89,9 +90,8 @@ class FoldConstantsPass(Pass):
         remaining = {n.name for n in model.graph.node}
         result.rejections.extend(r for name, r in skipped.items() if name in remaining)
         flow.reject_remaining(blocking=not options.allow_control_flow)
-        if result.changes:
-            for name in remove_unused_initializers(model.graph):
-                result.changes.append(Change(name, "initializer", "removed unused initializer"))
+        # The initializers a fold left unused are dropped by the pass manager (pipeline.remove_unused), as for
+        # every pass.
         return result
 
     def _fold_round(self, model: onnx.ModelProto, opsets, limit: int, result: PassResult,

@@ -23,7 +23,7 @@ import onnx
 from onnx_npu_fix.graph import GraphIndex
 from onnx_npu_fix.memory import EXACT_MAX_NODES, format_bytes, order_plan
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.passes.base import Change, Pass, PassResult
+from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan
 
 
 class ReorderMemoryPass(Pass):
@@ -31,11 +31,17 @@ class ReorderMemoryPass(Pass):
     summary = "reorder nodes (topologically) to lower the estimated activation-memory peak"
     exact = True
 
-    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
-        result = PassResult()
-        graph = model.graph
+    def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
+        """Read-only: the memory-aware order (one plan naming the graph) when it lowers the estimated peak."""
         # Peaks scale with act_bytes uniformly; it only matters for the figures in the report.
         plan = order_plan(GraphIndex(model), max(1, options.act_bytes), options.schedule_budget)
+        plans = [Plan((model.graph.name or "(graph)",), "reordered nodes", plan)] if plan.improves else []
+        return Found(plans, state=plan)
+
+    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
+        result = PassResult()
+        graph = model.graph
+        plan = found.state
         if plan.unknown:
             result.warnings.append(f"{plan.unknown} activation tensors have unknown shapes and count as 0 "
                                    "bytes; the memory-aware order may not be the best")
@@ -48,7 +54,7 @@ class ReorderMemoryPass(Pass):
             result.warnings.append(f"the exact schedule search {stopped}; the best order "
                                    f"found peaks at {format_bytes(plan.peak_after)}, no order is below "
                                    f"{format_bytes(plan.lower_bound)}")
-        if not plan.improves:
+        if not found.plans:
             return result
         order, before, after = plan.order, plan.peak_before, plan.peak_after
         moved = sum(1 for step, v in enumerate(order) if step != v)

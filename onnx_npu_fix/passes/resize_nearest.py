@@ -102,7 +102,7 @@ from onnx_npu_fix.graph import (
     subgraphs,
 )
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.passes.base import Change, Pass, PassResult, Rejection
+from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 from onnx_npu_fix.qdq import dequantizer_of, power_of_two_int8, quantize_new_weights, wrap_moves
 
 _RESIZE_OPS = ("Resize", "Upsample")
@@ -132,7 +132,7 @@ _BUMP_TARGET = 10
 _BUMP_COMPATIBLE = ("MaxPool", "AveragePool")
 # Exact forms only where float rounding stays inside the exact tolerance: in float16 the MatMul form differs
 # from onnxruntime's Resize by ~1 ulp (2e-3 relative), which no exact check accepts.
-_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)  # the exact forms' margins are shown for these
 
 
 # --- interpolation matrices (float64, the spec's formulas) ------------------------------------------
@@ -542,8 +542,24 @@ class _Plan:
     note: str = ""
 
 
+@dataclass
+class _Finding:
+    """What find saw, for rewrite (index None: no Resize / Upsample to rewrite)."""
+
+    result: PassResult
+    index: GraphIndex | None = None
+    plans: list[_Plan] = field(default_factory=list)
+    bump: bool = False
+    opset: int = 0
+    to_resize: int = 0
+
+
 class ResizeNearestPass(Pass):
-    """Linear / cubic Resize -> nearest (or exact ConvTranspose / MatMul forms); nearest -> canonical form."""
+    """Linear / cubic Resize -> nearest (or exact ConvTranspose / MatMul forms); nearest -> canonical form.
+
+    ``find`` is read-only: one plan per Resize / Upsample it rewrites (its form: nearest, canonical, exact
+    ConvTranspose / MatMul) and whether the opset is raised, a rejection for every one it keeps; ``rewrite``
+    applies them."""
 
     name = "resize-nearest"
     summary = "every Resize/Upsample nearest: linear/cubic -> nearest (or exact forms), one canonical form"
@@ -552,7 +568,7 @@ class ResizeNearestPass(Pass):
     def may_change(self, model: onnx.ModelProto, options: FixOptions) -> bool:
         return any(node.op_type in _RESIZE_OPS for node in model.graph.node)
 
-    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+    def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
         if options.resize_mode not in _MODES:
             raise ValueError(f"resize_mode must be one of {', '.join(_MODES)}, not {options.resize_mode!r}")
         result = PassResult(metrics={"exact": True, "approximate_nodes": [], "forms": {}})
@@ -568,7 +584,7 @@ class ResizeNearestPass(Pass):
                     self._reject_in_subgraphs(node, options, result)
                     break
         if not candidates:
-            return result
+            return Found(rejections=list(result.rejections), state=_Finding(result))
         index = GraphIndex(model)
         opset = opset_version(model)
         forbidden = set(options.forbidden_ops)
@@ -613,8 +629,15 @@ class ResizeNearestPass(Pass):
                         node.name, "Upsample",
                         f"kept as Upsample: Resize needs opset {_BUMP_TARGET} and raising opset {opset} is not "
                         f"provably safe ({'; '.join(bump_blockers)})"))
+        found = [Plan((p.site.node.name,), p.action, p) for p in plans]
+        return Found(found, list(result.rejections),
+                     state=_Finding(result, index, plans, bump, opset, len(to_resize)))
 
-        # --- rewrite ----------------------------------------------------------------------------------
+    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
+        finding: _Finding = found.state
+        result, index, plans, bump, opset = finding.result, finding.index, finding.plans, finding.bump, finding.opset
+        if index is None:
+            return result
         editor = GraphEditor(index)
         forms: dict[str, int] = {}
         approximate: list[str] = []
@@ -629,7 +652,7 @@ class ResizeNearestPass(Pass):
                 detail={"reason": "Upsample -> Resize needs opset 10; every other default-domain op keeps "
                                   "its schema", "ir_version": [old_ir, model.ir_version]}))
             result.warnings.append(f"default-domain opset raised {opset} -> {_BUMP_TARGET} to turn "
-                                   f"{len(to_resize)} Upsample node(s) into Resize")
+                                   f"{finding.to_resize} Upsample node(s) into Resize")
             result.metrics["opset"] = {"old": opset, "new": _BUMP_TARGET}
         for plan in plans:
             if plan.action in ("conv-transpose", "matmul") and dequantizer_of(index, plan.site.node.input[0]):

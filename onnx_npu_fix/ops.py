@@ -1,0 +1,60 @@
+"""Op facts and Conv geometry, in one place: the passes and the constraint checks read them from here.
+
+A Conv weight is [M, C/group, k...], a ConvTranspose weight [C, M/group, k...] (C input, M output channels).
+An NPU runs a plain or depthwise conv on C and M, a grouped conv (1 < group < C) as ``group`` convs on the
+per-group counts, so those are the counts that must be aligned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+import onnx
+
+# Every ONNX floating-point element type, and the ones numpy computes in (bfloat16 has no numpy type).
+FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+                         onnx.TensorProto.BFLOAT16})
+NUMPY_FLOAT_TYPES: dict[int, type] = {
+    onnx.TensorProto.FLOAT: np.float32,
+    onnx.TensorProto.FLOAT16: np.float16,
+    onnx.TensorProto.DOUBLE: np.float64,
+}
+
+# Ops whose output channel count their weights choose, not the graph input that feeds them.
+WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "Gemm", "MatMul", "MatMulInteger",
+                          "QLinearMatMul", "Einsum", "LSTM", "GRU", "RNN", "Attention"})
+
+
+def conv_channels(op_type: str, weight_shape: Sequence[int], group: int) -> tuple[int, int]:
+    """(input channels C, output channels M) of a Conv-like node from its weight shape."""
+    if op_type == "ConvTranspose":
+        return weight_shape[0], weight_shape[1] * group
+    return weight_shape[1] * group, weight_shape[0]
+
+
+def conv_aligned(align: int, group: int, c_in: int, c_out: int) -> bool:
+    """Whether the channel counts the NPU sees are multiples of ``align`` (depthwise: C; grouped: per group)."""
+    if group == 1 or group == c_in:
+        return c_in % align == 0 and c_out % align == 0
+    return (c_in // group) % align == 0 and (c_out // group) % align == 0
+
+
+def channels_follow_inputs(nodes: Iterable[onnx.NodeProto], graph_inputs: Iterable[str],
+                           is_const: Callable[[str], bool]) -> set[str]:
+    """Tensors whose channel count the graph inputs fix: reached from one without passing a weighted op (every
+    data input of the node is such a tensor). ``nodes`` in topological order."""
+    fixed = set(graph_inputs)
+    for node in nodes:
+        if node.op_type in WEIGHTED_OPS:
+            continue
+        reads_data = False
+        for i in node.input:  # a plain loop that stops at the first data input no graph input fixes
+            if i and not is_const(i):
+                if i not in fixed:
+                    break
+                reads_data = True
+        else:
+            if reads_data:
+                fixed.update(o for o in node.output if o)
+    return fixed
