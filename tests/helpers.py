@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
 from onnx_npu_fix.graph import infer_shapes, name_unnamed_nodes
 from onnx_npu_fix.options import FixOptions
@@ -50,3 +51,16 @@ def ops(model: onnx.ModelProto) -> list[str]:
 
 def rng(seed: int = 0) -> np.random.Generator:
     return np.random.default_rng(seed)
+
+
+def small_model() -> onnx.ModelProto:
+    """x [3, 2] -> MatMul(w) -> Identity -> Relu -> out [3, 4]: the pass manager tests' model."""
+    w = numpy_helper.from_array(np.arange(8, dtype=np.float32).reshape(2, 4) / 8, "w")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+        helper.make_node("Identity", ["y"], ["y_id"], name="id"),
+        helper.make_node("Relu", ["y_id"], ["out"], name="relu"),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 2])],
+                              [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [3, 4])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)

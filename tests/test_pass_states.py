@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_equivalent
+from helpers import assert_equivalent, small_model
 from onnx import helper, numpy_helper
 
 from onnx_npu_fix import api, pipeline
@@ -22,19 +22,6 @@ from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
 from onnx_npu_fix.pipeline import STATUS_OF, Outcome, RestoreKind, RestorePoint, prepare, run_passes
 from onnx_npu_fix.report import PassStatus
-
-
-def small_model() -> onnx.ModelProto:
-    w = numpy_helper.from_array(np.arange(8, dtype=np.float32).reshape(2, 4) / 8, "w")
-    nodes = [
-        helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
-        helper.make_node("Identity", ["y"], ["y_id"], name="id"),
-        helper.make_node("Relu", ["y_id"], ["out"], name="relu"),
-    ]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 2])],
-                              [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [3, 4])], [w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
 
 _ADDED = {"ok": 0.0, "wrong": 100.0, "approx": 0.01, "far": 100.0, "sly": 0.01}
 """What each scripted pass adds to the graph's output (0: an exact change)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_equivalent
+from helpers import assert_equivalent, small_model
 from onnx import helper, numpy_helper
 
 from onnx_npu_fix import api
@@ -15,18 +15,6 @@ from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
 from onnx_npu_fix.pipeline import prepare, run_passes
-
-
-def small_model() -> onnx.ModelProto:
-    w = numpy_helper.from_array(np.arange(8, dtype=np.float32).reshape(2, 4) / 8, "w")
-    nodes = [
-        helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
-        helper.make_node("Identity", ["y"], ["y_id"], name="id"),
-        helper.make_node("Relu", ["y_id"], ["out"], name="relu"),
-    ]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 2])],
-                              [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [3, 4])], [w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 class ScaleWeights(Pass):
