@@ -97,8 +97,11 @@ RESPONSIBLE: dict[Any, str] = {
     "dilation": "dilated-conv", "dilation-allowed": "dilated-conv",
     "in-channels-align": "align-channels", "out-channels-align": "align-channels", "concat-align": "align-channels",
     "batchnorm": "fold-batchnorm", ("forbidden-op", "BatchNormalization"): "fold-batchnorm",
-    "resize-mode": "resize-nearest", "leftover-op": "cleanup",
+    "resize-mode": "resize-nearest", "leftover-op": "cleanup", "unknown-shape": "fold-constants",
 }
+# Constraints whose fix happens upstream of the violating node (fold-constants folds the Shape chain feeding a
+# Reshape, not the Reshape): the responsible pass fixes one when the violation is gone from its find's result.
+_JUDGED_BY_RESULT = frozenset({"unknown-shape", "dynamic-shape"})
 
 _STANDARD = ("", "ai.onnx")
 
@@ -335,7 +338,8 @@ def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphInde
             except Exception as exc:  # noqa: BLE001 - a find that fails answers "not fixed", with why
                 answers[name] = (set(), None, f"its find failed: {type(exc).__name__}: {exc}".splitlines()[0])
         planned, found, failure = answers[name]
-        if violation.node in planned:
+        judged = violation.constraint in _JUDGED_BY_RESULT and found is not None and found.after is not None
+        if violation.node in planned or judged:
             if found is None or found.after is None:
                 continue
             if name not in remaining:
@@ -399,6 +403,8 @@ def _check_graph_outputs(ctx: _Context) -> None:
         origin = _unknown_shape(ctx.index, producer, name, shape, ctx.const)
         ctx.found.append(Violation(name, "graph output", "dynamic-shape", format_shape(shape), "static",
                                    origin.fixed_by, f"{producer.name} ({producer.op_type}): {origin.message}"))
+        if origin.fixed_by == RESPONSIBLE["unknown-shape"] and producer.op_type not in _CONTROL_FLOW_OPS:
+            ctx.ask.append(ctx.found[-1])
 
 
 def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
@@ -561,6 +567,8 @@ def _check_outputs(ctx: _Context, node: onnx.NodeProto) -> None:
             if used and not ctx.dynamic_in and out not in index.output_set and not any(
                     i and i not in const and not _static(index.shape(i)) for i in node.input):
                 ctx.found.append(_unknown_shape(index, node, out, shape, const))
+                if ctx.found[-1].fixed_by == RESPONSIBLE["unknown-shape"] and node.op_type not in _CONTROL_FLOW_OPS:
+                    ctx.ask.append(ctx.found[-1])
             if shape is None:
                 continue
         assert shape is not None
@@ -585,14 +593,13 @@ def _unknown_shape(index: GraphIndex, node: onnx.NodeProto, out: str, shape: Sha
         fixed_by, why = _control_flow_fix(index, node)
         return Violation(node.name, node.op_type, "unknown-shape", format_shape(shape), "static", fixed_by,
                          f"shape of {out} is decided at run time by the {node.op_type}: {why}")
-    computed = any(i in const and i not in index.initializers and i in index.producer
-                   and index.producer[i].op_type != "Constant" for i in node.input if i)
-    if computed and node.domain in _STANDARD:
+    if node.domain in _STANDARD:
+        # Whether folding makes it static (a Shape chain inference could not see through) is fold-constants'
+        # call: its find is asked (_ask_passes, judged by the result), not a copy of its rule here.
         return Violation(node.name, node.op_type, "unknown-shape", format_shape(shape), "static",
-                         "fold-constants", f"shape of {out} depends on a Shape computation that fold-constants "
-                         "evaluates")
+                         RESPONSIBLE["unknown-shape"], f"shape of {out} is not known before run time")
     return Violation(node.name, node.op_type, "unknown-shape", format_shape(shape), "static", None,
-                     f"shape of {out} depends on data (or on an op without shape inference)")
+                     f"shape of {out} depends on an op without shape inference ({node.domain})")
 
 
 def _memory_violation(memory: MemoryEstimate) -> Violation:

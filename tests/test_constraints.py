@@ -631,3 +631,13 @@ def test_concat_off_the_channel_axis_is_no_channel_concat(axis):
     assert find_violations(model, FixOptions(concat_align=8)) == []
     assert [v.constraint for v in find_violations(concat_model(12, 12), FixOptions(concat_align=8))] == \
         ["concat-align"]  # the same inputs on axis 1 are a channel concat
+
+
+def test_unknown_shape_verdict_comes_from_fold_constants_itself():
+    """Whether an unknown shape becomes static is fold-constants' answer (its find, judged by the result), not a
+    rule of constraints.py: a data-dependent NonZero carries fold-constants' own 'no' in its message."""
+    nodes = [helper.make_node("NonZero", ["x"], ["nz"], name="nonzero"),
+             helper.make_node("Cast", ["nz"], ["y"], name="cast", to=F)]
+    model = _model(nodes, [_vi("x", [1, 8])], [_vi("y", [2, 3])])
+    (violation,) = find_violations(model, FixOptions())
+    assert violation.fixed_by is None and "fold-constants:" in violation.message
