@@ -31,7 +31,6 @@ from onnx_npu_fix.errors import (
     OptionError,
 )
 from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.validate import quant_summary
 
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: stdout was closed (e.g. `npufix --check ... | head -1`)
 
@@ -356,6 +355,8 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
         return
     checked = outcome.checked
     if report.final is not None:
+        from onnx_npu_fix.validate import quant_summary  # onnx and onnxruntime: not at start-up (--version)
+
         kind = "exact" if report.final.exact else "approximate"
         _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
                     f"max rel {report.final.max_rel:.2e}{quant_summary(report.final)}")
