@@ -117,13 +117,18 @@ def read_model(path: str | os.PathLike, *, keep_bytes: bool = False) -> LoadedMo
     return LoadedModel(model, path, external, raw if keep_bytes and not external and not sparse else None)
 
 
+# 4-bit element types (onnx >= 1.16 / 1.18 name them; getattr keeps older onnx working).
+_PACKED_TYPES = frozenset(getattr(onnx.TensorProto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1")
+                          if hasattr(onnx.TensorProto, name))
+
+
 def _check_external_sizes(model: onnx.ModelProto, path: str, names: set[str]) -> None:
     """Every tensor read from external data (``names``) holds as many bytes as its shape and type need (older onnx
     versions read a truncated file silently, and the checker then says something unrelated)."""
     for tensor in model.graph.initializer:
         if tensor.name not in names or tensor.data_type in (0, onnx.TensorProto.STRING):
             continue
-        if "4" in onnx.TensorProto.DataType.Name(tensor.data_type):  # INT4 / UINT4 / FLOAT4E2M1: packed, skip
+        if tensor.data_type in _PACKED_TYPES:  # two elements a byte: the size rule below does not apply
             continue
         itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
         expected = int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
@@ -329,8 +334,7 @@ def select_passes(only: Sequence[str] | None = None, skip: Sequence[str] = (),
     """
     from onnx_npu_fix import plugins as plugin_mod
 
-    loaded = [spec if isinstance(spec, type) else plugin_mod.load_spec(spec) for spec in plugins]
-    loaded = [plugin_mod.as_pass_class(cls, plugin_mod.origin_of(cls)) for cls in loaded]
+    loaded = plugin_mod.load_all(plugins)
     known = plugin_mod.registry(loaded)
     for name in [*(only or ()), *skip]:
         if name not in known:
@@ -343,9 +347,8 @@ def list_passes(plugins: Sequence[str | type[Pass]] = ()) -> list[tuple[type[Pas
     ``default``, ``opt-in``, ``installed: <entry point>``, ``plugin: <spec>`` or the load error)."""
     from onnx_npu_fix import plugins as plugin_mod
 
-    given = [spec if isinstance(spec, type) else plugin_mod.load_spec(spec) for spec in plugins]
     rows: list[tuple[type[Pass] | None, str, str]] = []
-    for name, held in plugin_mod.registry(given).items():
+    for name, held in plugin_mod.registry(plugin_mod.load_all(plugins)).items():
         # identity, not ==: an EntryPoint's __eq__ fails on a class
         if any(held is cls for cls in DEFAULT_ORDER):
             rows.append((held, name, "default"))
@@ -772,7 +775,6 @@ def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: F
     import json
     import shutil
 
-    from onnx_npu_fix.errors import PassFailed
     from onnx_npu_fix.graph import GraphIndex
     from onnx_npu_fix.memory import estimate
     from onnx_npu_fix.split import build_segments, plan_split, resolution_hint

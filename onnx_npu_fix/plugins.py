@@ -100,6 +100,11 @@ def _load_spec(spec: str) -> type[Pass]:
     return as_pass_class(candidates[0], origin)
 
 
+def load_all(plugins: Sequence[str | type[Pass]]) -> list[type[Pass]]:
+    """``--plugin`` specs loaded (:func:`load_spec` checks what it loads) and pass classes checked, in order."""
+    return [as_pass_class(spec, origin_of(spec)) if isinstance(spec, type) else load_spec(spec) for spec in plugins]
+
+
 def as_pass_class(obj: Any, origin: str) -> type[Pass]:
     """``obj`` checked as a pass class the manager can run; InputError saying what is missing otherwise."""
     if not _is_pass_class(obj):
