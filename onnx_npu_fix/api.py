@@ -37,7 +37,7 @@ from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.pipeline import FixResult, prepare, run_passes
-from onnx_npu_fix.report import FixReport
+from onnx_npu_fix.report import FixReport, current_umask, write_json
 from onnx_npu_fix.structure import structural_problem
 from onnx_npu_fix.validate import Reference
 
@@ -244,7 +244,7 @@ class EarlyWrite:
         tmp = self._tmp
         try:
             self._written.result()
-            os.chmod(tmp, 0o666 & ~_umask())
+            os.chmod(tmp, 0o666 & ~current_umask())
             os.replace(tmp, self.path)
         except BaseException:
             self.discard()
@@ -292,13 +292,13 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
         early.discard()
     fd, tmp = tempfile.mkstemp(prefix=".npufix-", suffix=".tmp", dir=directory)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())
+    os.chmod(tmp, 0o666 & ~current_umask())
     tmp_data = None
     try:
         if external_data:
             fd, tmp_data = tempfile.mkstemp(prefix=".npufix-", suffix=".data.tmp", dir=directory)
             os.close(fd)
-            os.chmod(tmp_data, 0o666 & ~_umask())
+            os.chmod(tmp_data, 0o666 & ~current_umask())
             write_with_external_data(model, tmp, tmp_data, os.path.basename(path) + ".data", in_place=True)
         else:
             with open(tmp, "wb") as f:
@@ -313,12 +313,6 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
                 with contextlib.suppress(OSError):
                     os.unlink(leftover)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:
@@ -772,7 +766,6 @@ def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: F
     When a single layer exceeds the budget nothing is written: the outcome has ``fits`` False, the plan names
     the layers and ``hint`` says which input size would fit. Raises PassFailed (pass name 'split') when the
     chained segments do not reproduce the model, InputError for a bad ``--split-at`` name or directory."""
-    import json
     import shutil
 
     from onnx_npu_fix.graph import GraphIndex
@@ -819,10 +812,8 @@ def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: F
     try:
         for name, segment in zip(names, segments):
             save_model(segment, os.path.join(tmp, name))
-        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2)
-            f.write("\n")
-        os.chmod(tmp, 0o777 & ~_umask())
+        write_json(os.path.join(tmp, "manifest.json"), manifest)
+        os.chmod(tmp, 0o777 & ~current_umask())
         if os.path.isdir(directory):
             os.rmdir(directory)  # empty (checked above): replaced by the finished directory
         os.replace(tmp, directory)
@@ -839,7 +830,6 @@ def write_memory_plot(model: onnx.ModelProto, path: str | os.PathLike, options: 
     ``path + '.json'``, both atomically. ``prepared``: ``model`` has fresh inferred shapes (FixResult.model);
     otherwise a light analysis copy is made. ``split``: also draw each segment. Returns the numbers.
     Raises InputError (exit 2) when matplotlib is missing."""
-    import json
 
     from onnx_npu_fix.memory import analysis_copy
     from onnx_npu_fix.plot import check_plot_path, draw, profile_data
@@ -853,24 +843,15 @@ def write_memory_plot(model: onnx.ModelProto, path: str | os.PathLike, options: 
     data = profile_data(model, options.act_bytes, options.sram_bytes, segments=segments, cuts=cuts,
                         budget=options.schedule_budget)
     directory = os.path.dirname(os.path.abspath(path))
-    written = []
+    fd, tmp = tempfile.mkstemp(prefix=".npufix-plot-", suffix=os.path.splitext(path)[1], dir=directory)
+    os.close(fd)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".npufix-plot-", suffix=os.path.splitext(path)[1], dir=directory)
-        os.close(fd)
-        written.append(tmp)
         draw(data, tmp)
-        fd, tmp_json = tempfile.mkstemp(prefix=".npufix-plot-", suffix=".json", dir=directory)
-        written.append(tmp_json)
-        with open(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        for name in written:
-            os.chmod(name, 0o666 & ~_umask())
-        os.replace(tmp_json, path + ".json")
+        os.chmod(tmp, 0o666 & ~current_umask())
+        write_json(path + ".json", data)
         os.replace(tmp, path)
     except BaseException:
-        for name in written:
-            with contextlib.suppress(OSError):
-                os.unlink(name)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
     return data

@@ -250,6 +250,14 @@ def build_record(model_path: str, output_path: str | None, options: Any, report:
     return record
 
 
+def current_umask() -> int:
+    """The process umask (read by setting and restoring it): files written through a temporary name get the mode
+    a plain open() would have given them."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_json(path: str, data: Any) -> None:
     """Write strict JSON atomically: a uniquely named temporary file next to ``path`` (never a fixed name that
     could be another file of the run), then a rename."""
@@ -259,9 +267,7 @@ def write_json(path: str, data: Any) -> None:
         with open(fd, "w", encoding="utf-8") as f:
             f.write(dumps(data))
             f.write("\n")
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
