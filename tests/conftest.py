@@ -14,3 +14,15 @@ def fixture_path():
         return os.path.join(FIXTURES, name)
 
     return get
+
+
+@pytest.fixture
+def no_model_copies(monkeypatch):
+    """The pass manager may not keep a copy of the model: a run that can read its input again restores by
+    reading (pipeline._copy raises)."""
+    from onnx_npu_fix import pipeline
+
+    def refuse(model):
+        raise AssertionError("the pass manager kept a copy although it can read the input again")
+
+    monkeypatch.setattr(pipeline, "_copy", refuse)
