@@ -576,6 +576,8 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
         # The model was read here and nobody else holds it: the passes work on it in place (no copy).
         result = _fix_in_place(loaded.model, options, chosen, reference=reference,
                                on_serialized=None if external else early.start, source=path)
+        # The SHA-256 of the bytes read (the reference hashed them): the record names what was processed.
+        read_digest = reference.digest() if reference is not None else None
     except BaseException:
         early.close()
         raise
@@ -625,10 +627,14 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
                 outcome.exit_code = EXIT_VIOLATIONS
     # The record hashes both models (0.2 s at 100 MB): built only when someone reads it.
     if report_path or record:
+        # A self-contained output is exactly the serialized bytes (save_model writes them as they are).
+        written_digest = hashlib.sha256(result.serialized).hexdigest() \
+            if outcome.written and not external and result.serialized is not None else None
         outcome.record = build_record(path, outcome.written, options, result.report, time.perf_counter() - started,
                                       outcome.exit_code, outcome.checked, command,
                                       outcome.violations if outcome.checked is not None else None,
-                                      outcome.not_requested)
+                                      outcome.not_requested, read_digest.hex() if read_digest else None,
+                                      written_digest)
         outcome.record["split"] = outcome.split.to_json() if outcome.split is not None else None
     if report_path:
         _write_report(report_path, outcome.record, write_json)

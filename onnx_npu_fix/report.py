@@ -215,11 +215,13 @@ def sha256_file(path: str | None) -> str | None:
 def build_record(model_path: str, output_path: str | None, options: Any, report: FixReport | None,
                  seconds: float, exit_code: int, checked: Any = None,
                  command: Sequence[str] | None = None, counted: Sequence[Any] | None = None,
-                 not_requested: Sequence[tuple[Any, str]] = ()) -> dict[str, Any]:
+                 not_requested: Sequence[tuple[Any, str]] = (), input_sha256: str | None = None,
+                 output_sha256: str | None = None) -> dict[str, Any]:
     """The build record: what ran (``command``, default sys.argv), on what, with which result. ``report`` is
     None for a check run; ``checked`` the constraint check (constraints.CheckReport) of the output (check mode:
     of the input); ``counted`` / ``not_requested`` its violations that count and the others, with why
-    (constraints.split_requested; default: all count)."""
+    (constraints.split_requested; default: all count). ``input_sha256`` / ``output_sha256``: the digests when the
+    caller already has them (of the bytes read, of the bytes written), else the files are hashed."""
     from dataclasses import asdict
 
     from onnx_npu_fix import __version__
@@ -230,8 +232,8 @@ def build_record(model_path: str, output_path: str | None, options: Any, report:
         "mode": "fix" if report is not None else "check",
         "command": list(sys.argv if command is None else command),
         "options": asdict(options),
-        "input": {"path": model_path, "sha256": sha256_file(model_path)},
-        "output": {"path": output_path, "sha256": sha256_file(output_path)} if output_path else None,
+        "input": {"path": model_path, "sha256": input_sha256 or sha256_file(model_path)},
+        "output": {"path": output_path, "sha256": output_sha256 or sha256_file(output_path)} if output_path else None,
         "exit_code": exit_code,
         "seconds": round(seconds, 4),
     }

@@ -553,3 +553,17 @@ def test_a_pass_that_crashes_is_a_failed_pass(tmp_path, fixture_path, monkeypatc
     assert result.exit_code == 3, result.output
     assert result.output.startswith("error: pass cleanup failed") and "boom" in result.output
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_record_hashes_are_those_of_the_files(tmp_path, fixture_path, external):
+    """The record's input hash is the digest of the bytes read and its output hash that of the bytes written
+    (taken from memory when the run has them): both must equal the files' own SHA-256."""
+    import hashlib
+
+    src = _external_copy(tmp_path, fixture_path) if external else fixture_path("tcn.onnx")
+    out, report = tmp_path / "o.onnx", tmp_path / "r.json"
+    assert invoke(src, "-o", out, "--report", report, "-q").exit_code == 0
+    record = json.loads(report.read_text())
+    assert record["input"]["sha256"] == hashlib.sha256(open(src, "rb").read()).hexdigest()
+    assert record["output"]["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
