@@ -258,10 +258,10 @@ def sram_row(workdir: str, quick: bool) -> str:
     whole --split use case (api.split_model: plan, build, check each segment, chained onnxruntime validation,
     atomic write)."""
     from onnx_npu_fix import api
-    from onnx_npu_fix.graph import GraphIndex, infer_shapes
-    from onnx_npu_fix.memory import best_schedule, estimate, format_bytes, liveness
-    from onnx_npu_fix.options import FixOptions
-    from onnx_npu_fix.split import plan_split
+    from onnx_npu_fix.analysis.memory import best_schedule, estimate, format_bytes, liveness
+    from onnx_npu_fix.analysis.split import plan_split
+    from onnx_npu_fix.config.options import FixOptions
+    from onnx_npu_fix.ir.graph import GraphIndex, infer_shapes
 
     params = dict(levels=4, convs=12 if quick else 121, base=8, size=64)
     path = os.path.join(workdir, "models", f"skip-unet-{'quick' if quick else 'full'}.onnx")
@@ -800,7 +800,6 @@ def machine_info() -> dict[str, str]:
     info["versions"] = ", ".join(versions)
     try:
         from onnx_npu_fix import __version__
-
         info["npufix"] = __version__
     except ImportError:
         info["npufix"] = "not importable"

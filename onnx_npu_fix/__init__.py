@@ -14,14 +14,13 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "run": "api", "RunOutcome": "api", "fix": "api", "load_model": "api", "save_model": "api",
-    "select_passes": "api", "FixResult": "pipeline",
-    "FixOptions": "options",
-    "check": "api", "check_model": "constraints", "CheckReport": "constraints", "Violation": "constraints",
-    "FixReport": "report",
+    "run": "api", "RunOutcome": "api", "fix": "api", "check": "api", "select_passes": "api",
+    "load_model": "io.load", "save_model": "io.save",
+    "FixResult": "pipeline.scheduler", "FixReport": "pipeline.report",
+    "FixOptions": "config.options", "load_target": "config.targets", "apply_target": "config.targets",
+    "check_model": "analysis.constraints", "CheckReport": "analysis.constraints", "Violation": "analysis.constraints",
     "NpufixError": "errors", "InputError": "errors", "OptionError": "errors", "PassFailed": "errors",
     "StrictRefused": "errors",
-    "load_target": "targets", "apply_target": "targets",
 }
 __all__ = ["__version__", *_EXPORTS]
 

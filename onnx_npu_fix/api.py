@@ -13,321 +13,42 @@ or step by step:
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import functools
 import hashlib
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import onnx
 import onnx.external_data_helper
-from google.protobuf.message import DecodeError
 
-from onnx_npu_fix.constraints import CheckReport, Violation
+from onnx_npu_fix.analysis.constraints import CheckReport, Violation
+from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import EXIT_OK, EXIT_PASS_FAILED, EXIT_VIOLATIONS, InputError, PassFailed, first_line
-from onnx_npu_fix.freeze import FrozenInput, freeze_inputs
-from onnx_npu_fix.graph import TWO_GB, approx_model_bytes, infer_shapes, write_with_external_data
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.io.load import LoadedModel, load_model, read_model  # noqa: F401 - load_model: part of the API
+from onnx_npu_fix.io.paths import check_output_path, check_run_paths, check_split_dir
+from onnx_npu_fix.io.save import EarlyWrite, current_umask, save_model, write_json
+from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, infer_shapes
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
-from onnx_npu_fix.pipeline import FixResult, prepare, run_passes
-from onnx_npu_fix.report import FixReport, current_umask, write_json
-from onnx_npu_fix.structure import structural_problem
-from onnx_npu_fix.validate import Reference
-
-
-@dataclass
-class LoadedModel:
-    model: onnx.ModelProto
-    path: str
-    external_files: set[str]
-    """Absolute paths of the external data files the model was read from (empty for a self-contained file)."""
-    data: bytes | None = None
-    """The bytes read, for a self-contained file read with ``keep_bytes`` (None otherwise, or once
-    :func:`start_reference` took them)."""
-
-
-def load_model(path: str | os.PathLike) -> onnx.ModelProto:
-    """Load and sanity-check an ONNX model (external data included). Raises InputError with a one-line reason."""
-    return read_model(path).model
-
-
-def read_model(path: str | os.PathLike, *, keep_bytes: bool = False) -> LoadedModel:
-    """:func:`load_model`, also saying which external data files the model came from. ``keep_bytes``: keep the
-    file's bytes in ``LoadedModel.data`` for :func:`start_reference` (which takes them over)."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise InputError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise InputError(f"{path}: is a directory, expected an .onnx file")
-    if os.path.getsize(path) == 0:
-        raise InputError(f"{path}: empty file, expected an ONNX model")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-        model = onnx.ModelProto()
-        model.ParseFromString(raw)
-    except DecodeError as exc:
-        raise InputError(f"{path}: not an ONNX model (protobuf decode failed: {exc}); "
-                         f"was the file truncated?") from None
-    except FileNotFoundError as exc:
-        raise InputError(f"{path}: external data file missing ({exc.filename or exc}); "
-                         f"keep the .data file next to the model") from None
-    except Exception as exc:  # noqa: BLE001 - onnx raises many types for unreadable files
-        raise InputError(f"{path}: cannot load as ONNX ({type(exc).__name__}: {first_line(exc)})") from None
-    if not model.HasField("graph") or model.ir_version <= 0 or not model.opset_import:
-        raise InputError(f"{path}: not an ONNX model (no graph, IR version or opset); is it another protobuf?")
-    base_dir = os.path.dirname(os.path.abspath(path))
-    external = external_data_files(model, base_dir)
-    for location in sorted(external):
-        if not os.path.isfile(location):
-            raise InputError(f"{path}: external data file {location} is missing; keep the .data file next to "
-                             f"the model")
-    try:
-        if external:
-            names = {t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
-            onnx.external_data_helper.load_external_data_for_model(model, base_dir)
-            _check_external_sizes(model, path, names)
-    except InputError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise InputError(f"{path}: cannot read external data ({type(exc).__name__}: {first_line(exc)})") from None
-    sparse = len(model.graph.sparse_initializer) > 0
-    densify_sparse_initializers(model)
-    if not model.graph.output:
-        raise InputError(f"{path}: the graph has no outputs; nothing to validate or fix")
-    try:
-        if not external and not sparse:
-            onnx.checker.check_model(raw)  # the bytes just read: no re-serialization of the model
-        elif approx_model_bytes(model) < TWO_GB:
-            onnx.checker.check_model(model)
-        else:
-            onnx.checker.check_model(path)
-    except Exception as exc:  # noqa: BLE001
-        raise InputError(f"{path}: the model fails the onnx checker: {first_line(exc)}") from None
-    problem = structural_problem(model)
-    if problem:
-        raise InputError(f"{path}: invalid model: {problem}")
-    return LoadedModel(model, path, external, raw if keep_bytes and not external and not sparse else None)
-
-
-# 4-bit element types (onnx >= 1.16 / 1.18 name them; getattr keeps older onnx working).
-_PACKED_TYPES = frozenset(getattr(onnx.TensorProto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1")
-                          if hasattr(onnx.TensorProto, name))
-
-
-def _check_external_sizes(model: onnx.ModelProto, path: str, names: set[str]) -> None:
-    """Every tensor read from external data (``names``) holds as many bytes as its shape and type need (older onnx
-    versions read a truncated file silently, and the checker then says something unrelated)."""
-    for tensor in model.graph.initializer:
-        if tensor.name not in names or tensor.data_type in (0, onnx.TensorProto.STRING):
-            continue
-        if tensor.data_type in _PACKED_TYPES:  # two elements a byte: the size rule below does not apply
-            continue
-        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
-        expected = int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
-        if len(tensor.raw_data) < expected:
-            raise InputError(f"{path}: external data of tensor {tensor.name} is truncated ({len(tensor.raw_data)} "
-                             f"of {expected} bytes); keep the complete .data file next to the model")
-
-
-def external_data_files(model: onnx.ModelProto, base_dir: str) -> set[str]:
-    """Absolute paths of the external data files ``model``'s initializers refer to."""
-    files = set()
-    for tensor in model.graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            for entry in tensor.external_data:
-                if entry.key == "location":
-                    files.add(os.path.normpath(os.path.join(base_dir, entry.value)))
-    return files
-
-
-def densify_sparse_initializers(model: onnx.ModelProto) -> None:
-    """Replace sparse initializers by dense ones (shape inference and most compilers ignore sparse ones)."""
-    graph = model.graph
-    for sparse in graph.sparse_initializer:
-        values = onnx.numpy_helper.to_array(sparse.values)
-        indices = onnx.numpy_helper.to_array(sparse.indices).astype(np.int64)
-        dims = tuple(sparse.dims)
-        dense = np.zeros(int(np.prod(dims, dtype=np.int64)), dtype=values.dtype)
-        flat = indices if indices.ndim == 1 else np.ravel_multi_index(indices.T, dims)
-        dense[flat] = values
-        graph.initializer.append(onnx.numpy_helper.from_array(dense.reshape(dims), sparse.values.name))
-    del graph.sparse_initializer[:]
-
-
-def check_output_path(output: str | os.PathLike, input_path: str | os.PathLike | None = None, *,
-                      protected: Iterable[str] = (), what: str = "-o") -> None:
-    """Fail early (before any work) when ``output`` cannot be written or would overwrite the input.
-
-    Protected: the input file and ``protected`` (its external data files, from :func:`read_model`). Refused:
-    empty paths, directories, existing non-regular files (a FIFO or device would be replaced by the atomic
-    rename), unwritable directories and names the file system cannot hold (probed by creating and removing a
-    file there).
-    """
-    output = os.fspath(output)
-    if not output:
-        raise InputError(f"{what}: empty path")
-    if output.endswith(("/", os.sep)):
-        raise InputError(f"{what} {output}: ends with a path separator, which names a directory; give a file path")
-    if what == "-o" and os.path.isdir(output + ".data"):
-        raise InputError(f"{what} {output}: {output}.data is a directory, and the external weights of the output "
-                         f"would be written there; remove it or choose another path")
-    guarded = set(protected)
-    if input_path is not None:
-        guarded.add(os.path.abspath(input_path))
-    for candidate in (output, output + ".data"):
-        for other in guarded:
-            if os.path.exists(candidate) and os.path.exists(other) and os.path.samefile(candidate, other):
-                raise InputError(f"{what} {output} is the input or its external data ({other}); npufix never "
-                                 f"modifies its input, choose another path")
-    directory = os.path.dirname(os.path.abspath(output))
-    if os.path.isdir(output):
-        raise InputError(f"{what} {output}: is a directory, expected a file path")
-    if os.path.lexists(output) and not os.path.isfile(output):
-        raise InputError(f"{what} {output}: exists and is not a regular file (a device or FIFO); choose a file path")
-    if not os.path.isdir(directory):
-        what_is = "is not a directory" if os.path.exists(directory) else "does not exist"
-        raise InputError(f"{what} {output}: directory {directory} {what_is}")
-    probe = os.path.join(directory, os.path.basename(output))
-    if not os.path.exists(probe):
-        try:
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as exc:
-            raise InputError(f"{what} {output}: cannot write there ({exc.strerror})") from None
-    elif not os.access(probe, os.W_OK) or not os.access(directory, os.W_OK):
-        raise InputError(f"{what} {output}: not writable")
-
-
-class EarlyWrite:
-    """The output file written while validation still runs, committed only if those bytes are the result.
-
-    Pass :meth:`start` to :func:`fix` as ``on_serialized``: the pass manager hands over the final model's bytes
-    before its last onnxruntime runs, and a worker thread writes them to a temporary file in the target directory
-    (the write releases the GIL; 0.1-0.3 s for 100 MB that otherwise follow validation). :func:`save_model`
-    renames that file into place when it is asked to write the same bytes; anything else discards it, and so does
-    :meth:`discard` (call it when nothing is to be written).
-    """
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = os.path.abspath(os.fspath(path))
-        self._data: bytes | None = None
-        self._tmp: str | None = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="npufix-write")
-        self._written: concurrent.futures.Future | None = None
-
-    def start(self, data: bytes) -> None:
-        """Begin writing ``data`` (replacing an earlier start). A file system error here only means no early
-        write: :func:`save_model` then writes as usual and reports it."""
-        self.discard()
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=".npufix-", suffix=".tmp", dir=os.path.dirname(self.path))
-        except OSError:
-            return
-        self._data, self._tmp = data, tmp
-        self._written = self._executor.submit(_write_fd, fd, data)
-
-    def commit(self, data: bytes) -> bool:
-        """Rename the early file into place if it holds ``data`` (the same object) and was written; else
-        discard it and return False (the caller then writes normally)."""
-        if self._written is None or data is not self._data:
-            self.discard()
-            return False
-        tmp = self._tmp
-        try:
-            self._written.result()
-            os.chmod(tmp, 0o666 & ~current_umask())
-            os.replace(tmp, self.path)
-        except BaseException:
-            self.discard()
-            raise
-        self._written = self._tmp = self._data = None
-        return True
-
-    def discard(self) -> None:
-        if self._written is not None:
-            with contextlib.suppress(Exception):
-                self._written.result()
-            with contextlib.suppress(OSError):
-                os.unlink(self._tmp)
-        self._written = self._tmp = self._data = None
-
-    def close(self) -> None:
-        self.discard()
-        self._executor.shutdown(wait=True)
-
-
-def _write_fd(fd: int, data: bytes) -> None:
-    with open(fd, "wb") as f:
-        f.write(data)
-
-
-def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None,
-               serialized: bytes | None = None, early: EarlyWrite | None = None) -> None:
-    """Write ``model`` atomically: temporary files in the target directory, then renames.
-
-    Models above 2 GB, or when ``external_data`` is True, keep every initializer of 1 KiB or more in
-    ``<name>.data`` next to the output, written fresh (onnx's own writer appends to an existing data file and
-    checks for it relative to the working directory). In that case the written tensors' data moves out of the
-    in-memory ``model`` (it then refers to the data file), which saves a copy of the weights.
-    ``serialized``: ``model`` already serialized (FixResult.serialized), written as is.
-    ``early``: an :class:`EarlyWrite` to ``path`` that may already hold those bytes.
-    """
-    path = os.path.abspath(os.fspath(path))
-    directory = os.path.dirname(path)
-    if external_data is None:
-        # Bytes in hand mean the model is below 2 GB (protobuf cannot serialize more): no need to size it again.
-        external_data = (serialized is None and approx_model_bytes(model) >= TWO_GB) or _uses_external_data(model)
-    if early is not None:
-        if not external_data and serialized is not None and early.path == path and early.commit(serialized):
-            return
-        early.discard()
-    fd, tmp = tempfile.mkstemp(prefix=".npufix-", suffix=".tmp", dir=directory)
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~current_umask())
-    tmp_data = None
-    try:
-        if external_data:
-            fd, tmp_data = tempfile.mkstemp(prefix=".npufix-", suffix=".data.tmp", dir=directory)
-            os.close(fd)
-            os.chmod(tmp_data, 0o666 & ~current_umask())
-            write_with_external_data(model, tmp, tmp_data, os.path.basename(path) + ".data", in_place=True)
-        else:
-            with open(tmp, "wb") as f:
-                f.write(serialized if serialized is not None else model.SerializeToString())
-        if tmp_data is not None:
-            os.replace(tmp_data, os.path.join(directory, os.path.basename(path) + ".data"))
-            tmp_data = None
-        os.replace(tmp, path)
-    except BaseException:
-        for leftover in (tmp, tmp_data):
-            if leftover is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(leftover)
-        raise
-
-
-def _uses_external_data(model: onnx.ModelProto) -> bool:
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+from onnx_npu_fix.pipeline.freeze import FrozenInput, freeze_inputs
+from onnx_npu_fix.pipeline.report import FixReport
+from onnx_npu_fix.pipeline.scheduler import FixResult, prepare, run_passes
+from onnx_npu_fix.pipeline.validate import Reference
 
 
 def select_passes(only: Sequence[str] | None = None, skip: Sequence[str] = (),
                   plugins: Sequence[str | type[Pass]] = ()) -> list[Pass]:
     """The passes of a run, in order: the default order, restricted to ``only`` and without ``skip``, with the
-    ``plugins`` (``--plugin`` specs or pass classes) placed as :func:`onnx_npu_fix.plugins.place` says.
+    ``plugins`` (``--plugin`` specs or pass classes) placed as :func:`onnx_npu_fix.plugins.loader.place` says.
 
     Unknown names and unusable plugins raise InputError listing the valid names.
     """
-    from onnx_npu_fix import plugins as plugin_mod
-
+    from onnx_npu_fix.plugins import loader as plugin_mod
     loaded = plugin_mod.load_all(plugins)
     known = plugin_mod.registry(loaded)
     for name in [*(only or ()), *skip]:
@@ -339,8 +60,7 @@ def select_passes(only: Sequence[str] | None = None, skip: Sequence[str] = (),
 def list_passes(plugins: Sequence[str | type[Pass]] = ()) -> list[tuple[type[Pass] | None, str, str]]:
     """Every pass a run can name, for ``--list-passes``: (class or None when it fails to load, name, where from:
     ``default``, ``opt-in``, ``installed: <entry point>``, ``plugin: <spec>`` or the load error)."""
-    from onnx_npu_fix import plugins as plugin_mod
-
+    from onnx_npu_fix.plugins import loader as plugin_mod
     rows: list[tuple[type[Pass] | None, str, str]] = []
     for name, held in plugin_mod.registry(plugin_mod.load_all(plugins)).items():
         # identity, not ==: an EntryPoint's __eq__ fails on a class
@@ -419,7 +139,7 @@ def _fix_in_place(model: onnx.ModelProto, options: FixOptions | None = None,
                   on_serialized: Callable[[bytes], None] | None = None,
                   source: str | os.PathLike | None = None) -> FixResult:
     """:func:`fix` on ``model`` itself (edited in place): for a model nobody else holds, e.g. just read."""
-    from onnx_npu_fix.cost import model_cost
+    from onnx_npu_fix.analysis.cost import model_cost
 
     options = options or FixOptions()
     prepare(model, options)
@@ -529,8 +249,8 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
     with ``manifest.json`` there (:func:`split_model`; before the model is saved, so a failed split writes
     nothing). ``memory_plot``: draw the activation profile (:func:`write_memory_plot`).
     """
-    from onnx_npu_fix.constraints import check_model, split_requested
-    from onnx_npu_fix.report import build_record, write_json
+    from onnx_npu_fix.analysis.constraints import check_model, split_requested
+    from onnx_npu_fix.pipeline.report import build_record
 
     started = time.perf_counter()
     options = options or FixOptions()
@@ -654,7 +374,7 @@ def _check_fitting(options: FixOptions, input_path: str, check: bool, split_dir:
             raise InputError("--split needs --sram SIZE (the budget each segment must fit) or --split-at")
         check_split_dir(split_dir)
     if memory_plot:
-        from onnx_npu_fix.plot import check_plot_path
+        from onnx_npu_fix.analysis.plot import check_plot_path
 
         check_plot_path(memory_plot)
         check_output_path(memory_plot, input_path, what="--memory-plot")
@@ -684,34 +404,12 @@ def _final_problem(final) -> str:
     return f"output '{worst.name}': max abs {worst.max_abs:.3g}, rel L2 {worst.rel_l2:.3g}; {final.criterion}"
 
 
-def _same_file(a: str, b: str) -> bool:
-    if os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b)):
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def check_run_paths(input_path: str, output: str | None, report_path: str,
-                    external_files: Iterable[str] = ()) -> None:
-    """The report must be none of the files the run reads (the input, its external data) or writes (the output,
-    its ``.data``), and writable; checked before any work. The message names both paths."""
-    files = [(input_path, "the input model"), *((f, "the input's external data") for f in sorted(external_files))]
-    if output is not None:
-        files += [(output, "the output model"), (output + ".data", "the output's external data")]
-    for other, what in files:
-        if _same_file(report_path, other):
-            raise InputError(f"--report {report_path} is {what} ({other}); choose another path")
-    check_output_path(report_path, input_path, protected=external_files, what="--report")
-
-
 def check(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None = None, *,
           shapes: bool = False) -> CheckReport:
     """Every constraint violation of ``model`` (a ModelProto, left as it is, or an .onnx path): what
     ``npufix --check`` lists. With ``options.requested`` set, only the requested ones are in ``violations``
     (constraints.split_requested)."""
-    from onnx_npu_fix.constraints import check_model, split_requested
+    from onnx_npu_fix.analysis.constraints import check_model, split_requested
 
     options = options or FixOptions()
     if isinstance(model, (str, os.PathLike)):
@@ -752,17 +450,6 @@ class SplitOutcome:
                 "resolution": self.hint.to_json() if self.hint is not None else None}
 
 
-def check_split_dir(directory: str | os.PathLike) -> None:
-    """--split DIR must be a new or empty directory whose parent exists (checked before any work)."""
-    directory = os.fspath(directory)
-    if os.path.exists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
-        raise InputError(f"--split {directory}: exists and is not an empty directory; npufix does not overwrite "
-                         f"segments, choose a new directory or remove it")
-    parent = os.path.dirname(os.path.abspath(directory))
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        raise InputError(f"--split {directory}: parent directory {parent} does not exist or is not writable")
-
-
 def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: FixOptions) -> SplitOutcome:
     """Cut ``model`` (fixed, with fresh shapes: FixResult.model) into segments that each fit
     ``options.sram_bytes`` (split.plan_split), check each segment's own estimate against the budget, validate
@@ -774,10 +461,10 @@ def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: F
     chained segments do not reproduce the model, InputError for a bad ``--split-at`` name or directory."""
     import shutil
 
-    from onnx_npu_fix.graph import GraphIndex
-    from onnx_npu_fix.memory import estimate
-    from onnx_npu_fix.split import build_segments, plan_split, resolution_hint
-    from onnx_npu_fix.validate import CannotRun, validate_chain
+    from onnx_npu_fix.analysis.memory import estimate
+    from onnx_npu_fix.analysis.split import build_segments, plan_split, resolution_hint
+    from onnx_npu_fix.ir.graph import GraphIndex
+    from onnx_npu_fix.pipeline.validate import CannotRun, validate_chain
 
     directory = os.fspath(directory)
     check_split_dir(directory)
@@ -837,8 +524,8 @@ def write_memory_plot(model: onnx.ModelProto, path: str | os.PathLike, options: 
     otherwise a light analysis copy is made. ``split``: also draw each segment. Returns the numbers.
     Raises InputError (exit 2) when matplotlib is missing."""
 
-    from onnx_npu_fix.memory import analysis_copy
-    from onnx_npu_fix.plot import check_plot_path, draw, profile_data
+    from onnx_npu_fix.analysis.memory import analysis_copy
+    from onnx_npu_fix.analysis.plot import check_plot_path, draw, profile_data
 
     path = os.fspath(path)
     check_plot_path(path)

@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from onnx_npu_fix import __version__
+from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import (
     EXIT_INTERNAL,
     EXIT_SIGINT,
@@ -30,7 +31,6 @@ from onnx_npu_fix.errors import (
     NpufixError,
     OptionError,
 )
-from onnx_npu_fix.options import FixOptions
 
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: stdout was closed (e.g. `npufix --check ... | head -1`)
 
@@ -228,7 +228,6 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
           skip: str | None, list_passes: bool, report_path: str | None, quiet: bool, verbose: int,
           plugins: tuple[str, ...] = (), **opts: Any) -> None:
     from onnx_npu_fix import api
-
     split_dir, memory_plot = opts.pop("split_dir"), opts.pop("memory_plot")
     split_at, schedule_budget = _split_names(opts.pop("split_at")), opts.pop("schedule_budget")
     if list_passes:
@@ -238,8 +237,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
             raise _InputProblem(str(exc)) from None
         return
     if list_targets:
-        from onnx_npu_fix import targets
-
+        from onnx_npu_fix.config import targets
         click.echo(targets.render_target_list(targets.list_targets()), nl=False)
         return
     if not models:
@@ -265,7 +263,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
         raise _InputProblem(str(exc), exc.exit_code) from None
     _print_outcome(outcome, quiet, verbose, dump_shapes)
     if output_format == "json":
-        from onnx_npu_fix.report import dumps
+        from onnx_npu_fix.io.save import dumps
 
         click.echo(dumps(outcome.record))
     ctx.exit(outcome.exit_code)
@@ -280,7 +278,6 @@ def _check_models(models: tuple[str, ...], options: FixOptions, output_format: s
     """--check over every model: findings prefixed with the file, like ruff; with --format json one document
     (the model's object, or an array of them with several models). Returns the exit code (the worst)."""
     from onnx_npu_fix import api
-
     if options.requested is None:
         _say(quiet or output_format == "json", _DEFAULTS_LINE)
     exit_code = 0
@@ -302,7 +299,7 @@ def _check_models(models: tuple[str, ...], options: FixOptions, output_format: s
         else:
             _print_check(path, outcome, quiet, verbose)
     if output_format == "json":
-        from onnx_npu_fix.report import dumps
+        from onnx_npu_fix.io.save import dumps
 
         click.echo(dumps(documents[0] if len(models) == 1 else documents))
     return exit_code
@@ -319,8 +316,8 @@ def _check_json(path: str, outcome) -> dict[str, Any]:
 def _print_check(path: str, outcome, quiet: bool, verbose: int) -> None:
     """One line per finding, ``model.onnx: node (op): constraint: value vs limit -> fix``; then (unless -q) the
     summary, the exempt findings, the memory estimate and the shapes."""
-    from onnx_npu_fix.constraints import render_shapes, render_violations
-    from onnx_npu_fix.memory import render_memory
+    from onnx_npu_fix.analysis.constraints import render_shapes, render_violations
+    from onnx_npu_fix.analysis.memory import render_memory
 
     prefix = _one_line(path) + ": "
     checked = outcome.checked
@@ -355,13 +352,13 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
         return
     checked = outcome.checked
     if report.final is not None:
-        from onnx_npu_fix.validate import quant_summary  # onnx and onnxruntime: not at start-up (--version)
+        from onnx_npu_fix.pipeline.validate import quant_summary  # onnx and onnxruntime: not at start-up (--version)
 
         kind = "exact" if report.final.exact else "approximate"
         _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
                     f"max rel {report.final.max_rel:.2e}{quant_summary(report.final)}")
     if report.cost is not None:
-        from onnx_npu_fix.cost import render_cost
+        from onnx_npu_fix.analysis.cost import render_cost
 
         for line in render_cost(*report.cost):
             _say(quiet, line)
@@ -383,7 +380,7 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
         for note in checked.exempt:
             _say(quiet, f"exempt: {note.text()} ({note.message})")
     if dump_shapes and checked.shapes is not None:
-        from onnx_npu_fix.constraints import render_shapes
+        from onnx_npu_fix.analysis.constraints import render_shapes
 
         click.echo(render_shapes(checked.shapes))
     _print_fitting(outcome, quiet)
@@ -393,7 +390,7 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
 
 def _print_fitting(outcome, quiet: bool) -> None:
     """The --memory-plot and --split lines (README "Fitting SRAM")."""
-    from onnx_npu_fix.memory import format_bytes
+    from onnx_npu_fix.analysis.memory import format_bytes
 
     if outcome.memory_plot:
         _say(quiet, f"wrote {outcome.memory_plot} (and {outcome.memory_plot}.json)")
@@ -447,18 +444,18 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any],
         if param == "input_shape":
             value = _parse_input_shape(value)
         elif param == "freeze_input":
-            from onnx_npu_fix.freeze import parse_freeze_spec
+            from onnx_npu_fix.pipeline.freeze import parse_freeze_spec
 
             value = dict(parse_freeze_spec(spec) for spec in value)
         elif param == "input_range":
-            from onnx_npu_fix.inputs import parse_input_ranges
+            from onnx_npu_fix.pipeline.inputs import parse_input_ranges
 
             try:
                 parse_input_ranges(value)
             except InputError as exc:
                 raise click.BadParameter(str(exc), param_hint="--input-range") from None
         elif param == "sram" and value is not None:
-            from onnx_npu_fix.targets import parse_size
+            from onnx_npu_fix.config.targets import parse_size
 
             try:
                 value = parse_size(value)
@@ -470,7 +467,7 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any],
             explicit[field_name] = value
     if opts["no_validate"]:
         values["validate"] = explicit["validate"] = "none"
-    from onnx_npu_fix.constraints import ASKED_BY
+    from onnx_npu_fix.analysis.constraints import ASKED_BY
 
     asks = {f for fields in ASKED_BY.values() for f in fields}
     defaults = check and target is None and not (asks & set(explicit))
@@ -479,7 +476,7 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any],
         base = FixOptions(**values)
         if target is None:
             return base
-        from onnx_npu_fix.targets import apply_target, load_target
+        from onnx_npu_fix.config.targets import apply_target, load_target
 
         return apply_target(load_target(target), base, explicit)
     except OptionError as exc:
@@ -517,8 +514,8 @@ def _render_pass_list(rows) -> str:
 
 
 def _print_passes(report, quiet: bool, verbose: int) -> None:
-    from onnx_npu_fix.pipeline import NOT_VALIDATED
-    from onnx_npu_fix.report import render_pass_line
+    from onnx_npu_fix.pipeline.report import render_pass_line
+    from onnx_npu_fix.pipeline.scheduler import NOT_VALIDATED
 
     for record in report.passes:
         _say(quiet, render_pass_line(record))
@@ -539,8 +536,8 @@ def _print_passes(report, quiet: bool, verbose: int) -> None:
 
 def _print_validation_verdict(report, quiet: bool) -> None:
     """The summary's last line when the output is not fully validated or not exact."""
-    from onnx_npu_fix.pipeline import NOT_VALIDATED
-    from onnx_npu_fix.report import approximation_summary
+    from onnx_npu_fix.pipeline.report import approximation_summary
+    from onnx_npu_fix.pipeline.scheduler import NOT_VALIDATED
 
     if report.validation_note == NOT_VALIDATED:
         _say(quiet, report.validation_note)

@@ -10,7 +10,7 @@ import pytest
 from helpers import apply_pass, assert_equivalent, ops, run_model
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_npu_fix.graph import get_attr, infer_shapes, shape_of_value_info
+from onnx_npu_fix.ir.graph import get_attr, infer_shapes, shape_of_value_info
 from onnx_npu_fix.passes.align_channels import AlignChannelsPass
 
 PASS = AlignChannelsPass()

@@ -18,8 +18,8 @@ from helpers import assert_equivalent
 import onnx_npu_fix
 from onnx_npu_fix import api, errors
 from onnx_npu_fix.cli import main
-from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.targets import parse_profile
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.config.targets import parse_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -84,7 +84,7 @@ def test_run_reports_a_failed_pass_without_raising(tmp_path, fixture_path, monke
 
 def test_the_build_record_is_strict_json():
     """An output that overflowed has an infinite error; JSON has no Infinity: such numbers become strings."""
-    from onnx_npu_fix.report import dumps
+    from onnx_npu_fix.io.save import dumps
 
     def reject(token):
         raise AssertionError(f"{token} in the build record")

@@ -8,7 +8,7 @@ import pytest
 from helpers import apply_pass, assert_equivalent, ops
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_npu_fix.graph import GraphIndex
+from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.passes.cleanup import CleanupPass
 
 
@@ -180,9 +180,9 @@ def test_no_op_chain_ending_at_a_graph_output_keeps_the_output_name():
 
 def test_asteroid_zero_pad_goes_once_its_pads_are_constant(fixture_path):
     """The asteroid ConvTasNet export ends with pad_x_to_y: a Pad whose pads are all 0 at 8000 samples."""
-    from onnx_npu_fix.options import FixOptions
+    from onnx_npu_fix.config.options import FixOptions
     from onnx_npu_fix.passes.fold_constants import FoldConstantsPass
-    from onnx_npu_fix.pipeline import prepare
+    from onnx_npu_fix.pipeline.scheduler import prepare
 
     model = onnx.load(fixture_path("torch_convtasnet.onnx"))
     prepare(model, FixOptions(input_shapes={"mix": (1, 8000)}))

@@ -238,7 +238,6 @@ def test_onnxruntime_never_sees_a_file_the_checker_refused(tmp_path, monkeypatch
     from onnx import helper
 
     from onnx_npu_fix import api
-
     started = []
     real = api.start_reference
     monkeypatch.setattr(api, "start_reference", lambda *a, **k: started.append(a) or real(*a, **k))
@@ -281,7 +280,7 @@ def refuse(*a, **k):
 api._fix_in_place = refuse
 """
 _BUG = """
-from onnx_npu_fix import constraints
+from onnx_npu_fix.analysis import constraints
 def bug(*a, **k):
     raise ZeroDivisionError("a bug")
 constraints.check_model = bug
@@ -349,7 +348,6 @@ def test_failed_pass_exits_3_in_a_real_process(tmp_path, fixture_path):
 
 def test_strict_refusal_exits_4(tmp_path, fixture_path, monkeypatch):
     from onnx_npu_fix import api, errors
-
     assert errors.StrictRefused.exit_code == 4 and issubclass(errors.StrictRefused, errors.NpufixError)
 
     def refuse(*args, **kwargs):
@@ -364,8 +362,7 @@ def test_strict_refusal_exits_4(tmp_path, fixture_path, monkeypatch):
 
 
 def test_internal_error_exits_5_in_one_line(tmp_path, fixture_path, monkeypatch):
-    from onnx_npu_fix import constraints
-
+    from onnx_npu_fix.analysis import constraints
     monkeypatch.setattr(constraints, "check_model", lambda *a, **k: 1 / 0)
     result = invoke(fixture_path("tcn.onnx"), "-o", tmp_path / "o.onnx", "-q")
     assert result.exit_code == 5

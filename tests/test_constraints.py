@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_npu_fix.constraints import (
+from onnx_npu_fix.analysis.constraints import (
     CONSTRAINTS,
     check_model,
     find_violations,
@@ -20,7 +20,7 @@ from onnx_npu_fix.constraints import (
     render_violations,
     shape_listing,
 )
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.config.options import FixOptions
 
 F = TensorProto.FLOAT
 
@@ -601,8 +601,8 @@ def test_violations_claimed_fixable_are_fixed_by_the_named_passes():
 def test_every_constraint_says_which_option_asks_for_it():
     """A constraint missing from ASKED_BY would never count under an explicit option (only under a target):
     every constraint --check can report names the FixOptions fields that request it."""
-    from onnx_npu_fix.constraints import ASKED_BY, LIMIT_TEXT
-    from onnx_npu_fix.options import FixOptions
+    from onnx_npu_fix.analysis.constraints import ASKED_BY, LIMIT_TEXT
+    from onnx_npu_fix.config.options import FixOptions
 
     assert set(LIMIT_TEXT) <= set(ASKED_BY), set(LIMIT_TEXT) - set(ASKED_BY)
     fields = set(FixOptions.__dataclass_fields__)

@@ -14,14 +14,14 @@ from helpers import apply_pass, assert_equivalent, ops, run_model
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
+from onnx_npu_fix.analysis.constraints import check_model
 from onnx_npu_fix.cli import main
-from onnx_npu_fix.constraints import check_model
+from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.freeze import freeze_inputs, read_value
-from onnx_npu_fix.graph import set_input_shapes
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.ir.graph import set_input_shapes
+from onnx_npu_fix.ir.subgraph import subgraphs
 from onnx_npu_fix.passes.fold_constants import FoldConstantsPass
-from onnx_npu_fix.subgraph import subgraphs
+from onnx_npu_fix.pipeline.freeze import freeze_inputs, read_value
 
 F = TensorProto.FLOAT
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
@@ -769,8 +769,8 @@ def test_the_unroll_budget_holds_for_the_whole_pass():
 def test_cost_counts_the_nodes_and_weights_inside_branches():
     """Before the fix the branches hold nodes and weights too: the cost table must not show them appearing
     from nothing once fold-constants inlines the chosen branch."""
-    from onnx_npu_fix.cost import model_cost
-    from onnx_npu_fix.graph import infer_shapes
+    from onnx_npu_fix.analysis.cost import model_cost
+    from onnx_npu_fix.ir.graph import infer_shapes
 
     model = outer_scope_if(None)
     infer_shapes(model)

@@ -16,10 +16,10 @@ import pytest
 from helpers import apply_pass, assert_equivalent, ops, run_model
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_npu_fix.graph import GraphIndex, conv_macs, get_attr, infer_shapes, shape_of_value_info
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.ir.graph import GraphIndex, conv_macs, get_attr, infer_shapes, shape_of_value_info
 from onnx_npu_fix.passes.dilated_conv import DilatedConvPass, block_size
-from onnx_npu_fix.pipeline import prepare, run_passes
+from onnx_npu_fix.pipeline.scheduler import prepare, run_passes
 
 LAYOUTS = ("auto", "spatial", "channel", "batch")
 MAX_DILATIONS = (1, 2, 4, 7)
@@ -823,8 +823,8 @@ def test_an_explicit_layout_is_used_with_a_warning():
 def test_convtasnet_exports_take_the_bm1684x_forms(fixture_path, name, shape):
     """The torch exports at 999 frames (8000 samples): remainders, lifted convs, no rank-3 Pad before a Reshape."""
     from onnx_npu_fix.api import fix
-    from onnx_npu_fix.options import FixOptions
-    from onnx_npu_fix.targets import apply_target, load_target
+    from onnx_npu_fix.config.options import FixOptions
+    from onnx_npu_fix.config.targets import apply_target, load_target
 
     options = apply_target(load_target("bm1684x"), FixOptions(input_shapes={"mix": shape}), {})
     outcome = fix(onnx.load(fixture_path(name)), options)

@@ -10,9 +10,9 @@ import pytest
 from helpers import apply_pass
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_npu_fix.constraints import RESPONSIBLE, find_violations
-from onnx_npu_fix.graph import infer_shapes, name_unnamed_nodes
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.analysis.constraints import RESPONSIBLE, find_violations
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.ir.graph import infer_shapes, name_unnamed_nodes
 from onnx_npu_fix.passes import PASSES
 from onnx_npu_fix.passes.base import Found, Pass, PassResult
 

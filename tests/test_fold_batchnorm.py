@@ -8,7 +8,7 @@ import pytest
 from helpers import apply_pass, assert_equivalent, ops
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_npu_fix.graph import infer_shapes
+from onnx_npu_fix.ir.graph import infer_shapes
 from onnx_npu_fix.passes import fold_batchnorm
 from onnx_npu_fix.passes.fold_batchnorm import FoldBatchNormPass
 

@@ -6,7 +6,7 @@ import numpy as np
 from helpers import apply_pass, assert_equivalent, ops
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_npu_fix.graph import set_input_shapes
+from onnx_npu_fix.ir.graph import set_input_shapes
 from onnx_npu_fix.passes.fold_constants import FoldConstantsPass
 
 

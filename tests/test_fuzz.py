@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.config.options import FixOptions
 
 EXAMPLES = int(os.environ.get("NPUFIX_FUZZ_EXAMPLES", "400"))
 
-constraints = pytest.importorskip("onnx_npu_fix.constraints")
+constraints = pytest.importorskip("onnx_npu_fix.analysis.constraints")
 
 
 class ModelDraw:

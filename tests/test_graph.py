@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_npu_fix.graph import (
+from onnx_npu_fix.ir.graph import (
     GraphEditor,
     GraphIndex,
     name_unnamed_nodes,
@@ -113,7 +113,7 @@ def test_remove_unused_equals_the_two_steps():
 def test_scalar_initializers_keep_their_rank():
     import numpy as np
 
-    from onnx_npu_fix.graph import GraphEditor, GraphIndex, tensor_from_array
+    from onnx_npu_fix.ir.graph import GraphEditor, GraphIndex, tensor_from_array
 
     assert list(tensor_from_array(np.array(2.0, np.float32), "s").dims) == []
     assert list(tensor_from_array(np.float32(2.0), "s").dims) == []
@@ -127,7 +127,7 @@ def test_scalar_initializers_keep_their_rank():
 
 
 def test_overwrite_tensor_replaces_type_dims_and_data_in_place():
-    from onnx_npu_fix.graph import overwrite_tensor
+    from onnx_npu_fix.ir.graph import overwrite_tensor
 
     tensor = numpy_helper.from_array(np.arange(6, dtype=np.int64).reshape(2, 3), "w")
     tensor.doc_string = "kept"

@@ -30,8 +30,8 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from onnx_npu_fix.cli import main
-from onnx_npu_fix.graph import dynamic_inputs, get_attr, subgraph_outer_inputs
-from onnx_npu_fix.validate import Runner, compare, make_inputs
+from onnx_npu_fix.ir.graph import dynamic_inputs, get_attr, subgraph_outer_inputs
+from onnx_npu_fix.pipeline.validate import Runner, compare, make_inputs
 
 RESULT = (0, 1)  # a written model: 0 clean, 1 with "unfixed:" constraints listed
 OPTION_SETS = {"default": (), "npu": ("--max-dilation", "2", "--align", "8")}

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_npu_fix.graph import GraphIndex
-from onnx_npu_fix.memory import estimate, memory_aware_order, order_plan, render_memory
+from onnx_npu_fix.analysis.memory import estimate, memory_aware_order, order_plan, render_memory
+from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.passes.reorder_memory import ReorderMemoryPass
 
 F = TensorProto.FLOAT
@@ -369,7 +369,7 @@ def _brute_force_min_peak(lv):
     """The lowest peak over every topological order, by enumeration (independent of the search)."""
     import itertools
 
-    from onnx_npu_fix.memory import _peak_of
+    from onnx_npu_fix.analysis.memory import _peak_of
 
     n = len(lv.nodes)
     best = None
@@ -402,8 +402,8 @@ def _dag_model(spec, in_channels=2):
 
 
 def _lv(model):
-    from onnx_npu_fix.graph import infer_shapes
-    from onnx_npu_fix.memory import _liveness
+    from onnx_npu_fix.analysis.memory import _liveness
+    from onnx_npu_fix.ir.graph import infer_shapes
 
     infer_shapes(model)
     return _liveness(GraphIndex(model), 1)
@@ -419,7 +419,7 @@ def _greedy_trap():
 
 
 def test_exact_search_beats_greedy_and_matches_brute_force():
-    from onnx_npu_fix.memory import _best_order, _peak_of, best_schedule
+    from onnx_npu_fix.analysis.memory import _best_order, _peak_of, best_schedule
 
     lv = _lv(_greedy_trap())
     _, greedy_peak, _ = _best_order(lv)
@@ -436,7 +436,7 @@ def test_exact_search_beats_greedy_and_matches_brute_force():
 
 
 def test_exhausted_budget_claims_no_optimality_and_keeps_a_true_bound():
-    from onnx_npu_fix.memory import _peak_of, best_schedule, node_floors
+    from onnx_npu_fix.analysis.memory import _peak_of, best_schedule, node_floors
 
     lv = _lv(_greedy_trap())
     found = best_schedule(lv, budget=1)
@@ -484,7 +484,7 @@ def small_dags(draw):
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(small_dags(), st.sampled_from([1, 3, 20000]))
 def test_property_search_is_exact_and_its_bound_is_sound(spec, budget):
-    from onnx_npu_fix.memory import _peak_of, best_schedule
+    from onnx_npu_fix.analysis.memory import _peak_of, best_schedule
 
     lv = _lv(_dag_model(spec))
     optimum = _brute_force_min_peak(lv)
@@ -508,7 +508,7 @@ def test_cost_table_before_and_after_alignment(tmp_path):
 
     from onnx_npu_fix.api import fix
     from onnx_npu_fix.cli import main
-    from onnx_npu_fix.options import FixOptions
+    from onnx_npu_fix.config.options import FixOptions
 
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["y"], name="relu")]
@@ -553,7 +553,7 @@ def test_cli_schedule_budget_reaches_the_pass_and_the_check(tmp_path):
     assert (greedy["peak_bytes_after"], greedy["optimal"], greedy["states_expanded"]) == (128, False, 0)
     assert (exact["peak_bytes_after"], exact["optimal"]) == (112, True)
     assert runs["0"]["memory"]["schedule"]["optimal"] is False  # the output's check uses the same budget
-    from onnx_npu_fix.memory import node_floors
+    from onnx_npu_fix.analysis.memory import node_floors
 
     check = runner.invoke(main, [str(path), "--check", "--align", "0", "--schedule-budget", "0", "--format", "json"])
     floor = max(node_floors(_lv(_greedy_trap())))

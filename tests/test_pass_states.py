@@ -14,14 +14,15 @@ import pytest
 from helpers import assert_equivalent, small_model
 from onnx import helper, numpy_helper
 
-from onnx_npu_fix import api, pipeline
-from onnx_npu_fix import validate as validate_module
+from onnx_npu_fix import api
+from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import StrictRefused
-from onnx_npu_fix.graph import GraphIndex
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
-from onnx_npu_fix.pipeline import STATUS_OF, Outcome, RestoreKind, RestorePoint, prepare, run_passes
-from onnx_npu_fix.report import PassStatus
+from onnx_npu_fix.pipeline import scheduler as pipeline
+from onnx_npu_fix.pipeline import validate as validate_module
+from onnx_npu_fix.pipeline.report import PassStatus
+from onnx_npu_fix.pipeline.scheduler import STATUS_OF, Outcome, RestoreKind, RestorePoint, prepare, run_passes
 
 _ADDED = {"ok": 0.0, "wrong": 100.0, "approx": 0.01, "far": 100.0, "sly": 0.01}
 """What each scripted pass adds to the graph's output (0: an exact change)."""

@@ -9,13 +9,13 @@ from helpers import assert_equivalent, small_model
 from onnx import helper, numpy_helper
 
 from onnx_npu_fix import api
+from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.graph import GraphIndex
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.io.save import current_umask
+from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
-from onnx_npu_fix.pipeline import prepare, run_passes
-from onnx_npu_fix.report import current_umask
+from onnx_npu_fix.pipeline.scheduler import prepare, run_passes
 
 
 class ScaleWeights(Pass):
@@ -257,7 +257,7 @@ class BreakShapes(Pass):
 @pytest.fixture
 def sessions(monkeypatch):
     """Counts the onnxruntime sessions the pass manager builds (its validation's and the original's)."""
-    import onnx_npu_fix.validate as validate
+    import onnx_npu_fix.pipeline.validate as validate
 
     built = []
 
@@ -364,7 +364,7 @@ def test_passes_that_keep_shapes_do(cls, source):
     """The Pass.keeps_shapes claim: after the pass, every recorded shape equals a fresh inference's."""
     import os
 
-    from onnx_npu_fix.graph import infer_shapes, keep_inferred_shapes
+    from onnx_npu_fix.ir.graph import infer_shapes, keep_inferred_shapes
 
     if source == "identity-bn":
         model = _identity_and_batchnorm_model()
@@ -405,7 +405,7 @@ def test_reference_started_from_the_file_before_parsing(tmp_path, sessions):
 
 
 def test_an_unused_or_broken_reference_closes_without_hanging(tmp_path):
-    from onnx_npu_fix.validate import Reference, runtime_errors
+    from onnx_npu_fix.pipeline.validate import Reference, runtime_errors
 
     never_fed = Reference(str(tmp_path / "missing.onnx"))
     never_fed.close()
@@ -419,8 +419,8 @@ def test_an_unused_or_broken_reference_closes_without_hanging(tmp_path):
 
 
 def test_models_above_two_gb_validate_each_pass_alone(monkeypatch, sessions):
-    import onnx_npu_fix.pipeline as pipeline
-    import onnx_npu_fix.validate as validate
+    import onnx_npu_fix.pipeline.scheduler as pipeline
+    import onnx_npu_fix.pipeline.validate as validate
 
     monkeypatch.setattr(pipeline, "TWO_GB", 16)  # every model counts as "above 2 GB" here: to the scheduler,
     monkeypatch.setattr(validate, "TWO_GB", 16)  # to its validation (no bytes, the original computed at once)

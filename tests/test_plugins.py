@@ -19,12 +19,12 @@ from click.testing import CliRunner
 from helpers import assert_equivalent, ops
 from onnx import TensorProto, helper
 
-from onnx_npu_fix import plugins
 from onnx_npu_fix.api import select_passes
 from onnx_npu_fix.cli import main
 from onnx_npu_fix.errors import InputError
 from onnx_npu_fix.passes import DEFAULT_ORDER
 from onnx_npu_fix.passes.base import Pass, PassResult
+from onnx_npu_fix.plugins import loader as plugins
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "plugins", "decompose_hardswish.py")
@@ -275,7 +275,7 @@ def test_example_graphsurgeon_plugin_through_the_cli(tmp_path):
 
 
 def test_graphsurgeon_function_that_changes_nothing_leaves_the_model_untouched(tmp_path):
-    from onnx_npu_fix.gs_adapter import graphsurgeon_pass
+    from onnx_npu_fix.plugins.graphsurgeon import graphsurgeon_pass
 
     gs = _gs()
 
@@ -290,7 +290,7 @@ def test_graphsurgeon_function_that_changes_nothing_leaves_the_model_untouched(t
 
 
 def test_graphsurgeon_edit_of_a_weight_is_reported(tmp_path):
-    from onnx_npu_fix.gs_adapter import graphsurgeon_pass
+    from onnx_npu_fix.plugins.graphsurgeon import graphsurgeon_pass
 
     _gs()
 
@@ -309,8 +309,7 @@ def test_graphsurgeon_edit_of_a_weight_is_reported(tmp_path):
 
 
 def test_missing_graphsurgeon_is_a_clear_message(monkeypatch):
-    from onnx_npu_fix import gs_adapter
-
+    from onnx_npu_fix.plugins import graphsurgeon as gs_adapter
     monkeypatch.setitem(sys.modules, "onnx_graphsurgeon", None)  # import now raises ImportError
     with pytest.raises(InputError, match=r"pip install 'onnx-npu-fix\[graphsurgeon\]'"):
         gs_adapter.import_graphsurgeon()

@@ -15,13 +15,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
-from onnx_npu_fix.constraints import check_model
-from onnx_npu_fix.graph import GraphIndex, set_input_shapes
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.analysis.constraints import check_model
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.ir.graph import GraphIndex, set_input_shapes
+from onnx_npu_fix.ir.qdq import power_of_two_int8, walk_non_qdq
 from onnx_npu_fix.passes.align_channels import AlignChannelsPass
-from onnx_npu_fix.pipeline import prepare
-from onnx_npu_fix.qdq import power_of_two_int8, walk_non_qdq
-from onnx_npu_fix.validate import QuantOutputDiff, Runner, compare_quantized, make_inputs
+from onnx_npu_fix.pipeline.scheduler import prepare
+from onnx_npu_fix.pipeline.validate import QuantOutputDiff, Runner, compare_quantized, make_inputs
 
 quantization = pytest.importorskip("onnxruntime.quantization")
 
@@ -479,8 +479,8 @@ def test_exact_resize_forms_with_a_crop_stay_qdq(tmp_path, coord):
 def test_wrap_moves_quantizes_on_each_grid_and_never_between_stages():
     """Pad -> Conv -> Slice replacing an op from DQ(x, s) to Q(y, s2): the Pad is requantized with s (its values
     are still x's), the Conv's output with s2 (what the Slice's readers quantize it with), nothing else."""
-    from onnx_npu_fix.graph import GraphEditor
-    from onnx_npu_fix.qdq import wrap_moves
+    from onnx_npu_fix.ir.graph import GraphEditor
+    from onnx_npu_fix.ir.qdq import wrap_moves
 
     inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
              numpy_helper.from_array(np.array(0.07, np.float32), "s2"),

@@ -20,12 +20,12 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
+from onnx_npu_fix.analysis.memory import estimate
+from onnx_npu_fix.analysis.split import plan_split, resolution_hint
 from onnx_npu_fix.cli import main
+from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.graph import GraphIndex, infer_shapes
-from onnx_npu_fix.memory import estimate
-from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.split import plan_split, resolution_hint
+from onnx_npu_fix.ir.graph import GraphIndex, infer_shapes
 
 F = TensorProto.FLOAT
 
@@ -406,8 +406,8 @@ def test_property_random_dags_split_fit_and_chain_exactly():
     from hypothesis import strategies as st
     from test_memory import _dag_model
 
-    from onnx_npu_fix.split import build_segments
-    from onnx_npu_fix.validate import validate_chain
+    from onnx_npu_fix.analysis.split import build_segments
+    from onnx_npu_fix.pipeline.validate import validate_chain
 
     @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
     @given(st.data())

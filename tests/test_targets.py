@@ -13,9 +13,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.targets import (
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.config.targets import (
     TargetProfile,
     _field_kind,
     apply_target,
@@ -25,8 +24,9 @@ from onnx_npu_fix.targets import (
     render_target_list,
     shipped_target_names,
 )
+from onnx_npu_fix.errors import InputError
 
-TARGETS_DIR = Path(__file__).resolve().parent.parent / "onnx_npu_fix" / "targets"
+TARGETS_DIR = Path(__file__).resolve().parent.parent / "onnx_npu_fix" / "config" / "profiles"
 SHIPPED = {"ethos-u55", "ethos-u65", "tidl", "mdla2", "neutron", "sigmastar", "mstar-ipu", "stm32n6", "k210",
            "bm1684x", "rv1106", "rk3566", "rk3588"}
 
@@ -514,7 +514,7 @@ def _cases(kind):
 
 @pytest.fixture(scope="module")
 def checker():
-    return pytest.importorskip("onnx_npu_fix.constraints")
+    return pytest.importorskip("onnx_npu_fix.analysis.constraints")
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))

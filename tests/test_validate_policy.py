@@ -14,18 +14,18 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
 from onnx_npu_fix.cli import main
+from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError, StrictRefused
-from onnx_npu_fix.inputs import (
+from onnx_npu_fix.passes.resize_nearest import ResizeNearestPass
+from onnx_npu_fix.pipeline.inputs import (
     APPROX_MIN_ELEMENTS,
     load_validation_data,
     parse_input_ranges,
     shape_inputs,
     validation_feeds,
 )
-from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.passes.resize_nearest import ResizeNearestPass
-from onnx_npu_fix.pipeline import prepare, run_passes
-from onnx_npu_fix.validate import make_inputs
+from onnx_npu_fix.pipeline.scheduler import prepare, run_passes
+from onnx_npu_fix.pipeline.validate import make_inputs
 
 
 def invoke(*args):
@@ -382,7 +382,7 @@ def test_strict_refuses_an_approximate_change(tmp_path):
 
 def test_extra_sets_stay_within_the_memory_budget():
     # a 1-element output next to a 4 MiB one: 4096 sets would keep 16 GiB of outputs; the budget caps them
-    from onnx_npu_fix.inputs import MAX_EXTRA_BYTES, sets_for_approximate
+    from onnx_npu_fix.pipeline.inputs import MAX_EXTRA_BYTES, sets_for_approximate
 
     nodes = [helper.make_node("ReduceMax", ["x"], ["peak"], name="peak", keepdims=0),
              helper.make_node("Relu", ["x"], ["big"], name="relu")]

@@ -37,9 +37,9 @@ from conftest import FIXTURES
 from helpers import apply_pass
 
 from onnx_npu_fix.api import fix
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.config.targets import apply_target, load_target
 from onnx_npu_fix.passes.dilated_conv import DilatedConvPass
-from onnx_npu_fix.targets import apply_target, load_target
 
 pytestmark = pytest.mark.vendor
 

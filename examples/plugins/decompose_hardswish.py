@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from onnx_npu_fix.gs_adapter import graphsurgeon_pass
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.plugins.graphsurgeon import graphsurgeon_pass
 
 
 @graphsurgeon_pass(name="decompose-hardswish", summary="HardSwish -> x * HardSigmoid(x) (opset < 14 compilers)",

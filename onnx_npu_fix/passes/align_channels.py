@@ -44,7 +44,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnx_npu_fix.graph import (
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.ir.graph import (
     GraphEditor,
     GraphIndex,
     get_attr,
@@ -53,11 +54,9 @@ from onnx_npu_fix.graph import (
     private_initializer,
     set_attr,
 )
-from onnx_npu_fix.ops import channels_follow_inputs, conv_channels
-from onnx_npu_fix.ops import conv_aligned as _conv_aligned
-from onnx_npu_fix.options import FixOptions
-from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
-from onnx_npu_fix.qdq import (
+from onnx_npu_fix.ir.ops import channels_follow_inputs, conv_channels, is_default_domain
+from onnx_npu_fix.ir.ops import conv_aligned as _conv_aligned
+from onnx_npu_fix.ir.qdq import (
     QuantizedConst,
     dequantizer_of,
     is_qoperator,
@@ -68,6 +67,7 @@ from onnx_npu_fix.qdq import (
     store_quantized,
     wrap_chain,
 )
+from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
 
 # Elementwise ops that map every finite input to a finite output, channel by channel.
 _UNARY = frozenset({
@@ -314,7 +314,7 @@ class _Aligner:
 
     def find(self) -> None:
         for node in self.nodes:
-            if node.domain not in ("", "ai.onnx"):
+            if not is_default_domain(node):
                 continue
             if is_qoperator(node):
                 if node.op_type in ("QLinearConv", "ConvInteger"):

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import onnx
 
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.config.options import FixOptions
 
 
 @dataclass

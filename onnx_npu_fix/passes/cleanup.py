@@ -26,7 +26,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from onnx_npu_fix.graph import (
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.ir.graph import (
     GraphEditor,
     GraphIndex,
     get_attr,
@@ -34,7 +35,7 @@ from onnx_npu_fix.graph import (
     opset_version,
     remove_unused,
 )
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.ir.ops import is_default_domain
 from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
 
 # --- no-op detection: each returns why the node returns its input unchanged, or None -------------------------
@@ -151,7 +152,7 @@ class CleanupPass(ScratchFindPass):
         removed: set[int] = set()
         opset = opset_version(model)
         for node in graph.node:
-            if node.op_type not in _PASS_THROUGH_OPS or node.domain not in ("", "ai.onnx"):
+            if node.op_type not in _PASS_THROUGH_OPS or not is_default_domain(node):
                 continue
             why_no_op = None
             if node.op_type in _NO_OP_CHECKS:

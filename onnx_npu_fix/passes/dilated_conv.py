@@ -111,7 +111,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnx_npu_fix.graph import (
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.ir.graph import (
     ConvGeometry,
     GraphEditor,
     GraphIndex,
@@ -125,12 +126,11 @@ from onnx_npu_fix.graph import (
     private_initializer,
     set_attr,
 )
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.ir.ops import is_default_domain
+from onnx_npu_fix.ir.qdq import qoperator_reason
 from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
-from onnx_npu_fix.qdq import qoperator_reason
 
 LAYOUTS = ("auto", "spatial", "channel", "batch")
-_DEFAULT_DOMAINS = ("", "ai.onnx")
 _MIN_OPSET = 11  # Pad with a pads input, Slice with steps
 _WEIGHT_GROWTH_WARNING = 16 << 20  # bytes of tiled weights above which the report suggests the batch layout
 _MOVABLE_QTYPES = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
@@ -301,7 +301,7 @@ class DilatedConvPass(ScratchFindPass):
                 if not all(dilation_ok(d, options.max_dilation, options.allowed_dilations) for d in dilations):
                     result.rejections.append(Rejection(node.name, node.op_type, qoperator_reason(node), True))
                 continue
-            if node.domain not in _DEFAULT_DOMAINS or node.op_type not in ("Conv", "ConvTranspose"):
+            if not is_default_domain(node) or node.op_type not in ("Conv", "ConvTranspose"):
                 continue
             dilations = [int(d) for d in (get_attr(node, "dilations") or [])]
             if all(dilation_ok(d, options.max_dilation, options.allowed_dilations) for d in dilations):
@@ -441,7 +441,7 @@ def _lift_conv1d(index: GraphIndex, model: onnx.ModelProto, options: FixOptions,
     the same samples with the same weights (reshaped [M,C/g,K] -> [M,C/g,1,K]): exact."""
     plans: list[_Plan] = []
     for node in model.graph.node:
-        if node.domain not in _DEFAULT_DOMAINS or node.op_type != "Conv" or len(node.input) < 2:
+        if not is_default_domain(node) or node.op_type != "Conv" or len(node.input) < 2:
             continue
         shape = index.shape(node.input[0])
         if shape is None or len(shape) != 3:
@@ -514,7 +514,7 @@ def _trim_dead_taps(index: GraphIndex, model: onnx.ModelProto, options: FixOptio
     editor = GraphEditor(index)
     trimmed = False
     for node in model.graph.node:
-        if node.domain not in _DEFAULT_DOMAINS or node.op_type != "Conv" or len(node.input) < 2:
+        if not is_default_domain(node) or node.op_type != "Conv" or len(node.input) < 2:
             continue
         dilations = [int(d) for d in (get_attr(node, "dilations") or [])]
         if all(dilation_ok(d, options.max_dilation, options.allowed_dilations) for d in dilations):
@@ -922,7 +922,7 @@ def _weight_source(index: GraphIndex, name: str) -> dict[str, Any] | None:
         return {"kind": "const", "name": name}
     producer = index.producer.get(name)
     if (producer is not None and producer.op_type == "DequantizeLinear"
-            and producer.domain in _DEFAULT_DOMAINS
+            and is_default_domain(producer)
             and all(index.const_value(i) is not None for i in producer.input if i)):
         xq = index.const_value(producer.input[0])
         scale = index.const_value(producer.input[1])
@@ -953,7 +953,7 @@ def _check_weight(source: dict[str, Any] | None, op: str, what: str) -> None:
 def _quantized_input(index: GraphIndex, node: onnx.NodeProto) -> _QIn | None:
     """The per-tensor 8-bit DequantizeLinear feeding the conv, if the input-side ops can move before it."""
     dq = index.producer.get(node.input[0])
-    if dq is None or dq.op_type != "DequantizeLinear" or dq.domain not in _DEFAULT_DOMAINS:
+    if dq is None or dq.op_type != "DequantizeLinear" or not is_default_domain(dq):
         return None
     if index.elem_type(dq.input[0]) not in _MOVABLE_QTYPES or index.static_shape(dq.input[0]) is None:
         return None
@@ -977,7 +977,7 @@ def _per_tensor(index: GraphIndex, qnode: onnx.NodeProto) -> bool:
 def _quantized_output(index: GraphIndex, node: onnx.NodeProto) -> onnx.NodeProto | None:
     """The per-tensor QuantizeLinear that is the conv's only reader, if the output-side ops can follow it."""
     q = index.single_consumer(node.output[0])
-    if (q is None or q.op_type != "QuantizeLinear" or q.domain not in _DEFAULT_DOMAINS
+    if (q is None or q.op_type != "QuantizeLinear" or not is_default_domain(q)
             or q.input[0] != node.output[0] or not _per_tensor(index, q)):
         return None
     if len(q.input) <= 2 or not q.input[2]:

@@ -57,7 +57,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnx_npu_fix.graph import (
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.ir.graph import (
     GraphEditor,
     GraphIndex,
     conv_geometry,
@@ -70,11 +71,9 @@ from onnx_npu_fix.graph import (
     set_attr,
     subgraphs,
 )
-from onnx_npu_fix.ops import NUMPY_FLOAT_TYPES
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.ir.ops import NUMPY_FLOAT_TYPES, is_default_domain
 from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 
-_DEFAULT_DOMAINS = ("", "ai.onnx")
 _FLOAT_TYPES = NUMPY_FLOAT_TYPES  # the types the fold computes in
 _LE_DTYPES = {elem: np.dtype(t).newbyteorder("<") for elem, t in _FLOAT_TYPES.items()}
 _PARAM_ROLES = ("scale", "B", "input_mean", "input_var")
@@ -244,7 +243,7 @@ class _Finding:
 
 
 def _is_batchnorm(node: onnx.NodeProto) -> bool:
-    return node.op_type == "BatchNormalization" and node.domain in _DEFAULT_DOMAINS
+    return node.op_type == "BatchNormalization" and is_default_domain(node)
 
 
 @dataclass
@@ -374,7 +373,7 @@ def _backward_target(index: GraphIndex, bn: onnx.NodeProto,
     if layer is None:
         kind = "a graph input" if x in index.graph_inputs else "constant"
         return None, f"its input {x} is {kind}"
-    if layer.op_type not in _PRODUCERS or layer.domain not in _DEFAULT_DOMAINS:
+    if layer.op_type not in _PRODUCERS or not is_default_domain(layer):
         return None, (f"its input comes from {layer.op_type} {layer.name}, "
                       "not a Conv/ConvTranspose/Gemm/MatMul")
     where = f"{layer.op_type} {layer.name}"
@@ -432,7 +431,7 @@ def _forward_target(index: GraphIndex, bn: onnx.NodeProto,
         return None, f"its output feeds {len(users)} nodes"
     conv = users[0]
     where = f"{conv.op_type} {conv.name}"
-    if conv.op_type != "Conv" or conv.domain not in _DEFAULT_DOMAINS:
+    if conv.op_type != "Conv" or not is_default_domain(conv):
         return None, f"its output feeds {where}, not a Conv"
     if conv.input[0] != y or y in list(conv.input[1:]):
         return None, f"its output is not only the data input of {where}"
@@ -836,7 +835,7 @@ class _QdqFold:
 
 def _qdq_value(index: GraphIndex, name: str) -> np.ndarray | None:
     """A float constant, or the value of a DequantizeLinear of one (QDQ models quantize BN parameters too)."""
-    from onnx_npu_fix.qdq import quantized_const
+    from onnx_npu_fix.ir.qdq import quantized_const
 
     value = _const(index, name)
     if value is not None:
@@ -848,7 +847,7 @@ def _qdq_value(index: GraphIndex, name: str) -> np.ndarray | None:
 def _qdq_fold_plan(index: GraphIndex, bn: onnx.NodeProto) -> tuple[_QdqFold | None, str | None]:
     """The QDQ fold of ``bn`` (None, None when the BN is not in that pattern; None, reason when it is but
     cannot be folded)."""
-    from onnx_npu_fix.qdq import dequantizer_of, quant_params, quantized_const
+    from onnx_npu_fix.ir.qdq import dequantizer_of, quant_params, quantized_const
 
     dq1 = index.producer.get(bn.input[0])
     if dq1 is None or dq1.op_type != "DequantizeLinear":
@@ -962,7 +961,7 @@ def _qdq_fold_values(index: GraphIndex, fold: _QdqFold) -> tuple[_QdqFolded | No
 
 
 def _apply_qdq_fold(index: GraphIndex, editor: GraphEditor, fold: _QdqFold) -> Change:
-    from onnx_npu_fix.qdq import quant_params, store_quantized
+    from onnx_npu_fix.ir.qdq import quant_params, store_quantized
 
     conv, values = fold.conv, fold.values
     assert values is not None

@@ -30,8 +30,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import first_line
-from onnx_npu_fix.graph import (
+from onnx_npu_fix.ir.graph import (
     GraphEditor,
     GraphIndex,
     all_known,
@@ -43,20 +44,17 @@ from onnx_npu_fix.graph import (
     remove_dead_nodes,
     shape_of_value_info,
 )
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.ir.ops import CONTROL_FLOW_OPS, RANDOM_OPS, is_default_domain
+from onnx_npu_fix.ir.subgraph import ModelNames, rename_in_graph, splice, trace_origin
 from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
 from onnx_npu_fix.passes.cleanup import CleanupPass
-from onnx_npu_fix.subgraph import ModelNames, rename_in_graph, splice, trace_origin
 
-_NEVER_FOLD = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
-               "Bernoulli", "Constant", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+_NEVER_FOLD = RANDOM_OPS | {"Constant", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
 # Quantization nodes stay: vendor compilers read the QDQ pattern around weights; folding them would dequantize
 # the weights into float and break the QDQ form the toolchain requires.
 _MAX_ROUNDS = 64  # rounds of folding + shape inference; each nesting level of Ifs needs one or two
 _MAX_TRIP = 64  # Loop unrolling bounds: iterations, and copies of body nodes in all
 _MAX_UNROLLED_NODES = 4096
-_CONTROL_FLOW = ("If", "Loop", "Scan")
-_STANDARD = ("", "ai.onnx")
 
 
 class FoldConstantsPass(ScratchFindPass):
@@ -101,7 +99,7 @@ class FoldConstantsPass(ScratchFindPass):
         known: dict[str, np.ndarray] = {}
         folded_any = False
         for node in model.graph.node:
-            if node.domain not in ("", "ai.onnx") or node.op_type in _NEVER_FOLD or has_subgraphs(node):
+            if not is_default_domain(node) or node.op_type in _NEVER_FOLD or has_subgraphs(node):
                 continue
             if any(o in index.output_set for o in node.output):
                 continue  # a graph output must stay a computed tensor with its declared name
@@ -170,9 +168,9 @@ def _has_candidates(model: onnx.ModelProto) -> bool:
         if op == "Constant":
             const.update(node.output)
             continue
-        if op in _NEVER_FOLD or node.domain not in ("", "ai.onnx"):
+        if op in _NEVER_FOLD or not is_default_domain(node):
             continue
-        if op in ("Shape", "Size") or op in _CONTROL_FLOW:
+        if op in ("Shape", "Size") or op in CONTROL_FLOW_OPS:
             return True
         inputs = node.input
         if inputs and all_known(inputs, const):
@@ -229,7 +227,7 @@ class _ControlFlow:
         aliases: dict[str, str] = {}
         changed = False
         for node in graph.node:
-            if node.domain not in _STANDARD or node.op_type not in ("If", "Loop"):
+            if not is_default_domain(node) or node.op_type not in ("If", "Loop"):
                 continue
             spent = self.stats["nodes_unrolled"]
             plan, _reason = _plan_if(index, node) if node.op_type == "If" else _plan_loop(index, node, spent)
@@ -328,11 +326,11 @@ class _ControlFlow:
         graph = self.model.graph
         if self.stats["ifs_inlined"] or self.stats["loops_unrolled"]:
             self.result.metrics["control_flow"] = dict(self.stats)
-        if not any(n.op_type in _CONTROL_FLOW for n in graph.node):
+        if not any(n.op_type in CONTROL_FLOW_OPS for n in graph.node):
             return
         index = GraphIndex(self.model)
         for node in graph.node:
-            if node.op_type not in _CONTROL_FLOW or node.domain not in _STANDARD:
+            if node.op_type not in CONTROL_FLOW_OPS or not is_default_domain(node):
                 continue
             reason = why_control_flow_stays(index, node, spent=self.stats["nodes_unrolled"])
             if reason is None:  # would fold: only when the round limit stopped the pass

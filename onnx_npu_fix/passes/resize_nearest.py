@@ -92,7 +92,8 @@ import numpy as np
 import onnx
 from onnx import defs, helper
 
-from onnx_npu_fix.graph import (
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.ir.graph import (
     GraphEditor,
     GraphIndex,
     get_attr,
@@ -101,12 +102,11 @@ from onnx_npu_fix.graph import (
     set_attr,
     subgraphs,
 )
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.ir.ops import is_default_domain
+from onnx_npu_fix.ir.qdq import dequantizer_of, power_of_two_int8, quantize_new_weights, wrap_moves
 from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
-from onnx_npu_fix.qdq import dequantizer_of, power_of_two_int8, quantize_new_weights, wrap_moves
 
 _RESIZE_OPS = ("Resize", "Upsample")
-_DEFAULT_DOMAINS = ("", "ai.onnx")
 _MODES = ("nearest", "exact")
 
 # Coordinate modes whose interpolation matrix this pass can build (spec formulas, checked against ORT).
@@ -590,7 +590,7 @@ class ResizeNearestPass(Pass):
         forbidden = set(options.forbidden_ops)
 
         # --- find (read-only) -------------------------------------------------------------------------
-        upsamples = [n for n in candidates if n.op_type == "Upsample" and n.domain in _DEFAULT_DOMAINS]
+        upsamples = [n for n in candidates if n.op_type == "Upsample" and is_default_domain(n)]
         bump_blockers: list[str] = []
         if upsamples and opset < _BUMP_TARGET:
             bump_blockers = _bump_blockers(model, opset)
@@ -599,7 +599,7 @@ class ResizeNearestPass(Pass):
 
         plans: list[_Plan] = []
         for node in candidates:
-            if node.domain not in _DEFAULT_DOMAINS:
+            if not is_default_domain(node):
                 if str(get_attr(node, "mode", "nearest")) != "nearest":
                     result.rejections.append(Rejection(
                         node.name, node.op_type, f"domain '{node.domain}' is not the ONNX one; not rewritten",
@@ -644,7 +644,7 @@ class ResizeNearestPass(Pass):
         if bump:
             old_ir = model.ir_version
             for imp in model.opset_import:
-                if imp.domain in _DEFAULT_DOMAINS:
+                if is_default_domain(imp):
                     imp.version = _BUMP_TARGET
             model.ir_version = max(model.ir_version, 5)
             result.changes.append(Change(
@@ -1060,7 +1060,7 @@ def _bump_blockers(model: onnx.ModelProto, opset: int) -> list[str]:
     blockers: set[str] = set()
     op_types: set[str] = set()
     for node in model.graph.node:
-        if node.domain not in _DEFAULT_DOMAINS or node.op_type == "Upsample":
+        if not is_default_domain(node) or node.op_type == "Upsample":
             continue
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
             blockers.add(f"{node.op_type} has a subgraph")

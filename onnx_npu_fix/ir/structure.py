@@ -21,7 +21,8 @@ import math
 import onnx
 from onnx import numpy_helper
 
-from onnx_npu_fix.graph import shape_of_value_info
+from onnx_npu_fix.ir.graph import shape_of_value_info
+from onnx_npu_fix.ir.ops import is_default_domain
 
 
 def structural_problem(model: onnx.ModelProto) -> str | None:
@@ -34,7 +35,7 @@ def structural_problem(model: onnx.ModelProto) -> str | None:
             checked.append((i, node))
         elif op == "Constant":
             constant_nodes.append(node)
-    checked = [(i, node) for i, node in checked if node.domain in ("", "ai.onnx")]
+    checked = [(i, node) for i, node in checked if is_default_domain(node)]
     if not checked:
         return None
     dims = _Dims(graph, constant_nodes)
@@ -55,7 +56,7 @@ class _Dims:
         self._inits = {t.name: t for t in graph.initializer}
         self._constants: dict[str, onnx.TensorProto] = {}
         for node in constant_nodes:
-            if node.domain in ("", "ai.onnx"):
+            if is_default_domain(node):
                 for attr in node.attribute:
                     if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
                         self._constants[node.output[0]] = attr.t

@@ -24,17 +24,17 @@ import numpy as np
 import onnx
 
 from onnx_npu_fix.errors import InputError, first_line
-from onnx_npu_fix.graph import (
+from onnx_npu_fix.io.save import write_with_external_data
+from onnx_npu_fix.ir.graph import (
     TWO_GB,
     approx_model_bytes,
     dynamic_inputs,
     format_shape,
     shape_of_value_info,
-    write_with_external_data,
 )
 
 if TYPE_CHECKING:
-    from onnx_npu_fix.options import FixOptions
+    from onnx_npu_fix.config.options import FixOptions
 
 Feeds = dict[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
@@ -446,8 +446,8 @@ class QuantOutputDiff(OutputDiff):
 def quantized_output_steps(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """The quantization step of every graph output whose producer is a DequantizeLinear with constant
     parameters, shaped to broadcast against the output (per-channel scales on their axis)."""
-    from onnx_npu_fix.graph import GraphIndex
-    from onnx_npu_fix.qdq import dequantizer_of
+    from onnx_npu_fix.ir.graph import GraphIndex
+    from onnx_npu_fix.ir.qdq import dequantizer_of
 
     outputs = {o.name for o in model.graph.output}
     if not any(n.op_type == "DequantizeLinear" and n.output and n.output[0] in outputs for n in model.graph.node):
@@ -616,7 +616,7 @@ class Validator:
         """``reference``: the original's outputs already under way, else computed from ``model`` as it is now.
         ``reference_feeds``: inputs only ``reference`` takes (frozen inputs), added to every set it runs.
         ``approximate``: the run may make an approximate change (more input sets, see inputs.py)."""
-        from onnx_npu_fix.inputs import validation_feeds  # inputs.py builds on this module
+        from onnx_npu_fix.pipeline.inputs import validation_feeds  # inputs.py builds on this module
 
         self.options = options
         self.feeds: list[Feeds] = []

@@ -15,9 +15,9 @@ from typing import Any
 
 import onnx
 
+from onnx_npu_fix.analysis.memory import DEFAULT_SEARCH_BUDGET, best_schedule, estimate_index, format_bytes, liveness
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.graph import GraphIndex
-from onnx_npu_fix.memory import DEFAULT_SEARCH_BUDGET, best_schedule, estimate_index, format_bytes, liveness
+from onnx_npu_fix.ir.graph import GraphIndex
 
 FORMATS = (".png", ".svg")
 MISSING = "--memory-plot needs matplotlib: pip install 'onnx-npu-fix[plot]'"

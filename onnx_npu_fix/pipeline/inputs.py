@@ -33,8 +33,9 @@ import numpy as np
 import onnx
 
 from onnx_npu_fix.errors import InputError, first_line
-from onnx_npu_fix.graph import format_shape, shape_of_value_info
-from onnx_npu_fix.validate import Feeds, make_inputs, numpy_dtype
+from onnx_npu_fix.ir.graph import format_shape, shape_of_value_info
+from onnx_npu_fix.ir.ops import is_default_domain
+from onnx_npu_fix.pipeline.validate import Feeds, make_inputs, numpy_dtype
 
 APPROX_MIN_ELEMENTS = 4096
 """Elements of each output an approximate verdict is measured on (at least, within MAX_SETS)."""
@@ -144,7 +145,7 @@ def shape_inputs(model: onnx.ModelProto) -> dict[str, tuple[onnx.NodeProto, int]
         return {}
     found: dict[str, tuple[onnx.NodeProto, int]] = {}
     for node in graph.node:
-        positions = SHAPE_OPERANDS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
+        positions = SHAPE_OPERANDS.get(node.op_type, ()) if is_default_domain(node) else ()
         sources: set[str] = set()
         for k, name in enumerate(node.input):
             deps = origin.get(name)

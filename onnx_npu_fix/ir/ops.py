@@ -12,6 +12,23 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import onnx
 
+# The default ONNX domain has two spellings; every "is this a standard op" test goes through is_default_domain.
+DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+
+# Ops that hold subgraphs (GraphProto attributes); If / Loop / Scan are ONNX's control flow, SequenceMap maps one.
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
+SUBGRAPH_OPS = CONTROL_FLOW_OPS | {"SequenceMap"}
+
+# Nodes that produce new data on every run (never constants, never folded).
+RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+                        "Bernoulli"})
+
+
+def is_default_domain(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` is an op of the default ONNX domain (``""`` or its other name ``"ai.onnx"``)."""
+    return node.domain in DEFAULT_DOMAINS
+
+
 # Every ONNX floating-point element type, and the ones numpy computes in (bfloat16 has no numpy type).
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
                          onnx.TensorProto.BFLOAT16})

@@ -17,7 +17,7 @@ Finally the output model is compared with the original (reusing the last outputs
 pass stops the run (nothing is written) unless ``keep_going`` is set, which restores the model as it was before
 that pass and continues with the next one.
 
-The inputs come from onnx_npu_fix.inputs (loaded data, or seeded sets, more of them when an approximate change
+The inputs come from onnx_npu_fix.pipeline.inputs (loaded data, or seeded sets, more of them when an approximate change
 may be measured). An original onnxruntime cannot run is an InputError, never a silently unvalidated run; with
 ``strict`` an approximate change is a StrictRefused.
 """
@@ -33,8 +33,9 @@ from enum import Enum
 
 import onnx
 
+from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError, StrictRefused, first_line
-from onnx_npu_fix.graph import (
+from onnx_npu_fix.ir.graph import (
     TWO_GB,
     approx_model_bytes,
     infer_shapes,
@@ -43,10 +44,9 @@ from onnx_npu_fix.graph import (
     remove_unused,
     set_input_shapes,
 )
-from onnx_npu_fix.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass
-from onnx_npu_fix.report import EXACT_ALTERNATIVE, FixReport, PassRecord, PassStatus
-from onnx_npu_fix.validate import (  # noqa: F401 - check_structure: public here before it moved to validate.py
+from onnx_npu_fix.pipeline.report import EXACT_ALTERNATIVE, FixReport, PassRecord, PassStatus
+from onnx_npu_fix.pipeline.validate import (  # noqa: F401 - check_structure: public here before it moved to validate.py
     Comparison,
     Feeds,
     Reference,

@@ -31,16 +31,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.graph import (
-    GraphIndex,
-    has_subgraphs,
-    infer_shapes,
-    set_input_shapes,
-    shape_only_copy,
-    subgraph_outer_inputs,
-)
-from onnx_npu_fix.memory import (  # noqa: I001
+from onnx_npu_fix.analysis.memory import (  # noqa: I001
     DEFAULT_SEARCH_BUDGET,
     Liveness,
     _best_order,
@@ -48,6 +39,15 @@ from onnx_npu_fix.memory import (  # noqa: I001
     constant_names,
     liveness,
     node_floors,
+)
+from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.ir.graph import (
+    GraphIndex,
+    has_subgraphs,
+    infer_shapes,
+    set_input_shapes,
+    shape_only_copy,
+    subgraph_outer_inputs,
 )
 
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from onnx_npu_fix.graph import GraphEditor, GraphIndex, get_attr, set_attr
+from onnx_npu_fix.ir.graph import GraphEditor, GraphIndex, get_attr, set_attr
+from onnx_npu_fix.ir.ops import is_default_domain
 
 QOPERATOR_OPS = frozenset({
     "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm", "QLinearAdd", "QLinearMul",
@@ -49,7 +50,7 @@ _QUANT_TYPES = {
 
 
 def is_qoperator(node: onnx.NodeProto) -> bool:
-    return node.op_type in QOPERATOR_OPS and node.domain in ("", "ai.onnx", "com.microsoft")
+    return node.op_type in QOPERATOR_OPS and (is_default_domain(node) or node.domain == "com.microsoft")
 
 
 def qoperator_reason(node: onnx.NodeProto) -> str:
@@ -94,7 +95,7 @@ class QuantParams:
 def quant_params(index: GraphIndex, node: onnx.NodeProto) -> QuantParams | None:
     """The constant parameters of a QuantizeLinear / DequantizeLinear ``node``, or None when its scale or zero
     point is computed at run time or it uses a form the passes do not handle (blocked quantization)."""
-    if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or node.domain not in ("", "ai.onnx"):
+    if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or not is_default_domain(node):
         return None
     if int(get_attr(node, "block_size", 0) or 0):
         return None
@@ -329,7 +330,7 @@ def store_quantized(index: GraphIndex, editor: GraphEditor, consumer: onnx.NodeP
     the existing DequantizeLinear's initializers when nothing else reads them, else through a private copy of
     the DequantizeLinear: a weight shared with another node is never changed under it. ``axis``: set the
     DequantizeLinear's axis (a per-tensor scale that becomes per-channel). Returns the DequantizeLinear used."""
-    from onnx_npu_fix.graph import private_initializer
+    from onnx_npu_fix.ir.graph import private_initializer
 
     dq = const.dq
     has_zp = len(dq.input) > 2 and bool(dq.input[2])

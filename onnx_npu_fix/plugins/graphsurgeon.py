@@ -1,7 +1,7 @@
 """Write a plugin pass as a function over an onnx-graphsurgeon graph.
 
     import onnx_graphsurgeon as gs
-    from onnx_npu_fix.gs_adapter import graphsurgeon_pass
+    from onnx_npu_fix.plugins.graphsurgeon import graphsurgeon_pass
 
     @graphsurgeon_pass(name="decompose-hardswish", summary="HardSwish -> x * HardSigmoid(x)", exact=True)
     def decompose_hardswish(graph: gs.Graph, options) -> None:
@@ -28,9 +28,10 @@ from typing import Any
 
 import onnx
 
+from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.graph import name_unnamed_nodes
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.ir.graph import name_unnamed_nodes
+from onnx_npu_fix.ir.ops import is_default_domain
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
 
 GraphFunction = Callable[[Any, FixOptions], "Iterable[Change] | None"]
@@ -92,7 +93,7 @@ def _put_back(model: onnx.ModelProto, exported: onnx.ModelProto) -> None:
         held = have.get(opset.domain)
         if held is None:
             model.opset_import.add().CopyFrom(opset)
-        elif opset.version > held.version and opset.domain not in ("", "ai.onnx"):
+        elif opset.version > held.version and not is_default_domain(opset):
             held.version = opset.version
 
 

@@ -19,11 +19,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnx_npu_fix.ops import FLOAT_TYPES
+from onnx_npu_fix.ir.ops import DEFAULT_DOMAINS, FLOAT_TYPES, SUBGRAPH_OPS, is_default_domain
 
 Shape = tuple  # a tuple of int (static) / str (symbolic) / None (unknown) per axis
 
-_CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
 @contextlib.contextmanager
@@ -138,7 +137,7 @@ class GraphIndex:
         if name in self.initializers and name not in self.overridable:
             return numpy_helper.to_array(self.initializers[name])
         node = self.producer.get(name)
-        if node is not None and node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        if node is not None and node.op_type == "Constant" and is_default_domain(node):
             return constant_node_value(node)
         return None
 
@@ -241,7 +240,7 @@ def may_hold_subgraphs(node: onnx.NodeProto) -> bool:
     """Whether ``node`` can carry graph attributes: control flow and custom-domain ops. A standard op cannot
     (the onnx checker every input model passes rejects attributes outside the op's schema), so at 100k nodes
     the attribute scan is skipped for the ops that make up nearly every graph."""
-    return node.op_type in _CONTROL_FLOW or node.domain not in ("", "ai.onnx")
+    return node.op_type in SUBGRAPH_OPS or not is_default_domain(node)
 
 
 def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
@@ -675,63 +674,6 @@ def payload_bytes(tensor: onnx.TensorProto) -> int:
     return tensor.ByteSize()
 
 
-def write_with_external_data(model: onnx.ModelProto, model_file: str, data_file: str, location: str, *,
-                             in_place: bool, threshold: int = 1024) -> None:
-    """Write ``model`` to ``model_file`` with every raw initializer of ``threshold`` bytes or more in
-    ``data_file`` (written fresh), referenced as ``location`` (relative to the model file's final place).
-
-    ``in_place``: the model's own tensors are pointed at the data file (no copy of the weights; the caller is
-    done with them). Otherwise the model is untouched and a shell copy refers to the file.
-    """
-    target = model
-    if not in_place:
-        target = onnx.ModelProto()
-        _copy_without_initializers(model, target)
-    with open(data_file, "wb") as data:
-        for tensor in model.graph.initializer:
-            big = (tensor.data_location != onnx.TensorProto.EXTERNAL and tensor.HasField("raw_data")
-                   and payload_bytes(tensor) >= threshold)
-            if not big:
-                if not in_place:
-                    target.graph.initializer.append(tensor)
-                continue
-            offset = data.tell()
-            raw = tensor.raw_data  # one copy out of the message; every read of the field makes another
-            data.write(raw)
-            ref = tensor if in_place else onnx.TensorProto(name=tensor.name, data_type=tensor.data_type,
-                                                           dims=tensor.dims)
-            del ref.external_data[:]
-            for key, value in (("location", location), ("offset", str(offset)),
-                               ("length", str(len(raw)))):
-                ref.external_data.add(key=key, value=value)
-            ref.data_location = onnx.TensorProto.EXTERNAL
-            del raw
-            if in_place:
-                tensor.ClearField("raw_data")
-            else:
-                target.graph.initializer.append(ref)
-    with open(model_file, "wb") as f:
-        f.write(target.SerializeToString())
-
-
-def _copy_without_initializers(model: onnx.ModelProto, target: onnx.ModelProto) -> None:
-    """Copy every field of ``model`` into ``target`` except the graph's initializers (the weights)."""
-    _copy_fields(model, target, skip="graph")
-    _copy_fields(model.graph, target.graph, skip="initializer")
-
-
-def _copy_fields(source: Any, target: Any, *, skip: str) -> None:
-    for desc, value in source.ListFields():
-        if desc.name == skip:
-            continue
-        if getattr(desc, "is_repeated", None) or getattr(desc, "label", None) == 3:  # 3: LABEL_REPEATED
-            getattr(target, desc.name).extend(value)
-        elif desc.message_type is not None:
-            getattr(target, desc.name).CopyFrom(value)
-        else:
-            setattr(target, desc.name, value)
-
-
 def set_input_shapes(model: onnx.ModelProto, shapes: dict[str, Sequence[int]]) -> None:
     """Freeze graph input shapes (like onnxsim's --overwrite-input-shape). Unknown names raise KeyError."""
     by_name = {i.name: i for i in model.graph.input}
@@ -794,7 +736,7 @@ def node_macs(index: GraphIndex, node: onnx.NodeProto) -> int:
 
 def opset_version(model: onnx.ModelProto, domain: str = "") -> int:
     for op in model.opset_import:
-        if op.domain in (domain, "ai.onnx" if domain == "" else domain):
+        if op.domain == domain or (domain == "" and op.domain in DEFAULT_DOMAINS):
             return op.version
     return 0
 

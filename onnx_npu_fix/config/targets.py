@@ -14,9 +14,10 @@ A profile is a TOML file with three tables::
     [notes]                # facts npufix cannot check (yet): shown by --list-targets
     feature_map = "input maps <= 320x240 (nncase FAQ)"
 
-Shipped profiles live in ``onnx_npu_fix/targets/*.toml`` (one file per target, file stem = name). A constraint the
-source leaves unknown is simply absent, so FixOptions' default drives the passes (but is no constraint of the
-target: only the keys a profile sets count, see constraints.split_requested); the profile says so in a comment.
+Shipped profiles live in ``onnx_npu_fix/config/profiles/*.toml`` (one file per target, file stem = name). A
+constraint the source leaves unknown is simply absent, so FixOptions' default drives the passes (but is no
+constraint of the target: only the keys a profile sets count, see constraints.split_requested); the profile says
+so in a comment.
 Precedence when building the options of a run: FixOptions defaults < profile < options given on the command line
 (``apply_target``).
 """
@@ -36,8 +37,8 @@ from typing import Any
 
 import onnx.defs
 
+from onnx_npu_fix.config.options import CHOICES, LIST_CHOICES, MINIMUM, FixOptions
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.options import CHOICES, LIST_CHOICES, MINIMUM, FixOptions
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -334,8 +335,8 @@ def load_target_file(path: str | Path) -> TargetProfile:
 
 
 def _shipped_files() -> dict[str, Any]:
-    """name -> Traversable of every shipped profile (package data onnx_npu_fix/targets/*.toml)."""
-    folder = resources.files("onnx_npu_fix") / "targets"
+    """name -> Traversable of every shipped profile (package data onnx_npu_fix/config/profiles/*.toml)."""
+    folder = resources.files("onnx_npu_fix.config") / "profiles"
     if not folder.is_dir():  # pragma: no cover - a broken install
         return {}
     return {

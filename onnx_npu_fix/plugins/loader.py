@@ -1,7 +1,7 @@
 """Passes from outside npufix: installed packages, ``--plugin`` specs, and where they go in the order.
 
 Deployment engineers keep vendor-specific rewrites of their own. A plugin pass is a :class:`~.passes.base.Pass`
-subclass (or a graphsurgeon function wrapped by :func:`onnx_npu_fix.gs_adapter.graphsurgeon_pass`); the pass
+subclass (or a graphsurgeon function wrapped by :func:`onnx_npu_fix.plugins.graphsurgeon.graphsurgeon_pass`); the pass
 manager validates it, rolls it back and reports it exactly like a built-in pass. Two ways in:
 
 - ``--plugin SPEC`` (repeatable): ``package.module:Name``, ``path/to/file.py:Name``, or ``path/to/file.py``
@@ -110,7 +110,7 @@ def as_pass_class(obj: Any, origin: str) -> type[Pass]:
     if not _is_pass_class(obj):
         kind = type(obj).__name__
         raise InputError(f"{origin} is a {kind}, not a pass: subclass onnx_npu_fix.Pass, or wrap a graphsurgeon "
-                         f"function with onnx_npu_fix.gs_adapter.graphsurgeon_pass")
+                         f"function with onnx_npu_fix.plugins.graphsurgeon.graphsurgeon_pass")
     name = getattr(obj, "name", None)
     if not isinstance(name, str) or not _NAME.match(name):
         raise InputError(f"{origin}: the pass needs a class attribute name in lower-case-with-dashes "

@@ -17,7 +17,8 @@ from typing import Any
 
 import onnx
 
-from onnx_npu_fix.graph import GraphIndex, has_subgraphs, node_macs, payload_bytes, subgraphs
+from onnx_npu_fix.ir.graph import GraphIndex, has_subgraphs, node_macs, payload_bytes, subgraphs
+from onnx_npu_fix.ir.ops import is_default_domain
 
 DETAIL_MAX_NODES = 20000
 
@@ -46,7 +47,7 @@ class Cost:
 
 def model_cost(model: onnx.ModelProto, act_bytes: int = 1, index: GraphIndex | None = None) -> Cost:
     """The cost of ``model`` (shapes must be inferred, as the pass manager leaves them)."""
-    from onnx_npu_fix.memory import estimate_index
+    from onnx_npu_fix.analysis.memory import estimate_index
 
     nodes = model.graph.node
     detail = len(nodes) <= DETAIL_MAX_NODES
@@ -55,7 +56,7 @@ def model_cost(model: onnx.ModelProto, act_bytes: int = 1, index: GraphIndex | N
     ops: dict[str, int] = {}
     macs = 0
     for node in nodes:
-        op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        op = node.op_type if is_default_domain(node) else f"{node.domain}.{node.op_type}"
         ops[op] = ops.get(op, 0) + 1
         if detail and op in ("Conv", "ConvTranspose"):
             macs += node_macs(index, node)
@@ -65,7 +66,7 @@ def model_cost(model: onnx.ModelProto, act_bytes: int = 1, index: GraphIndex | N
         body = bodies.pop()
         weights += sum(payload_bytes(t) for t in body.initializer)
         for node in body.node:
-            op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+            op = node.op_type if is_default_domain(node) else f"{node.domain}.{node.op_type}"
             ops[op] = ops.get(op, 0) + 1
             if has_subgraphs(node):
                 bodies.extend(subgraphs(node))
@@ -90,7 +91,7 @@ def _change(old: int | None, new: int | None, fmt) -> str:
 
 def render_cost(before: Cost, after: Cost) -> list[str]:
     """Summary lines (stderr, shown without -v): what the model costs before -> after the fix."""
-    from onnx_npu_fix.memory import format_bytes
+    from onnx_npu_fix.analysis.memory import format_bytes
 
     def count(n: int) -> str:
         return f"{n:,}"

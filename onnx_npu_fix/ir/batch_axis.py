@@ -23,7 +23,8 @@ from collections.abc import Container
 
 import onnx
 
-from onnx_npu_fix.graph import GraphIndex, Shape, get_attr
+from onnx_npu_fix.ir.graph import GraphIndex, Shape, get_attr
+from onnx_npu_fix.ir.ops import is_default_domain
 
 BATCH_DEFINING = frozenset({
     "Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool", "GlobalAveragePool",
@@ -43,7 +44,6 @@ _AXIS_OPS = frozenset({"Softmax", "LogSoftmax", "Hardmax", "Concat", "Split", "G
                        "ArgMax", "ArgMin", "CumSum", "LayerNormalization", "Flatten"})
 _SIZE_KEEPING = frozenset({"Reshape", "Slice", "Pad", "Resize", "Upsample", "Expand", "Tile"})
 _REDUCE_PREFIX = "Reduce"
-_STANDARD = ("", "ai.onnx")
 
 
 def batch_tensors(index: GraphIndex) -> tuple[set[str], set[str]]:
@@ -70,7 +70,7 @@ def _trace_nodes(nodes, origin: dict[str, frozenset[str]], sources: set[str], in
     An If's branches read outer tensors by name: they are traced in place, and an If output keeps the batch
     when a branch output it comes from does (exported audio models pick their Conv stack by sample rate)."""
     for node in nodes:
-        if node.domain not in _STANDARD:
+        if not is_default_domain(node):
             continue
         if node.op_type == "If":
             branches = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]

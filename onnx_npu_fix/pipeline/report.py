@@ -6,21 +6,16 @@ freely, but bump the version when a documented field changes meaning or disappea
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import math
-import os
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from onnx_npu_fix.io.save import sha256_file
 from onnx_npu_fix.passes.base import Change, Rejection
-from onnx_npu_fix.validate import Comparison, quant_summary
+from onnx_npu_fix.pipeline.validate import Comparison, quant_summary
 
 REPORT_VERSION = 1
 
@@ -176,42 +171,6 @@ def render_pass_line(record: PassRecord) -> str:
 # --- the build record (README, "Build record") ---------------------------------------------------------
 
 
-def strict_json(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, ±inf, e.g. the error of an output that overflowed) replaced by
-    the string "nan" / "inf" / "-inf": the build record is strict JSON, which has no such numbers."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else ("nan" if value != value else ("inf" if value > 0 else "-inf"))
-    if isinstance(value, dict):
-        return {k: strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict_json(v) for v in value]
-    return value
-
-
-def dumps(data: Any, indent: int | None = 2) -> str:
-    """Strict JSON text (no NaN / Infinity tokens; numpy scalars and other objects as strings)."""
-    try:  # almost always: no non-finite number anywhere, and no walk over a record of 100k changes
-        return json.dumps(data, indent=indent, default=_json_default, allow_nan=False)
-    except ValueError:
-        return json.dumps(strict_json(data), indent=indent, default=_json_default, allow_nan=False)
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "item"):  # a numpy scalar
-        return strict_json(value.item())
-    return str(value)
-
-
-def sha256_file(path: str | None) -> str | None:
-    if path is None or not os.path.isfile(path):
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def build_record(model_path: str, output_path: str | None, options: Any, report: FixReport | None,
                  seconds: float, exit_code: int, checked: Any = None,
                  command: Sequence[str] | None = None, counted: Sequence[Any] | None = None,
@@ -225,7 +184,6 @@ def build_record(model_path: str, output_path: str | None, options: Any, report:
     from dataclasses import asdict
 
     from onnx_npu_fix import __version__
-
     record: dict[str, Any] = {
         "report_version": REPORT_VERSION,
         "npufix_version": __version__,
@@ -250,31 +208,6 @@ def build_record(model_path: str, output_path: str | None, options: Any, report:
     record["exempt"] = [v.to_json() for v in checked.exempt] if checked is not None else None
     record["memory"] = checked.memory.to_json() if checked is not None and checked.memory else None
     return record
-
-
-def current_umask() -> int:
-    """The process umask (read by setting and restoring it): files written through a temporary name get the mode
-    a plain open() would have given them."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_json(path: str, data: Any) -> None:
-    """Write strict JSON atomically: a uniquely named temporary file next to ``path`` (never a fixed name that
-    could be another file of the run), then a rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".npufix-", suffix=".json.tmp", dir=directory)
-    try:
-        with open(fd, "w", encoding="utf-8") as f:
-            f.write(dumps(data))
-            f.write("\n")
-        os.chmod(tmp, 0o666 & ~current_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 EXACT_ALTERNATIVE = {"resize-nearest": "--resize-mode exact"}

@@ -1,6 +1,6 @@
 """Constraint checking for ``--check`` and for the re-check after a fixing run: every violation, as data.
 
-Each check is driven by a :class:`~onnx_npu_fix.options.FixOptions` field and names the pass that would fix it
+Each check is driven by a :class:`~onnx_npu_fix.config.options.FixOptions` field and names the pass that would fix it
 (or ``None``: no pass fixes it). The checks, by ``constraint`` name (stable: they appear in the JSON report):
 
   shape-inference     onnx shape inference fails on the model                  -> no pass
@@ -27,7 +27,7 @@ Each check is driven by a :class:`~onnx_npu_fix.options.FixOptions` field and na
   control-flow        an If / Loop / Scan, unless ``allow_control_flow``       -> fold-constants when its condition
                       / trip count is constant; --freeze-input / --input-shape when a graph input decides it
 
-Channel counts come from the weight shape (:func:`onnx_npu_fix.ops.conv_channels`). A plain or depthwise conv must
+Channel counts come from the weight shape (:func:`onnx_npu_fix.ir.ops.conv_channels`). A plain or depthwise conv must
 have C and M aligned; a grouped conv (1 < group < C) must have its per-group counts aligned, since NPUs run it as
 ``group`` convs. Shape findings (unknown-shape, batch-one) are reported where they start, not again on every
 tensor downstream.
@@ -38,7 +38,7 @@ is in its plans — once per pass, only when a violation of its constraint exist
 fixes this" and the pass's rejection reason as the end of its message. tests/test_fixed_by.py checks the answers
 against the finds and against running the passes.
 
-Everything runs on a light copy with inferred shapes (:func:`onnx_npu_fix.memory.analysis_copy`); the caller's
+Everything runs on a light copy with inferred shapes (:func:`onnx_npu_fix.analysis.memory.analysis_copy`); the caller's
 model is never modified. One pass over the nodes with a GraphIndex, O(nodes + edges), plus the memory estimate,
 plus the responsible passes' finds when there is something to ask them.
 """
@@ -51,9 +51,7 @@ from typing import Any
 
 import onnx
 
-from onnx_npu_fix.batch_axis import batch_tensors
-from onnx_npu_fix.graph import GraphIndex, Shape, format_shape, get_attr, paused_gc
-from onnx_npu_fix.memory import (
+from onnx_npu_fix.analysis.memory import (
     MemoryEstimate,
     analysis_copy,
     constant_names,
@@ -61,8 +59,10 @@ from onnx_npu_fix.memory import (
     format_bytes,
     render_memory,
 )
-from onnx_npu_fix.ops import channels_follow_inputs, conv_channels
-from onnx_npu_fix.options import FixOptions
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.ir.batch_axis import batch_tensors
+from onnx_npu_fix.ir.graph import GraphIndex, Shape, format_shape, get_attr, paused_gc
+from onnx_npu_fix.ir.ops import CONTROL_FLOW_OPS, channels_follow_inputs, conv_channels, is_default_domain
 from onnx_npu_fix.passes.base import Found
 
 # How each constraint's limit reads in the one-line form ("<value> vs <limit>").
@@ -103,7 +103,6 @@ RESPONSIBLE: dict[Any, str] = {
 # Reshape, not the Reshape): the responsible pass fixes one when the violation is gone from its find's result.
 _JUDGED_BY_RESULT = frozenset({"unknown-shape", "dynamic-shape"})
 
-_STANDARD = ("", "ai.onnx")
 
 
 def _fmt(value: Any) -> str:
@@ -357,7 +356,7 @@ def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphInde
         if violation.constraint == "leftover-op":
             node = next((n for n in light.graph.node if n.name == violation.node), None)
             producer = index.producer.get(node.input[0]) if node is not None and node.input else None
-            if producer is not None and producer.op_type in _CONTROL_FLOW_OPS and producer.domain in _STANDARD:
+            if producer is not None and producer.op_type in CONTROL_FLOW_OPS and is_default_domain(producer):
                 # Behind an If / Loop output: cleanup (re-run by fold-constants) removes it once that folds.
                 violation.fixed_by = _control_flow_fix(index, producer)[0]
                 violation.message += f"; it goes once {producer.name} ({producer.op_type}) is folded"
@@ -403,13 +402,13 @@ def _check_graph_outputs(ctx: _Context) -> None:
         origin = _unknown_shape(ctx.index, producer, name, shape, ctx.const)
         ctx.found.append(Violation(name, "graph output", "dynamic-shape", format_shape(shape), "static",
                                    origin.fixed_by, f"{producer.name} ({producer.op_type}): {origin.message}"))
-        if origin.fixed_by == RESPONSIBLE["unknown-shape"] and producer.op_type not in _CONTROL_FLOW_OPS:
+        if origin.fixed_by == RESPONSIBLE["unknown-shape"] and producer.op_type not in CONTROL_FLOW_OPS:
             ctx.ask.append(ctx.found[-1])
 
 
 def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
     op, options = node.op_type, ctx.options
-    standard = node.domain in _STANDARD
+    standard = is_default_domain(node)
     if standard and op in ("Conv", "ConvTranspose"):
         _check_conv(ctx, node)
     elif op in ("QLinearConv", "ConvInteger"):
@@ -427,7 +426,7 @@ def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
     elif standard and op in ("Dropout", "Identity"):
         ctx.add_fixable(node, "leftover-op", "present", "removed",
                         "an inference no-op; vendor compilers may reject or mis-handle it")
-    if standard and op in _CONTROL_FLOW_OPS and not options.allow_control_flow:
+    if standard and op in CONTROL_FLOW_OPS and not options.allow_control_flow:
         _check_control_flow(ctx, node)
     if op in options.forbidden_ops and not _reported_as_op(op, options):
         why = "the target cannot run this op type"
@@ -441,10 +440,9 @@ def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
 def _reported_as_op(op: str, options: FixOptions) -> bool:
     """Already reported by a more specific check (avoid two lines for one node)."""
     return (op in ("Dropout", "Identity") or (op == "BatchNormalization" and not options.allow_batchnorm)
-            or (op in _CONTROL_FLOW_OPS and not options.allow_control_flow))
+            or (op in CONTROL_FLOW_OPS and not options.allow_control_flow))
 
 
-_CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 
 
 def _check_control_flow(ctx: _Context, node: onnx.NodeProto) -> None:
@@ -567,7 +565,7 @@ def _check_outputs(ctx: _Context, node: onnx.NodeProto) -> None:
             if used and not ctx.dynamic_in and out not in index.output_set and not any(
                     i and i not in const and not _static(index.shape(i)) for i in node.input):
                 ctx.found.append(_unknown_shape(index, node, out, shape, const))
-                if ctx.found[-1].fixed_by == RESPONSIBLE["unknown-shape"] and node.op_type not in _CONTROL_FLOW_OPS:
+                if ctx.found[-1].fixed_by == RESPONSIBLE["unknown-shape"] and node.op_type not in CONTROL_FLOW_OPS:
                     ctx.ask.append(ctx.found[-1])
             if shape is None:
                 continue
@@ -588,12 +586,12 @@ def _unknown_shape(index: GraphIndex, node: onnx.NodeProto, out: str, shape: Sha
                    const: set[str]) -> Violation:
     # A node that reads a computed constant (a Shape -> ... chain that inference could not see through) gets a
     # static shape once fold-constants turns that chain into an initializer; anything else is data-dependent.
-    if node.op_type in _CONTROL_FLOW_OPS and node.domain in _STANDARD:
+    if node.op_type in CONTROL_FLOW_OPS and is_default_domain(node):
         # The output of an If / Loop: static once fold-constants folds it, which may need a graph input frozen.
         fixed_by, why = _control_flow_fix(index, node)
         return Violation(node.name, node.op_type, "unknown-shape", format_shape(shape), "static", fixed_by,
                          f"shape of {out} is decided at run time by the {node.op_type}: {why}")
-    if node.domain in _STANDARD:
+    if is_default_domain(node):
         # Whether folding makes it static (a Shape chain inference could not see through) is fold-constants'
         # call: its find is asked (_ask_passes, judged by the result), not a copy of its rule here.
         return Violation(node.name, node.op_type, "unknown-shape", format_shape(shape), "static",
@@ -631,7 +629,7 @@ def _floor_text(memory: MemoryEstimate) -> str:
 
 def _floor_violation(memory: MemoryEstimate, model: onnx.ModelProto) -> Violation:
     """The largest layer alone is above the budget: name it and what input size (or tiling) would fit."""
-    from onnx_npu_fix.split import resolution_hint
+    from onnx_npu_fix.analysis.split import resolution_hint
 
     hint = resolution_hint(model, memory.sram_bytes, memory.act_bytes)
     return Violation(memory.floor_node or "(graph)", memory.floor_op or "(graph)", "sram-layer", memory.floor_bytes,

@@ -25,7 +25,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.graph import format_shape, shape_of_value_info
+from onnx_npu_fix.ir.graph import format_shape, shape_of_value_info
 
 _SHOWN_ELEMENTS = 16  # values up to this many elements go into the record as they are; larger ones as a SHA-256
 

@@ -34,7 +34,7 @@ from typing import Any
 import onnx
 
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.graph import (
+from onnx_npu_fix.ir.graph import (
     GraphIndex,
     Shape,
     all_known,
@@ -46,15 +46,13 @@ from onnx_npu_fix.graph import (
     shape_only_copy,
     subgraph_outer_inputs,
 )
+from onnx_npu_fix.ir.ops import RANDOM_OPS, SUBGRAPH_OPS, is_default_domain
 
 ASSUMPTIONS = (
     "estimate: nodes run one at a time in order; a tensor is live from its producer to its last consumer; "
     "no tiling, no in-place reuse, no padding or scratch buffers; weights and constants not counted"
 )
 
-# Nodes with no inputs that still produce data at run time (never constants).
-_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                     "Bernoulli"}
 
 
 # --- analysis copy ---------------------------------------------------------------------------------
@@ -127,12 +125,11 @@ class _Liveness:
         return self._succs
 
 
-_SUBGRAPH_OPS = {"If", "Loop", "Scan", "SequenceMap"}
 
 
 def _reads_subgraph(node: onnx.NodeProto) -> bool:
     # Only these standard ops carry graph attributes; skip the attribute walk for everything else.
-    if node.domain in ("", "ai.onnx") and node.op_type not in _SUBGRAPH_OPS:
+    if is_default_domain(node) and node.op_type not in SUBGRAPH_OPS:
         return False
     return has_subgraphs(node)
 
@@ -143,11 +140,11 @@ def constant_names(index: GraphIndex) -> set[str]:
     const = {name for name in index.initializers if name not in index.graph_inputs}
     for node in index.graph.node:
         op = node.op_type  # each field read builds a Python object: read once (100k nodes)
-        if op in ("Constant", "Shape", "Size") and node.domain in ("", "ai.onnx"):
+        if op in ("Constant", "Shape", "Size") and is_default_domain(node):
             const.update(o for o in node.output if o)
             continue
         inputs = node.input[:]
-        if (any(inputs) and all_known(inputs, const) and op not in _NONDETERMINISTIC
+        if (any(inputs) and all_known(inputs, const) and op not in RANDOM_OPS
                 and not _reads_subgraph(node)):
             const.update(o for o in node.output if o)
     return const

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from onnx_npu_fix.graph import GraphIndex, subgraphs
+from onnx_npu_fix.ir.graph import GraphIndex, subgraphs
+from onnx_npu_fix.ir.ops import is_default_domain
 
 
 @dataclass
@@ -94,7 +95,7 @@ def splice(body: onnx.GraphProto, bindings: dict[str, str], names: ModelNames, p
     """
     alias: dict[str, str] = {}
     for node in body.node:
-        if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.input and node.input[0]:
+        if node.op_type == "Identity" and is_default_domain(node) and node.input and node.input[0]:
             alias[node.output[0]] = node.input[0]
 
     def source(name: str) -> str:

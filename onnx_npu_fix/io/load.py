@@ -1,0 +1,137 @@
+"""Reading a model: the file, its external data, sparse initializers made dense, the onnx checker and the
+structural checks onnxruntime would otherwise fail on later. Every problem is an InputError with a one-line
+reason (exit 2)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx.external_data_helper
+from google.protobuf.message import DecodeError
+
+from onnx_npu_fix.errors import InputError, first_line
+from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes
+from onnx_npu_fix.ir.structure import structural_problem
+
+
+@dataclass
+class LoadedModel:
+    model: onnx.ModelProto
+    path: str
+    external_files: set[str]
+    """Absolute paths of the external data files the model was read from (empty for a self-contained file)."""
+    data: bytes | None = None
+    """The bytes read, for a self-contained file read with ``keep_bytes`` (None otherwise, or once
+    :func:`start_reference` took them)."""
+
+
+def load_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """Load and sanity-check an ONNX model (external data included). Raises InputError with a one-line reason."""
+    return read_model(path).model
+
+
+def read_model(path: str | os.PathLike, *, keep_bytes: bool = False) -> LoadedModel:
+    """:func:`load_model`, also saying which external data files the model came from. ``keep_bytes``: keep the
+    file's bytes in ``LoadedModel.data`` for :func:`start_reference` (which takes them over)."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, expected an .onnx file")
+    if os.path.getsize(path) == 0:
+        raise InputError(f"{path}: empty file, expected an ONNX model")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        model = onnx.ModelProto()
+        model.ParseFromString(raw)
+    except DecodeError as exc:
+        raise InputError(f"{path}: not an ONNX model (protobuf decode failed: {exc}); "
+                         f"was the file truncated?") from None
+    except FileNotFoundError as exc:
+        raise InputError(f"{path}: external data file missing ({exc.filename or exc}); "
+                         f"keep the .data file next to the model") from None
+    except Exception as exc:  # noqa: BLE001 - onnx raises many types for unreadable files
+        raise InputError(f"{path}: cannot load as ONNX ({type(exc).__name__}: {first_line(exc)})") from None
+    if not model.HasField("graph") or model.ir_version <= 0 or not model.opset_import:
+        raise InputError(f"{path}: not an ONNX model (no graph, IR version or opset); is it another protobuf?")
+    base_dir = os.path.dirname(os.path.abspath(path))
+    external = external_data_files(model, base_dir)
+    for location in sorted(external):
+        if not os.path.isfile(location):
+            raise InputError(f"{path}: external data file {location} is missing; keep the .data file next to "
+                             f"the model")
+    try:
+        if external:
+            names = {t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+            onnx.external_data_helper.load_external_data_for_model(model, base_dir)
+            _check_external_sizes(model, path, names)
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"{path}: cannot read external data ({type(exc).__name__}: {first_line(exc)})") from None
+    sparse = len(model.graph.sparse_initializer) > 0
+    densify_sparse_initializers(model)
+    if not model.graph.output:
+        raise InputError(f"{path}: the graph has no outputs; nothing to validate or fix")
+    try:
+        if not external and not sparse:
+            onnx.checker.check_model(raw)  # the bytes just read: no re-serialization of the model
+        elif approx_model_bytes(model) < TWO_GB:
+            onnx.checker.check_model(model)
+        else:
+            onnx.checker.check_model(path)
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"{path}: the model fails the onnx checker: {first_line(exc)}") from None
+    problem = structural_problem(model)
+    if problem:
+        raise InputError(f"{path}: invalid model: {problem}")
+    return LoadedModel(model, path, external, raw if keep_bytes and not external and not sparse else None)
+
+
+# 4-bit element types (onnx >= 1.16 / 1.18 name them; getattr keeps older onnx working).
+_PACKED_TYPES = frozenset(getattr(onnx.TensorProto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1")
+                          if hasattr(onnx.TensorProto, name))
+
+
+def _check_external_sizes(model: onnx.ModelProto, path: str, names: set[str]) -> None:
+    """Every tensor read from external data (``names``) holds as many bytes as its shape and type need (older onnx
+    versions read a truncated file silently, and the checker then says something unrelated)."""
+    for tensor in model.graph.initializer:
+        if tensor.name not in names or tensor.data_type in (0, onnx.TensorProto.STRING):
+            continue
+        if tensor.data_type in _PACKED_TYPES:  # two elements a byte: the size rule below does not apply
+            continue
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+        expected = int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+        if len(tensor.raw_data) < expected:
+            raise InputError(f"{path}: external data of tensor {tensor.name} is truncated ({len(tensor.raw_data)} "
+                             f"of {expected} bytes); keep the complete .data file next to the model")
+
+
+def external_data_files(model: onnx.ModelProto, base_dir: str) -> set[str]:
+    """Absolute paths of the external data files ``model``'s initializers refer to."""
+    files = set()
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    files.add(os.path.normpath(os.path.join(base_dir, entry.value)))
+    return files
+
+
+def densify_sparse_initializers(model: onnx.ModelProto) -> None:
+    """Replace sparse initializers by dense ones (shape inference and most compilers ignore sparse ones)."""
+    graph = model.graph
+    for sparse in graph.sparse_initializer:
+        values = onnx.numpy_helper.to_array(sparse.values)
+        indices = onnx.numpy_helper.to_array(sparse.indices).astype(np.int64)
+        dims = tuple(sparse.dims)
+        dense = np.zeros(int(np.prod(dims, dtype=np.int64)), dtype=values.dtype)
+        flat = indices if indices.ndim == 1 else np.ravel_multi_index(indices.T, dims)
+        dense[flat] = values
+        graph.initializer.append(onnx.numpy_helper.from_array(dense.reshape(dims), sparse.values.name))
+    del graph.sparse_initializer[:]

@@ -1,0 +1,87 @@
+"""The paths a run writes, checked before any work: never the input or a file it reads, never a directory, a
+device or an unwritable place."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from onnx_npu_fix.errors import InputError
+
+
+def check_output_path(output: str | os.PathLike, input_path: str | os.PathLike | None = None, *,
+                      protected: Iterable[str] = (), what: str = "-o") -> None:
+    """Fail early (before any work) when ``output`` cannot be written or would overwrite the input.
+
+    Protected: the input file and ``protected`` (its external data files, from :func:`read_model`). Refused:
+    empty paths, directories, existing non-regular files (a FIFO or device would be replaced by the atomic
+    rename), unwritable directories and names the file system cannot hold (probed by creating and removing a
+    file there).
+    """
+    output = os.fspath(output)
+    if not output:
+        raise InputError(f"{what}: empty path")
+    if output.endswith(("/", os.sep)):
+        raise InputError(f"{what} {output}: ends with a path separator, which names a directory; give a file path")
+    if what == "-o" and os.path.isdir(output + ".data"):
+        raise InputError(f"{what} {output}: {output}.data is a directory, and the external weights of the output "
+                         f"would be written there; remove it or choose another path")
+    guarded = set(protected)
+    if input_path is not None:
+        guarded.add(os.path.abspath(input_path))
+    for candidate in (output, output + ".data"):
+        for other in guarded:
+            if os.path.exists(candidate) and os.path.exists(other) and os.path.samefile(candidate, other):
+                raise InputError(f"{what} {output} is the input or its external data ({other}); npufix never "
+                                 f"modifies its input, choose another path")
+    directory = os.path.dirname(os.path.abspath(output))
+    if os.path.isdir(output):
+        raise InputError(f"{what} {output}: is a directory, expected a file path")
+    if os.path.lexists(output) and not os.path.isfile(output):
+        raise InputError(f"{what} {output}: exists and is not a regular file (a device or FIFO); choose a file path")
+    if not os.path.isdir(directory):
+        what_is = "is not a directory" if os.path.exists(directory) else "does not exist"
+        raise InputError(f"{what} {output}: directory {directory} {what_is}")
+    probe = os.path.join(directory, os.path.basename(output))
+    if not os.path.exists(probe):
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise InputError(f"{what} {output}: cannot write there ({exc.strerror})") from None
+    elif not os.access(probe, os.W_OK) or not os.access(directory, os.W_OK):
+        raise InputError(f"{what} {output}: not writable")
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b)):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_run_paths(input_path: str, output: str | None, report_path: str,
+                    external_files: Iterable[str] = ()) -> None:
+    """The report must be none of the files the run reads (the input, its external data) or writes (the output,
+    its ``.data``), and writable; checked before any work. The message names both paths."""
+    files = [(input_path, "the input model"), *((f, "the input's external data") for f in sorted(external_files))]
+    if output is not None:
+        files += [(output, "the output model"), (output + ".data", "the output's external data")]
+    for other, what in files:
+        if _same_file(report_path, other):
+            raise InputError(f"--report {report_path} is {what} ({other}); choose another path")
+    check_output_path(report_path, input_path, protected=external_files, what="--report")
+
+
+def check_split_dir(directory: str | os.PathLike) -> None:
+    """--split DIR must be a new or empty directory whose parent exists (checked before any work)."""
+    directory = os.fspath(directory)
+    if os.path.exists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
+        raise InputError(f"--split {directory}: exists and is not an empty directory; npufix does not overwrite "
+                         f"segments, choose a new directory or remove it")
+    parent = os.path.dirname(os.path.abspath(directory))
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise InputError(f"--split {directory}: parent directory {parent} does not exist or is not writable")
