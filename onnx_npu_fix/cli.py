@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from onnx_npu_fix import __version__
-from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.config.options import CHOICES, FixOptions
 from onnx_npu_fix.errors import (
     EXIT_INTERNAL,
     EXIT_SIGINT,
@@ -68,11 +68,16 @@ def _parse_input_shape(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
             parsed = tuple(int(d) for d in dims.split(",")) if sep and name else None
         except ValueError:
             parsed = None
-        if not parsed or any(d < 0 for d in parsed):
+        if not parsed:  # the dims' range is FixOptions' rule (options.check_value), as for a profile's
             raise click.BadParameter(f"'{value}' is not NAME:D1,D2,... (e.g. input:1,1,16000)",
                                      param_hint="--input-shape")
         shapes[name] = parsed
     return shapes
+
+
+def _choice(field_name: str) -> click.Choice:
+    """The values FixOptions accepts for ``field_name`` (options.CHOICES), as click's choice type."""
+    return click.Choice(list(CHOICES[field_name]))
 
 
 def _split_names(value: str | None) -> list[str] | None:
@@ -94,14 +99,14 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--dump-shapes", is_flag=True, help="Print every node's input and output shapes (stdout).")
 @click.option("--max-dilation", type=click.IntRange(min=1), default=None,
               help="Largest Conv dilation the NPU accepts; larger ones are rewritten by space-to-batch.")
-@click.option("--s2b-layout", type=click.Choice(["auto", "spatial", "channel", "batch"]), default="auto",
+@click.option("--s2b-layout", type=_choice("s2b_layout"), default="auto",
               show_default=True, help="Layout of the space-to-batch rewrite (dilated-conv).")
 @click.option("--align", type=click.IntRange(min=0), default=8, show_default=True,
               help="Conv channel alignment (0 disables align-channels).")
 @click.option("--align-io", is_flag=True, help="Also align graph-input channels inside the graph (a Pad node).")
-@click.option("--bn-standalone", type=click.Choice(["mul-add", "conv"]), default="mul-add", show_default=True,
+@click.option("--bn-standalone", type=_choice("bn_standalone"), default="mul-add", show_default=True,
               help="How a BatchNormalization with no Conv to fold into is lowered.")
-@click.option("--resize-mode", type=click.Choice(["nearest", "exact"]), default="nearest", show_default=True,
+@click.option("--resize-mode", type=_choice("resize_mode"), default="nearest", show_default=True,
               help="nearest: linear/cubic Resize becomes nearest (approximate, measured); exact: exact "
                    "ConvTranspose/MatMul forms where they exist.")
 @click.option("--max-approx-error", type=click.FloatRange(min=0), default=0.5, show_default=True,
@@ -132,7 +137,7 @@ def _split_names(value: str | None) -> list[str] | None:
               help="Absolute tolerance of exact passes (scaled by max(1, max|output|)).")
 @click.option("--quant-steps", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="Tolerance of outputs made by a DequantizeLinear, in their quantization steps.")
-@click.option("--validate", "validate_policy", type=click.Choice(["each", "final", "none"]), default="each",
+@click.option("--validate", "validate_policy", type=_choice("validate"), default="each",
               show_default=True, help="Validate after every changed pass, once at the end, or never.")
 @click.option("--no-validate", is_flag=True, help="Same as --validate none.")
 @click.option("--validation-data", type=click.Path(), default=None, metavar="FILE.npz|DIR",
@@ -157,7 +162,7 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="Write the build record (JSON) here.")
 # --- emission forms (issue 13): target facts a profile sets, overridable here ---
-@click.option("--remainder-pad", type=click.Choice(["concat", "pad4d", "pad"]), default="concat", show_default=True,
+@click.option("--remainder-pad", type=_choice("remainder_pad"), default="concat", show_default=True,
               help="How dilated-conv pads a remainder: Concat with zeros, a Pad on a 4-D view, or a plain Pad.")
 @click.option("--lift-conv1d/--no-lift-conv1d", default=False,
               help="Run 1-D Convs as 4-D ones ([B,C,1,L], kernel [1,K]) for compilers that want 4-D convs.")

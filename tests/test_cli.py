@@ -539,6 +539,30 @@ def test_an_option_named_like_its_field_needs_no_mapping():
     assert set(mapping) >= set(_OPTION_FIELDS)
 
 
+def test_choices_are_those_fixoptions_accepts():
+    """Every click.Choice of a FixOptions field lists options.CHOICES (not a copy that could drift), and every field
+    with CHOICES that is a command-line option is a click.Choice."""
+    import click
+
+    from onnx_npu_fix.cli import _option_fields
+    from onnx_npu_fix.config.options import CHOICES
+
+    fields = _option_fields({p.name: None for p in main.params})
+    choices = {fields[p.name]: list(p.type.choices) for p in main.params
+               if isinstance(p.type, click.Choice) and p.name in fields}
+    assert choices == {name: list(values) for name, values in CHOICES.items() if name in fields.values()}
+    assert set(choices) == {"s2b_layout", "bn_standalone", "resize_mode", "validate", "remainder_pad"}
+
+
+def test_a_zero_dimension_is_refused_with_fixoptions_message(tmp_path, fixture_path):
+    """--input-shape only parses NAME:D1,...; the dims' range is FixOptions' rule, with its message."""
+    result = invoke(fixture_path("tcn_dynamic.onnx"), "-o", tmp_path / "o.onnx", "--input-shape", "mix:1,0,300")
+    assert result.exit_code == 2, result.output
+    assert "--input-shape" in result.output and "input_shapes: input 'mix' has a dimension < 1: [1, 0, 300]" \
+        in result.output
+    assert not (tmp_path / "o.onnx").exists()
+
+
 def test_a_pass_that_crashes_is_a_failed_pass(tmp_path, fixture_path, monkeypatch):
     from onnx_npu_fix.passes.cleanup import CleanupPass
 

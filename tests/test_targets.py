@@ -13,10 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.config.options import KINDS, FixOptions, field_kind
 from onnx_npu_fix.config.targets import (
     TargetProfile,
-    _field_kind,
     apply_target,
     list_targets,
     load_target,
@@ -128,10 +127,98 @@ def test_emission_keys_are_checked(tmp_path, content, message):
 
 
 def test_every_fixoptions_field_can_be_set_from_a_profile():
-    """A field added to FixOptions with a type targets.py does not know would be unusable in profiles."""
+    """A field added to FixOptions with a type the validator does not know would be unusable in profiles."""
     for f in dataclasses.fields(FixOptions):
-        kind, _ = _field_kind(f.type)
-        assert kind is not None, f"targets.py cannot read FixOptions.{f.name}: {f.type}"
+        kind, _ = field_kind(f.type)
+        assert kind in KINDS, f"options.check_value has no rules for FixOptions.{f.name}: {f.type}"
+
+
+# --- one validator: a value is refused by FixOptions and by a profile alike, with the same message ------------
+
+# (field, the value from Python, the same value in TOML, the message both give): one or more per kind of field.
+REFUSED_BOTH_WAYS = [
+    ("batch_one", 1, "batch_one = 1", "batch_one must be true or false, got integer 1"),
+    ("max_dilation", 0, "max_dilation = 0", "max_dilation must be >= 1, got 0"),
+    ("max_dilation", "4", 'max_dilation = "4"', "max_dilation must be an integer, got string '4'"),
+    ("max_dilation", 2.0, "max_dilation = 2.0", "max_dilation must be an integer, got float 2.0"),
+    ("sram_bytes", -1, "sram_bytes = -1", "sram_bytes must be >= 0, got -1"),
+    ("rtol", -1.0, "rtol = -1.0", "rtol must be >= 0, got -1.0"),
+    ("rtol", float("nan"), "rtol = nan", "rtol must be a finite number, got nan"),
+    ("max_approx_error", "big", 'max_approx_error = "big"', "max_approx_error must be a number, got string 'big'"),
+    ("resize_mode", "bilinear", 'resize_mode = "bilinear"', "resize_mode must be one of nearest, exact, got "
+                                                             "'bilinear'"),
+    ("validation_data", 3, "validation_data = 3", "validation_data must be a string, got integer 3"),
+    ("allowed_dilations", [0, 1], "allowed_dilations = [0, 1]", "allowed_dilations must be >= 1, got [0, 1]"),
+    ("allowed_dilations", [1, "2"], 'allowed_dilations = [1, "2"]',
+     "allowed_dilations must be a list of integers, got list [1, '2']"),
+    ("allowed_dilations", 4, "allowed_dilations = 4", "allowed_dilations must be a list of integers, got integer 4"),
+    ("s2b_layouts", ["spatial", "diagonal"], 's2b_layouts = ["spatial", "diagonal"]',
+     "s2b_layouts values must be among spatial, channel, batch, got 'diagonal'"),
+    ("forbidden_ops", ["Prelu"], 'forbidden_ops = ["Prelu"]',
+     "forbidden_ops: 'Prelu' is not an ONNX op type (did you mean 'PRelu'?)"),
+    ("forbidden_ops", "PRelu", 'forbidden_ops = "PRelu"', "forbidden_ops must be a list of strings, got string "
+                                                           "'PRelu'"),
+    # A zero dimension is no usable shape: FixOptions accepted it while a profile refused it (issue 20).
+    ("input_shapes", {"x": [0, 3]}, "input_shapes = { x = [0, 3] }",
+     "input_shapes: input 'x' has a dimension < 1: [0, 3]"),
+    ("input_shapes", {"x": [1, -2]}, "input_shapes = { x = [1, -2] }",
+     "input_shapes: input 'x' has a dimension < 1: [1, -2]"),
+    ("input_shapes", {"x": "1,3"}, 'input_shapes = { x = "1,3" }',
+     "input_shapes: input 'x' must map to a list of integers, got '1,3'"),
+    ("input_shapes", [1, 3], "input_shapes = [1, 3]",
+     "input_shapes must be a mapping of input name to dims, got list [1, 3]"),
+    ("freeze_inputs", "sr=16000", 'freeze_inputs = "sr=16000"',
+     "freeze_inputs must be a mapping of strings, got string 'sr=16000'"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "toml", "message"), REFUSED_BOTH_WAYS,
+                         ids=[f"{case[0]}-{i}" for i, case in enumerate(REFUSED_BOTH_WAYS)])
+def test_fixoptions_and_profiles_refuse_the_same_values_alike(field, value, toml, message):
+    from onnx_npu_fix.config.targets import parse_profile
+    from onnx_npu_fix.errors import OptionError
+
+    with pytest.raises(OptionError) as direct:
+        FixOptions(**{field: value})
+    assert str(direct.value) == message and direct.value.field == field
+    with pytest.raises(InputError) as profile:
+        parse_profile(f"[constraints]\n{toml}\n", where="p.toml", default_name="p")
+    assert str(profile.value) == f"target profile p.toml: [constraints] {message}"
+
+
+# (field, the value from Python, the same value in TOML, the FixOptions value both give)
+ACCEPTED_BOTH_WAYS = [
+    ("batch_one", True, "batch_one = true", True),
+    ("max_dilation", 4, "max_dilation = 4", 4),
+    ("rtol", 1, "rtol = 1", 1.0),
+    ("remainder_pad", "pad4d", 'remainder_pad = "pad4d"', "pad4d"),
+    ("allowed_dilations", [1, 2, 4], "allowed_dilations = [1, 2, 4]", (1, 2, 4)),
+    ("s2b_layouts", ["spatial"], 's2b_layouts = ["spatial"]', ("spatial",)),
+    ("forbidden_ops", ["PRelu", "Gather"], 'forbidden_ops = ["PRelu", "Gather"]', ("PRelu", "Gather")),
+    ("input_shapes", {"x": [1, 3]}, "input_shapes = { x = [1, 3] }", {"x": (1, 3)}),
+    ("freeze_inputs", {"sr": "16000"}, 'freeze_inputs = { sr = "16000" }', {"sr": "16000"}),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "toml", "expected"), ACCEPTED_BOTH_WAYS)
+def test_fixoptions_and_profiles_accept_the_same_values_alike(field, value, toml, expected):
+    from onnx_npu_fix.config.targets import parse_profile
+
+    direct = getattr(FixOptions(**{field: value}), field)
+    profile = parse_profile(f"[constraints]\n{toml}\n", where="p.toml", default_name="p").constraints[field]
+    assert direct == profile == expected
+    assert type(direct) is type(profile) is type(expected)
+
+
+def test_profile_sizes_and_typed_freeze_values_are_converted_before_the_check():
+    """What only TOML needs converting: a size with a unit, a frozen value TOML typed as a number or a list."""
+    from onnx_npu_fix.config.targets import parse_profile
+
+    profile = parse_profile('[constraints]\nsram_bytes = "384KiB"\nfreeze_inputs = { sr = 16000, w = [1, 2] }\n',
+                            where="p.toml", default_name="p")
+    assert profile.constraints == {"sram_bytes": 384 << 10, "freeze_inputs": {"sr": "16000", "w": "[1, 2]"}}
+    with pytest.raises(InputError, match=re.escape("[constraints] sram_bytes cannot read '384KB' as a size")):
+        parse_profile('[constraints]\nsram_bytes = "384KB"\n', where="p.toml", default_name="p")
 
 
 @pytest.mark.parametrize("spelling", ["K210", "k210", " k210 ", "Ethos_U55", "MSTAR-IPU"])
@@ -233,12 +320,12 @@ BAD_PROFILES = [
     ("[constraints]\nbatch_one = 1\n", "batch_one must be true or false, got integer"),
     ("[constraints]\nallowed_dilations = [1, \"2\"]\n", "allowed_dilations must be a list of integers"),
     ("[constraints]\nallowed_dilations = 4\n", "allowed_dilations must be a list of integers"),
-    ("[constraints]\nallowed_dilations = [0, 1]\n", "values must be >= 1"),
+    ("[constraints]\nallowed_dilations = [0, 1]\n", "allowed_dilations must be >= 1, got [0, 1]"),
     ("[constraints]\nresize_mode = \"bilinear\"\n", "resize_mode must be one of nearest, exact"),
     ("[constraints]\nforbidden_ops = [\"Prelu\"]\n", "'Prelu' is not an ONNX op type (did you mean 'PRelu'?)"),
     ("[constraints]\nforbidden_ops = \"PRelu\"\n", "forbidden_ops must be a list of strings"),
     ("[constraints]\nsram_bytes = \"384KB\"\n", "binary unit"),
-    ("[constraints]\nsram_bytes = -1\n", "cannot be negative"),
+    ("[constraints]\nsram_bytes = -1\n", "sram_bytes must be >= 0, got -1"),
     ("[constraints]\nmax_approx_error = \"big\"\n", "max_approx_error must be a number"),
     ("[constraints]\ninput_shapes = { x = [1, 0] }\n", "dimension < 1"),
     ("[constraint]\nalign = 8\n", "unknown table [constraint]"),

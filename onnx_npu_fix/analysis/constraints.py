@@ -1,38 +1,17 @@
 """Constraint checking for ``--check`` and for the re-check after a fixing run: every violation, as data.
 
 Each check is driven by a :class:`~onnx_npu_fix.config.options.FixOptions` field and names the pass that would fix it
-(or ``None``: no pass fixes it). The checks, by ``constraint`` name (stable: they appear in the JSON report):
-
-  shape-inference     onnx shape inference fails on the model                  -> no pass
-  dynamic-shape       a graph input/output dim is not a static integer         -> --input-shape / fold-constants
-  unknown-shape       an intermediate shape is unknown although inputs are static  -> fold-constants
-  dilation            Conv dilation above ``max_dilation``                     -> dilated-conv
-  dilation-allowed    Conv dilation not 1 and not in ``allowed_dilations``     -> dilated-conv
-  in-channels-align   Conv/ConvTranspose input channels not a multiple of ``align``  -> align-channels
-                      (channels a graph input fixes, even through Relu/pooling/...: only with ``align_io``)
-  out-channels-align  ... output channels (padded, sliced back where the real tensor is read) -> align-channels
-  concat-align        Concat input channels not a multiple of ``concat_align`` -> align-channels where its
-                      padding makes them multiples; else no pass
-  batchnorm           a BatchNormalization, unless ``allow_batchnorm``         -> fold-batchnorm
-  resize-mode         Resize/Upsample not nearest (``require_nearest_resize``) -> resize-nearest
-  max-rank            an activation of rank above ``max_rank``                 -> no pass
-  batch-one           batch above 1, where it starts (``batch_one``); only on tensors whose axis 0 is traced
-                      to a graph input's batch (batch_axis.py), never an arbitrary axis 0  -> no pass
-  forbidden-op        an op type in ``forbidden_ops``                          -> no pass
-  leftover-op         a Dropout / Identity still in the graph                  -> cleanup (fold-constants behind
-                      a foldable If / Loop)
-  max-kernel          Conv kernel extent above ``max_kernel``                  -> no pass
-  max-stride          Conv stride above ``max_stride``                         -> no pass
-  sram                estimated activation peak above ``sram_bytes``           -> reorder-memory if it then fits
-  control-flow        an If / Loop / Scan, unless ``allow_control_flow``       -> fold-constants when its condition
-                      / trip count is constant; --freeze-input / --input-shape when a graph input decides it
+(or ``None``: no pass fixes it). Everything about a constraint but its check is one row of ``CONSTRAINT_TABLE``
+(name, limit text, the options that ask for it, the responsible pass, its documentation); ``LIMIT_TEXT``,
+``RESPONSIBLE`` and ``ASKED_BY`` are derived from it, and so is the list that ends this docstring and the README's
+check-mode table (tested).
 
 Channel counts come from the weight shape (:func:`onnx_npu_fix.ir.ops.conv_channels`). A plain or depthwise conv must
 have C and M aligned; a grouped conv (1 < group < C) must have its per-group counts aligned, since NPUs run it as
 ``group`` convs. Shape findings (unknown-shape, batch-one) are reported where they start, not again on every
 tensor downstream.
 
-Which pass fixes a violation is not decided here: ``RESPONSIBLE`` says which pass is responsible for which
+Which pass fixes a violation is not decided here: the table says which pass is responsible for which
 constraint, and :func:`_ask_passes` asks that pass's read-only ``find`` (passes/base.py) whether the violating node
 is in its plans — once per pass, only when a violation of its constraint exists. A refused node gets "no pass
 fixes this" and the pass's rejection reason as the end of its message. tests/test_fixed_by.py checks the answers
@@ -41,10 +20,15 @@ against the finds and against running the passes.
 Everything runs on a light copy with inferred shapes (:func:`onnx_npu_fix.analysis.memory.analysis_copy`); the caller's
 model is never modified. One pass over the nodes with a GraphIndex, O(nodes + edges), plus the memory estimate,
 plus the responsible passes' finds when there is something to ask them.
+
+The constraints by ``constraint`` name (stable: they appear in the JSON report), what violates each -> what fixes
+it (appended from ``CONSTRAINT_TABLE`` at import):
+
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,44 +49,135 @@ from onnx_npu_fix.ir.graph import GraphIndex, Shape, format_shape, get_attr, pau
 from onnx_npu_fix.ir.ops import CONTROL_FLOW_OPS, channels_follow_inputs, conv_channels, is_default_domain
 from onnx_npu_fix.passes.base import Found
 
-# How each constraint's limit reads in the one-line form ("<value> vs <limit>").
-LIMIT_TEXT: dict[str, str] = {
-    "shape-inference": "{}",
-    "dynamic-shape": "{}",
-    "unknown-shape": "{}",
-    "dilation": "max {}",
-    "dilation-allowed": "allowed {}",
-    "in-channels-align": "multiple of {}",
-    "out-channels-align": "multiple of {}",
-    "concat-align": "multiples of {}",
-    "batchnorm": "{}",
-    "resize-mode": "{}",
-    "max-rank": "max {}",
-    "batch-one": "max {}",
-    "forbidden-op": "forbidden {}",
-    "leftover-op": "{}",
-    "max-kernel": "max {}",
-    "max-stride": "max {}",
-    "sram": "SRAM {}",
-    "control-flow": "{}",
-    "sram-layer": "SRAM {}",
-}
-CONSTRAINTS: tuple[str, ...] = tuple(LIMIT_TEXT)
 
-# Which pass is responsible for which constraint: the one table. Whether it fixes a given violation is not decided
-# here but asked from that pass's read-only find (:func:`_ask_passes`); a key (constraint, op type) narrows a
-# constraint to one op. Constraints not in the table name an option (--input-shape, --freeze-input), no pass, or
-# a pass from that pass's own module (fold-constants.control_flow_fix; reorder-memory from memory.order_plan).
+@dataclass(frozen=True)
+class Constraint:
+    """One constraint ``--check`` reports: every fact about it but its check (``_check_*`` below), in one row."""
+
+    name: str
+    """Stable: it appears in the one-line text and in the JSON report."""
+    limit: str
+    """How its limit reads in the one-line form (``<value> vs <limit>``): a format with one ``{}``."""
+    asked_by: tuple[str, ...]
+    """The FixOptions fields that ask for it (:func:`split_requested`); none: it counts under any target."""
+    responsible: str | None
+    """The pass responsible for it, whose read-only find is asked whether it fixes a violation (:func:`_ask_passes`);
+    None: no pass, or what fixes it is decided where it is found (an option, control_flow_fix, memory.order_plan)."""
+    violated_when: str
+    """When it is violated (markdown): the README's check-mode table and this module's docstring."""
+    fixed_by: str
+    """What fixes it (markdown), for the same table."""
+    responsible_ops: tuple[str, ...] = ()
+    """When set, ``responsible`` is responsible only for violations at these op types."""
+    judged_by_result: bool = False
+    """Its fix happens upstream of the violating node (fold-constants folds the Shape chain feeding a Reshape, not
+    the Reshape): the responsible pass fixes one when the violation is gone from its find's result."""
+
+
+# The one table of constraints: adding one is a row here, its check below, a test and the README row
+# (tests/test_constraints.py compares the README's check-mode table with this one).
+CONSTRAINT_TABLE: tuple[Constraint, ...] = (
+    Constraint("shape-inference", "{}", (), None,
+               "onnx shape inference fails on the model",
+               "none (the vendor compiler will likely fail too)"),
+    Constraint("dynamic-shape", "{}", (), None,
+               "a graph input/output dim is not a static integer",
+               "`--input-shape`; for an output whose unknown shape starts at its producer, what fixes that "
+               "(see `unknown-shape`)", judged_by_result=True),
+    Constraint("unknown-shape", "{}", (), "fold-constants",
+               "an intermediate shape is unknown although the graph inputs are static (reported where it starts)",
+               "fold-constants when folding makes it static; behind an If / Loop, what folds that (see "
+               "`control-flow`); else none", judged_by_result=True),
+    Constraint("dilation", "max {}", ("max_dilation",), "dilated-conv",
+               "a Conv dilation above `--max-dilation`",
+               "dilated-conv (not for ConvTranspose / QOperator convs)"),
+    Constraint("dilation-allowed", "allowed {}", ("allowed_dilations",), "dilated-conv",
+               "a Conv dilation not 1 and outside the target's `allowed_dilations`",
+               "dilated-conv (not for ConvTranspose / QOperator convs)"),
+    Constraint("in-channels-align", "multiple of {}", ("align",), "align-channels",
+               "Conv / ConvTranspose input channels (per group) not a multiple of `--align`",
+               "align-channels (channels a graph input fixes, even through Relu / pooling, are *exempt* unless "
+               "`--align-io`; weights neither constant nor a QDQ weight it pads, and QOperator convs: none, with "
+               "its reason)"),
+    Constraint("out-channels-align", "multiple of {}", ("align",), "align-channels",
+               "Conv / ConvTranspose output channels (per group) not a multiple of `--align`",
+               "align-channels (padded, sliced back where the real tensor is read; a depthwise conv's that follow "
+               "a graph input are *exempt* unless `--align-io`)"),
+    Constraint("concat-align", "multiples of {}", ("concat_align",), "align-channels",
+               "a Concat input's channels not a multiple of the target's `concat_align`",
+               "align-channels where its padding makes them multiples, else none"),
+    Constraint("batchnorm", "{}", ("allow_batchnorm",), "fold-batchnorm",
+               "a BatchNormalization remains (unless `allow_batchnorm`)",
+               "fold-batchnorm"),
+    Constraint("resize-mode", "{}", ("require_nearest_resize",), "resize-nearest",
+               "a Resize / Upsample not in nearest mode (`require_nearest_resize`)",
+               "resize-nearest"),
+    Constraint("max-rank", "max {}", ("max_rank",), None,
+               "a graph input or activation of rank above `--max-rank`",
+               "none"),
+    Constraint("batch-one", "max {}", ("batch_one",), None,
+               "batch above 1 where it starts (`batch_one`), only on tensors whose axis 0 is traced to a graph "
+               "input's batch (`ir/batch_axis.py`)",
+               "none"),
+    Constraint("forbidden-op", "forbidden {}", ("forbidden_ops",), "fold-batchnorm",
+               "an op type in the target's `forbidden_ops`",
+               "fold-batchnorm for a BatchNormalization, else none", responsible_ops=("BatchNormalization",)),
+    Constraint("leftover-op", "{}", (), "cleanup",
+               "a Dropout / Identity remains",
+               "cleanup (behind a foldable If / Loop: fold-constants, which re-runs it)"),
+    Constraint("max-kernel", "max {}", ("max_kernel",), None,
+               "a Conv kernel extent above the target's `max_kernel`",
+               "none"),
+    Constraint("max-stride", "max {}", ("max_stride",), None,
+               "a Conv stride above the target's `max_stride`",
+               "none"),
+    Constraint("sram", "SRAM {}", ("sram_bytes",), None,
+               "the estimated activation peak exceeds `--sram`",
+               "reorder-memory if a reordering fits, else `--split` when every layer fits, else none"),
+    Constraint("control-flow", "{}", ("allow_control_flow",), None,
+               "an If / Loop / Scan remains and the target forbids control flow (`allow_control_flow = false`)",
+               "fold-constants when its condition / trip count is constant; `--freeze-input NAME=<value>` / "
+               "`--input-shape` naming the graph input that decides it; else none"),
+    Constraint("sram-layer", "SRAM {}", ("sram_bytes",), None,
+               "one node's activation inputs plus outputs alone exceed `--sram`: no order or split can fit it",
+               "none — the line names the layer and says what would fit: the largest input size at which the "
+               "whole model (or, with `--split`, every layer) fits, or the number of spatial tiles"),
+)
+CONSTRAINT: dict[str, Constraint] = {c.name: c for c in CONSTRAINT_TABLE}
+CONSTRAINTS: tuple[str, ...] = tuple(CONSTRAINT)
+
+# Lookups derived from the table, by the names the checks and callers use.
+LIMIT_TEXT: dict[str, str] = {c.name: c.limit for c in CONSTRAINT_TABLE}
+"""How each constraint's limit reads in the one-line form (``<value> vs <limit>``)."""
 RESPONSIBLE: dict[Any, str] = {
-    "dilation": "dilated-conv", "dilation-allowed": "dilated-conv",
-    "in-channels-align": "align-channels", "out-channels-align": "align-channels", "concat-align": "align-channels",
-    "batchnorm": "fold-batchnorm", ("forbidden-op", "BatchNormalization"): "fold-batchnorm",
-    "resize-mode": "resize-nearest", "leftover-op": "cleanup", "unknown-shape": "fold-constants",
+    **{c.name: c.responsible for c in CONSTRAINT_TABLE if c.responsible and not c.responsible_ops},
+    **{(c.name, op): c.responsible for c in CONSTRAINT_TABLE if c.responsible for op in c.responsible_ops},
 }
-# Constraints whose fix happens upstream of the violating node (fold-constants folds the Shape chain feeding a
-# Reshape, not the Reshape): the responsible pass fixes one when the violation is gone from its find's result.
-_JUDGED_BY_RESULT = frozenset({"unknown-shape", "dynamic-shape"})
+"""Which pass is responsible for which constraint (a key (constraint, op type) narrows one to an op). Whether it
+fixes a given violation is not decided here but asked from that pass's read-only find (:func:`_ask_passes`)."""
+ASKED_BY: dict[str, tuple[str, ...]] = {c.name: c.asked_by for c in CONSTRAINT_TABLE}
+"""The FixOptions fields that ask for each constraint (:func:`split_requested`)."""
+_JUDGED_BY_RESULT = frozenset(c.name for c in CONSTRAINT_TABLE if c.judged_by_result)
 
+
+def markdown_table() -> str:
+    """The README's check-mode table (constraint, violated when, fixed by), one row per constraint."""
+    rows = ["| constraint | violated when | fixed by |", "|---|---|---|"]
+    rows += [f"| `{c.name}` | {c.violated_when} | {c.fixed_by} |" for c in CONSTRAINT_TABLE]
+    return "\n".join(rows)
+
+
+def _docstring_list() -> str:
+    """The table as the plain-text list this module's docstring ends with."""
+    lines = []
+    for c in CONSTRAINT_TABLE:
+        text = f"{c.name:<19} {c.violated_when} -> {c.fixed_by}".replace("`", "")
+        lines += textwrap.wrap(text, 116, initial_indent="  ", subsequent_indent=" " * 22)
+    return "\n".join(lines)
+
+
+if __doc__:  # None under python -OO
+    __doc__ += _docstring_list() + "\n"
 
 
 def _fmt(value: Any) -> str:
@@ -709,19 +784,9 @@ def render_check(report: CheckReport) -> str:
 
 # --- which constraints count --------------------------------------------------------------------------
 
-# The FixOptions fields that ask for each constraint. A constraint counts when one of its fields was requested
-# (FixOptions.requested: by a target or an explicit option); the ones without a field of their own count under
-# any target. Built-in defaults (align 8, nearest Resize, no BatchNormalization) drive the passes but are not
-# constraints unless asked for.
-ASKED_BY: dict[str, tuple[str, ...]] = {
-    "dilation": ("max_dilation",), "dilation-allowed": ("allowed_dilations",),
-    "in-channels-align": ("align",), "out-channels-align": ("align",), "concat-align": ("concat_align",),
-    "batchnorm": ("allow_batchnorm",), "resize-mode": ("require_nearest_resize",), "max-rank": ("max_rank",),
-    "batch-one": ("batch_one",), "forbidden-op": ("forbidden_ops",), "max-kernel": ("max_kernel",),
-    "max-stride": ("max_stride",), "sram": ("sram_bytes",), "sram-layer": ("sram_bytes",),
-    "control-flow": ("allow_control_flow",),
-    "shape-inference": (), "dynamic-shape": (), "unknown-shape": (), "leftover-op": (),
-}
+# A constraint counts when one of its ``asked_by`` fields was requested (FixOptions.requested: by a target or an
+# explicit option); the ones without a field of their own count under any target. Built-in defaults (align 8,
+# nearest Resize, no BatchNormalization) drive the passes but are not constraints unless asked for.
 
 
 def split_requested(violations: Sequence[Violation], options: FixOptions,

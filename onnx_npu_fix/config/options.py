@@ -1,17 +1,24 @@
 """Every knob of a run in one frozen dataclass, shared by the CLI, the pass manager and the passes.
 
-FixOptions checks its own values (``__post_init__``): types by the field's annotation, ranges from ``MINIMUM``,
-string choices from ``CHOICES``, and no NaN or infinity anywhere. The command line and the target profiles go
-through the same rules, so a value is accepted everywhere or nowhere. A new field needs no code here unless it
-has a range or a fixed set of values (one line in ``MINIMUM`` / ``CHOICES``).
+FixOptions checks its own values (``__post_init__``) with :func:`check_value`, the one validator of option values:
+types by the field's annotation, ranges from ``MINIMUM``, string choices from ``CHOICES`` / ``LIST_CHOICES``, ONNX
+op types in ``OP_TYPE_LISTS``, positive input dims, and no NaN or infinity anywhere. The target profiles
+(targets.py converts TOML sizes, then calls check_value) and the command line (FixOptions; its ``click.Choice``
+lists are ``CHOICES``) go through the same rules, so a value is accepted everywhere or nowhere, with the same
+message. A new field needs no code here unless it has a range or a fixed set of values (one line in
+``MINIMUM`` / ``CHOICES``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import onnx.defs
 
 from onnx_npu_fix.errors import OptionError
 
@@ -32,6 +39,8 @@ MINIMUM: dict[str, int] = {
     "max_dilation": 1, "n_inputs": 1, "max_rank": 1, "max_kernel": 1, "max_stride": 1, "act_bytes": 1,
     "allowed_dilations": 1, "max_convtranspose_stride": 1,
 }
+# List options whose every element must be an ONNX op type (a misspelt one would silently match nothing).
+OP_TYPE_LISTS: frozenset[str] = frozenset({"forbidden_ops"})
 
 
 @dataclass(frozen=True)
@@ -145,8 +154,10 @@ class FixOptions:
                 object.__setattr__(self, f.name, checked)
 
 
-def _kind(annotation: Any) -> tuple[str, bool]:
-    """(kind, nullable) of a field annotation (a string under ``from __future__ import annotations``)."""
+def field_kind(annotation: Any) -> tuple[str, bool]:
+    """(kind, nullable) of a FixOptions field annotation: the annotation without spaces and without ``| None``
+    (annotations are strings under ``from __future__ import annotations``, PEP 604 unions that
+    typing.get_type_hints cannot evaluate on Python 3.9). The kinds :func:`check_value` knows are ``KINDS``."""
     text = (annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation)))
     text = text.replace(" ", "")
     nullable = False
@@ -156,68 +167,132 @@ def _kind(annotation: Any) -> tuple[str, bool]:
     return text, nullable
 
 
+def _type_word(value: Any) -> str:
+    """What a value is, in words that read the same for a Python caller and a TOML profile."""
+    words = {bool: "boolean", int: "integer", float: "float", str: "string", list: "list", tuple: "list",
+             dict: "mapping"}
+    return words.get(type(value), type(value).__name__)
+
+
 def _bad(name: str, expected: str, value: Any) -> OptionError:
-    return OptionError(f"{name} must be {expected}, got {type(value).__name__} {value!r}", field=name)
+    return OptionError(f"{name} must be {expected}, got {_type_word(value)} {value!r}", field=name)
 
 
-def _number(name: str, value: Any, integer: bool) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float) if not integer else int):
-        raise _bad(name, "an integer" if integer else "a number", value)
-    if not integer and not math.isfinite(value):
-        raise OptionError(f"{name} must be a finite number, got {value!r}", field=name)
+def _at_least(name: str, value: Any, shown: Any = None) -> None:
     low = MINIMUM.get(name, 0)
     if value < low:
-        raise OptionError(f"{name} must be >= {low}, got {value!r}", field=name)
-    return value if integer or isinstance(value, float) else float(value)
+        raise OptionError(f"{name} must be >= {low}, got {value if shown is None else shown!r}", field=name)
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _bad(name, "true or false", value)
+    return value
+
+
+def _check_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(name, "an integer", value)
+    _at_least(name, value)
+    return value
+
+
+def _check_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(name, "a number", value)
+    if not math.isfinite(value):
+        raise OptionError(f"{name} must be a finite number, got {value!r}", field=name)
+    _at_least(name, value)
+    return value if isinstance(value, float) else float(value)
+
+
+def _check_str(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _bad(name, "a string", value)
+    choices = CHOICES.get(name)
+    if choices and value not in choices:
+        raise OptionError(f"{name} must be one of {', '.join(choices)}, got {value!r}", field=name)
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int_list(name: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)) or not all(_is_int(v) for v in value):
+        raise _bad(name, "a list of integers", value)
+    if value:
+        _at_least(name, min(value), list(value))
+    return tuple(value)
+
+
+def _check_str_list(name: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (tuple, list)) or any(not isinstance(v, str) for v in value):
+        raise _bad(name, "a list of strings", value)
+    if name in OP_TYPE_LISTS:
+        _check_op_types(name, value)
+    allowed = LIST_CHOICES.get(name)
+    bad = [v for v in value if allowed and v not in allowed]
+    if bad:
+        raise OptionError(f"{name} values must be among {', '.join(allowed)}, got {', '.join(map(repr, bad))}",
+                          field=name)
+    return tuple(value)
+
+
+def _check_op_types(name: str, names: Sequence[str]) -> None:
+    """A typo such as "Prelu" would silently forbid nothing; only ONNX op types are accepted."""
+    for op_type in names:
+        if not onnx.defs.has(op_type):
+            close = difflib.get_close_matches(op_type, [s.name for s in onnx.defs.get_all_schemas()], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise OptionError(f"{name}: {op_type!r} is not an ONNX op type{hint}", field=name)
+
+
+def _check_shapes(name: str, value: Any) -> dict[str, tuple[int, ...]]:
+    """Input name -> static shape. A dimension of 0 is no usable shape (an empty tensor): refused, like a
+    negative one."""
+    if not isinstance(value, dict):
+        raise _bad(name, "a mapping of input name to dims", value)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for key, dims in value.items():
+        if not isinstance(key, str) or not isinstance(dims, (tuple, list)) or not all(_is_int(d) for d in dims):
+            raise OptionError(f"{name}: input {key!r} must map to a list of integers, got {dims!r}", field=name)
+        if any(d < 1 for d in dims):
+            raise OptionError(f"{name}: input {key!r} has a dimension < 1: {list(dims)}", field=name)
+        shapes[key] = tuple(dims)
+    return shapes
+
+
+def _check_str_map(name: str, value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or any(not isinstance(k, str) or not isinstance(v, str)
+                                          for k, v in value.items()):
+        raise _bad(name, "a mapping of strings", value)
+    return value
+
+
+# The rules of each kind of field (the annotation as field_kind spells it): the one validator of option values.
+_CHECKERS: dict[str, Callable[[str, Any], Any]] = {
+    "bool": _check_bool,
+    "int": _check_int,
+    "float": _check_float,
+    "str": _check_str,
+    "tuple[int,...]": _check_int_list,
+    "tuple[str,...]": _check_str_list,
+    "dict[str,tuple[int,...]]": _check_shapes,
+    "dict[str,str]": _check_str_map,
+}
+KINDS: frozenset[str] = frozenset(_CHECKERS)
 
 
 def check_value(name: str, annotation: Any, value: Any) -> Any:
     """``value`` checked for the field ``name`` of type ``annotation`` (lists become tuples, ints floats where a
-    float is expected); raises OptionError (an InputError and a ValueError) saying what is accepted."""
-    kind, nullable = _kind(annotation)
+    float is expected); raises OptionError (an InputError and a ValueError) saying what is accepted. FixOptions,
+    the target profiles (targets.py, after converting TOML sizes) and the CLI all go through this."""
+    kind, nullable = field_kind(annotation)
     if value is None:
         if nullable:
             return value
         raise _bad(name, f"set ({kind})", value)
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise _bad(name, "true or false", value)
-        return value
-    if kind in ("int", "float"):
-        return _number(name, value, kind == "int")
-    if kind == "str":
-        if not isinstance(value, str):
-            raise _bad(name, "a string", value)
-        choices = CHOICES.get(name)
-        if choices and value not in choices:
-            raise OptionError(f"{name} must be one of {', '.join(choices)}, got {value!r}", field=name)
-        return value
-    if kind in ("tuple[int,...]", "tuple[str,...]"):
-        if not isinstance(value, (tuple, list)):
-            raise _bad(name, "a list", value)
-        if kind == "tuple[str,...]":
-            if any(not isinstance(v, str) for v in value):
-                raise _bad(name, "a list of strings", value)
-            allowed = LIST_CHOICES.get(name)
-            bad = [v for v in value if allowed and v not in allowed]
-            if bad:
-                raise OptionError(f"{name}: values must be among {', '.join(allowed)}, got "
-                                  f"{', '.join(map(repr, bad))}", field=name)
-        else:
-            for v in value:
-                _number(name, v, True)
-        return value if isinstance(value, tuple) else tuple(value)
-    if kind == "dict[str,tuple[int,...]]":
-        if not isinstance(value, dict):
-            raise _bad(name, "a mapping of input name to dims", value)
-        for key, dims in value.items():
-            if not isinstance(key, str) or not isinstance(dims, (tuple, list)) or any(
-                    isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
-                raise OptionError(f"{name}: {key!r} must map to a list of integers >= 0, got {dims!r}", field=name)
-        return value
-    if kind == "dict[str,str]":
-        if not isinstance(value, dict) or any(not isinstance(k, str) or not isinstance(v, str)
-                                              for k, v in value.items()):
-            raise _bad(name, "a mapping of strings", value)
-        return value
-    return value  # a kind without rules here (a field another module checks)
+    checker = _CHECKERS.get(kind)
+    return value if checker is None else checker(name, value)  # a kind without rules: another module checks it

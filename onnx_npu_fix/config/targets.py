@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -35,9 +34,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import onnx.defs
-
-from onnx_npu_fix.config.options import CHOICES, LIST_CHOICES, MINIMUM, FixOptions
+from onnx_npu_fix.config.options import KINDS, FixOptions, check_value, field_kind
 from onnx_npu_fix.errors import InputError
 
 if sys.version_info >= (3, 11):
@@ -58,10 +55,6 @@ __all__ = [
 _TARGET_KEYS = ("name", "description", "sources")
 _TABLES = ("target", "constraints", "notes")
 
-# String choices and numeric minimums are FixOptions' own rules (options.py): a value is accepted in a profile
-# exactly when FixOptions accepts it.
-_CHOICES = CHOICES
-_LIST_CHOICES = LIST_CHOICES
 # Byte budgets that may be written with a unit ("384KiB"); act_bytes is bytes per element, not a budget.
 _SIZE_FIELDS = frozenset({"sram_bytes", "large_tensor_bytes"})
 # Fields that say who asked for what; a profile does not set them.
@@ -84,52 +77,13 @@ class TargetProfile:
     """Where the profile was read from (a shipped package file or the user's .toml)."""
 
 
-# --- kinds of FixOptions fields ------------------------------------------------------------------------
+# --- the FixOptions fields a profile may set ----------------------------------------------------------------
 
 
-def _field_kind(annotation: Any) -> tuple[str | None, bool]:
-    """(kind, nullable) of a FixOptions annotation. Annotations are strings (``from __future__ import
-    annotations``) and use PEP 604 unions, which typing.get_type_hints cannot evaluate on Python 3.9."""
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-    text = text.replace(" ", "")
-    nullable = False
-    for suffix in ("|None", "None|"):
-        if suffix in text:
-            text = text.replace(suffix, "")
-            nullable = True
-    kinds = {
-        "int": "int",
-        "float": "float",
-        "str": "str",
-        "bool": "bool",
-        "tuple[int,...]": "int_tuple",
-        "tuple[str,...]": "str_tuple",
-        "dict[str,tuple[int,...]]": "shapes",
-        "dict[str,str]": "str_map",
-    }
-    return kinds.get(text), nullable
-
-
-def _settable_fields() -> dict[str, str]:
-    """FixOptions field -> kind, for every field a profile may set."""
-    out: dict[str, str] = {}
-    for f in dataclasses.fields(FixOptions):
-        kind, _ = _field_kind(f.type)
-        if kind is not None and f.name not in _NOT_SETTABLE:
-            out[f.name] = kind
-    return out
-
-
-_KIND_WORDS = {
-    "int": "an integer",
-    "float": "a number",
-    "str": "a string",
-    "bool": "true or false",
-    "int_tuple": "a list of integers",
-    "str_tuple": "a list of strings",
-    "shapes": "a table of input name = [dims]",
-    "str_map": "a table of input name = value",
-}
+def _settable_fields() -> dict[str, Any]:
+    """FixOptions field -> annotation, for every field a profile may set (a kind options.check_value knows)."""
+    return {f.name: f.type for f in dataclasses.fields(FixOptions)
+            if field_kind(f.type)[0] in KINDS and f.name not in _NOT_SETTABLE}
 
 
 def _toml_type(value: Any) -> str:
@@ -173,82 +127,22 @@ def format_size(n: int) -> str:
     return f"{n} B"
 
 
-# --- conversion and checking of one [constraints] value -------------------------------------------------
+# --- conversion of one [constraints] value ------------------------------------------------------------------
 
 
-def _convert(key: str, kind: str, value: Any) -> Any:
-    """The FixOptions value for a TOML value, or ValueError saying what was expected."""
-    expected = _KIND_WORDS[kind]
-    if key in _SIZE_FIELDS and kind == "int":
-        return parse_size(value)  # raises ValueError on bad input
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
-        return value
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
-        low = MINIMUM.get(key, 0)
-        if value < low:
-            raise ValueError(f"must be >= {low}, got {value}")
-        return value
-    if kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
-        if not math.isfinite(value):
-            raise ValueError(f"must be a finite number, got {value!r}")
-        low = MINIMUM.get(key, 0)
-        if value < low:
-            raise ValueError(f"must be >= {low}, got {value}")
-        return float(value)
-    if kind == "str":
-        if not isinstance(value, str):
-            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
-        choices = _CHOICES.get(key)
-        if choices and value not in choices:
-            raise ValueError(f"must be one of {', '.join(choices)}, got {value!r}")
-        return value
-    if kind == "int_tuple":
-        if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
-            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
-        if any(v < MINIMUM.get(key, 0) for v in value):
-            raise ValueError(f"values must be >= {MINIMUM.get(key, 0)}, got {value}")
-        return tuple(value)
-    if kind == "str_tuple":
-        if not isinstance(value, list) or any(not isinstance(v, str) for v in value):
-            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
-        if key == "forbidden_ops":
-            _check_op_types(value)
-        allowed = _LIST_CHOICES.get(key)
-        bad = [v for v in value if allowed and v not in allowed]
-        if bad:
-            raise ValueError(f"values must be among {', '.join(allowed)}, got {', '.join(map(repr, bad))}")
-        return tuple(value)
-    if kind == "shapes":
-        if not isinstance(value, dict):
-            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
-        shapes: dict[str, tuple[int, ...]] = {}
-        for name, dims in value.items():
-            if not isinstance(dims, list) or any(isinstance(d, bool) or not isinstance(d, int) for d in dims):
-                raise ValueError(f"input {name!r} must be a list of integers, got {dims!r}")
-            if any(d < 1 for d in dims):
-                raise ValueError(f"input {name!r} has a dimension < 1: {dims}")
-            shapes[name] = tuple(dims)
-        return shapes
-    if kind == "str_map":  # freeze_inputs: values as the command line would give them
-        if not isinstance(value, dict):
-            raise ValueError(f"must be {expected}, got {_toml_type(value)} {value!r}")
-        return {name: v if isinstance(v, str) else json.dumps(v) for name, v in value.items()}
-    raise ValueError("cannot be set from a profile")  # pragma: no cover - kinds are closed above
-
-
-def _check_op_types(names: list[str]) -> None:
-    """A typo such as "Prelu" would silently forbid nothing; only ONNX op types are accepted."""
-    for name in names:
-        if not onnx.defs.has(name):
-            close = difflib.get_close_matches(name, [s.name for s in onnx.defs.get_all_schemas()], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"{name!r} is not an ONNX op type{hint}")
+def _convert(key: str, annotation: Any, value: Any) -> Any:
+    """The FixOptions value for a TOML value: a size string ("384KiB") becomes bytes and a freeze value that TOML
+    typed (a number, a list) becomes the text the command line would give; then FixOptions' own validator
+    (options.check_value) decides, so a profile accepts exactly what FixOptions accepts, with the same message.
+    Raises ValueError (OptionError is one) saying what was expected."""
+    if key in _SIZE_FIELDS and isinstance(value, str):
+        try:
+            value = parse_size(value)
+        except ValueError as exc:
+            raise ValueError(f"{key} {exc}") from None
+    elif key == "freeze_inputs" and isinstance(value, dict):
+        value = {name: v if isinstance(v, str) else json.dumps(v) for name, v in value.items()}
+    return check_value(key, annotation, value)
 
 
 # --- parsing a profile ------------------------------------------------------------------------------------
@@ -297,7 +191,7 @@ def parse_profile(text: str, *, where: str, default_name: str) -> TargetProfile:
         try:
             constraints[key] = _convert(key, settable[key], value)
         except ValueError as exc:
-            raise _bad(where, f"[constraints] {key} {exc}") from None
+            raise _bad(where, f"[constraints] {exc}") from None
 
     notes = data.get("notes", {})
     for key, value in notes.items():
