@@ -2,8 +2,8 @@
 
 The field report's working fix for an SRAM overflow: run the U-Net as two sub-models (encoder to bottleneck,
 decoder) that exchange the feature maps crossing the cut through external memory. The same model of execution as
-memory.py: nodes run one at a time in one order (the best order memory.best_schedule finds); a segment is a
-contiguous run of that order. Inside a segment a tensor is on chip from its producer (step 0 for a segment input)
+ir/schedule.py: nodes run one at a time in one order (the best order schedule.best_schedule finds); a segment is
+a contiguous run of that order. Inside a segment a tensor is on chip from its producer (step 0 for a segment input)
 to its last reader in the segment, or to the segment's end when a later segment or the caller reads it; a tensor
 crossing a cut lives in external memory in between (a skip connection that crosses a middle segment costs that
 segment nothing). So a segment's peak is exactly what ``npufix SEGMENT --check --sram`` estimates for it.
@@ -31,15 +31,6 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnx_npu_fix.analysis.memory import (  # noqa: I001
-    DEFAULT_SEARCH_BUDGET,
-    Liveness,
-    _best_order,
-    best_schedule,
-    constant_names,
-    liveness,
-    node_floors,
-)
 from onnx_npu_fix.errors import InputError
 from onnx_npu_fix.ir.graph import (
     GraphIndex,
@@ -48,6 +39,15 @@ from onnx_npu_fix.ir.graph import (
     set_input_shapes,
     shape_only_copy,
     subgraph_outer_inputs,
+)
+from onnx_npu_fix.ir.schedule import (
+    DEFAULT_SEARCH_BUDGET,
+    Liveness,
+    best_greedy_order,
+    best_schedule,
+    constant_names,
+    liveness,
+    node_floors,
 )
 
 
@@ -455,7 +455,7 @@ def resolution_hint(model: onnx.ModelProto, sram_bytes: int, act_bytes: int = 1,
         if any(s is None for s in sub.sizes):
             cache[size] = None
             return None
-        _, peak, _ = _best_order(sub)
+        _, peak, _ = best_greedy_order(sub)
         cache[size] = (peak, max(node_floors(sub), default=0))
         return cache[size]
 
