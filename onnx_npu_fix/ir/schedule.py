@@ -217,13 +217,8 @@ def _greedy(lv: Liveness, variant: str, prefix: Sequence[int] = ()) -> list[int]
         return sum(sz[t] for t in lv.node_in[v] if remaining[t] == 1 and not is_output[t])
 
     def push(v: int) -> None:
-        if variant == "lifo":
-            key = (-ready_tick[v], 0)
-        elif variant == "net-lifo":
-            key = (alloc[v] - freed(v), -ready_tick[v])
-        else:
-            key = (alloc[v] - freed(v), v)
-        heapq.heappush(heap, (key[0], key[1], version[v], v))
+        net = 0 if variant == "lifo" else alloc[v] - freed(v)
+        heapq.heappush(heap, (*_ready_key(variant, net, ready_tick[v], v), version[v], v))
 
     for v in range(n):
         if indeg[v] == 0:
@@ -259,6 +254,15 @@ def _greedy(lv: Liveness, variant: str, prefix: Sequence[int] = ()) -> list[int]
             continue
         run(v)
     return order if len(order) == n else None
+
+
+def _ready_key(variant: str, net: int, ready_tick: int, v: int) -> tuple[int, int]:
+    """Heap key of ready node ``v`` under a greedy variant (see :func:`_greedy`); ``net``: bytes it adds."""
+    if variant == "lifo":
+        return (-ready_tick, 0)
+    if variant == "net-lifo":
+        return (net, -ready_tick)
+    return (net, v)
 
 
 def best_greedy_order(lv: Liveness, stored_peak: int | None = None) -> tuple[list[int], int, str]:
@@ -325,7 +329,7 @@ def _exact_search(lv: Liveness, incumbent_peak: int, lower: int, budget: int,
     import time
 
     n = len(lv.nodes)
-    sz, is_output, consumers, node_in, node_out = lv.sz, lv.is_output, lv.consumers, lv.node_in, lv.node_out
+    sz, is_output, consumers, node_out = lv.sz, lv.is_output, lv.consumers, lv.node_out
     succs, preds = lv.successors(), lv.preds
     keeps = [sum(sz[t] for t in outs if consumers[t] or is_output[t]) for outs in node_out]
     step_bytes = [sum(sz[t] for t in outs) for outs in node_out]
@@ -346,13 +350,7 @@ def _exact_search(lv: Liveness, incumbent_peak: int, lower: int, budget: int,
         if mask in closed or g > best_g[mask]:
             continue
         if mask == full:
-            order: list[int] = []
-            while mask:
-                _, _, parent, v = info[mask]
-                order.append(v)
-                mask = parent
-            order.reverse()
-            return order, g, g, True, expanded
+            return _path_to(info, mask), g, g, True, expanded
         if expanded >= budget or (expanded & 255 == 0 and time.monotonic() > deadline):
             heapq.heappush(heap, (g, neg_depth, mask))
             bound = max(lower, min(incumbent_peak, heap[0][0]))
@@ -361,22 +359,8 @@ def _exact_search(lv: Liveness, incumbent_peak: int, lower: int, budget: int,
         expanded += 1
         closed.add(mask)
         resident, ready, _, _ = info[mask]
-        extra = unused_inputs if mask == 0 else 0
-        moves = []
-        for v in ready:
-            bit = 1 << v
-            done = mask | bit
-            freed = 0
-            for t in node_in[v]:
-                if sz[t] and not is_output[t] and all((done >> c) & 1 for c in consumers[t]):
-                    freed += sz[t]
-            after = resident + keeps[v] - freed
-            step = resident + step_bytes[v] + extra
-            if after <= resident and step <= g:
-                moves = [(v, done, after, g)]
-                break
-            moves.append((v, done, after, max(g, step)))
-        for v, done, after, ng in moves:
+        for v, done, after, ng in _moves(lv, keeps, step_bytes, mask, resident, ready, g,
+                                         unused_inputs if mask == 0 else 0):
             if ng >= incumbent_peak or done in closed or ng >= best_g.get(done, incumbent_peak):
                 continue
             best_g[done] = ng
@@ -388,6 +372,39 @@ def _exact_search(lv: Liveness, incumbent_peak: int, lower: int, budget: int,
             heapq.heappush(heap, (ng, neg_depth - 1, done))
     # Every partial order below the incumbent's peak was expanded without completing: the incumbent is optimal.
     return None, incumbent_peak, incumbent_peak, True, expanded
+
+
+def _moves(lv: Liveness, keeps: list[int], step_bytes: list[int], mask: int, resident: int,
+           ready: tuple[int, ...], g: int, extra: int) -> list[tuple[int, int, int, int]]:
+    """The successors of state ``mask`` (resident bytes ``resident``, bottleneck ``g``): (node run next, new
+    state, bytes resident after it, new bottleneck) per ready node; only the first dominant move when there is
+    one (it frees at least what it keeps and its step fits under ``g``). ``extra``: graph inputs nobody reads,
+    live at the first step only."""
+    sz, is_output, consumers = lv.sz, lv.is_output, lv.consumers
+    moves = []
+    for v in ready:
+        done = mask | (1 << v)
+        freed = 0
+        for t in lv.node_in[v]:
+            if sz[t] and not is_output[t] and all((done >> c) & 1 for c in consumers[t]):
+                freed += sz[t]
+        after = resident + keeps[v] - freed
+        step = resident + step_bytes[v] + extra
+        if after <= resident and step <= g:
+            return [(v, done, after, g)]
+        moves.append((v, done, after, max(g, step)))
+    return moves
+
+
+def _path_to(info: dict[int, tuple[int, tuple[int, ...], int, int]], mask: int) -> list[int]:
+    """The nodes run to reach state ``mask``, in order (each state records its parent and the node run last)."""
+    path: list[int] = []
+    while mask:
+        _, _, parent, v = info[mask]
+        path.append(v)
+        mask = parent
+    path.reverse()
+    return path
 
 
 COMPLETIONS = 16
@@ -405,13 +422,7 @@ def _complete_best(lv: Liveness, heap: list[tuple[int, int, int]], info: dict, b
         if mask in closed or g > best_g[mask]:
             continue
         tried += 1
-        prefix: list[int] = []
-        at = mask
-        while at:
-            _, _, parent, v = info[at]
-            prefix.append(v)
-            at = parent
-        prefix.reverse()
+        prefix = _path_to(info, mask)
         for variant in ("net", "net-lifo"):
             order = _greedy(lv, variant, prefix)
             if order is not None:
