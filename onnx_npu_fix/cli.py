@@ -395,7 +395,7 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
 
 def _print_fitting(outcome, quiet: bool) -> None:
     """The --memory-plot and --split lines (README "Fitting SRAM")."""
-    from onnx_npu_fix.analysis.memory import format_bytes
+    from onnx_npu_fix.ir.graph import format_bytes
 
     if outcome.memory_plot:
         _say(quiet, f"wrote {outcome.memory_plot} (and {outcome.memory_plot}.json)")

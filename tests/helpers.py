@@ -11,7 +11,8 @@ from onnx import helper, numpy_helper
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import infer_shapes, name_unnamed_nodes
 from onnx_npu_fix.passes.base import Pass, PassResult
-from onnx_npu_fix.pipeline.validate import Runner, compare, make_inputs
+from onnx_npu_fix.pipeline.inputs import make_inputs
+from onnx_npu_fix.pipeline.validate import Runner, compare
 
 
 def apply_pass(model: onnx.ModelProto, pass_: Pass, **options) -> tuple[onnx.ModelProto, PassResult]:

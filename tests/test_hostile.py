@@ -31,7 +31,8 @@ from onnx.reference.op_run import OpRun
 
 from onnx_npu_fix.cli import main
 from onnx_npu_fix.ir.graph import dynamic_inputs, get_attr, subgraph_outer_inputs
-from onnx_npu_fix.pipeline.validate import Runner, compare, make_inputs
+from onnx_npu_fix.pipeline.inputs import make_inputs
+from onnx_npu_fix.pipeline.validate import Runner, compare
 
 RESULT = (0, 1)  # a written model: 0 clean, 1 with "unfixed:" constraints listed
 OPTION_SETS = {"default": (), "npu": ("--max-dilation", "2", "--align", "8")}

@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_npu_fix.analysis.memory import estimate, memory_aware_order, order_plan, render_memory
+from onnx_npu_fix.analysis.memory import estimate, render_memory
 from onnx_npu_fix.ir.graph import GraphIndex
+from onnx_npu_fix.ir.schedule import memory_aware_order, order_plan
 from onnx_npu_fix.passes.reorder_memory import ReorderMemoryPass
 
 F = TensorProto.FLOAT
@@ -369,14 +370,14 @@ def _brute_force_min_peak(lv):
     """The lowest peak over every topological order, by enumeration (independent of the search)."""
     import itertools
 
-    from onnx_npu_fix.analysis.memory import _peak_of
+    from onnx_npu_fix.ir.schedule import peak_of
 
     n = len(lv.nodes)
     best = None
     for perm in itertools.permutations(range(n)):
         pos = {v: i for i, v in enumerate(perm)}
         if all(pos[p] < pos[v] for v in range(n) for p in lv.preds[v]):
-            peak = _peak_of(lv, perm)
+            peak = peak_of(lv, perm)
             best = peak if best is None else min(best, peak)
     return best
 
@@ -402,11 +403,11 @@ def _dag_model(spec, in_channels=2):
 
 
 def _lv(model):
-    from onnx_npu_fix.analysis.memory import _liveness
     from onnx_npu_fix.ir.graph import infer_shapes
+    from onnx_npu_fix.ir.schedule import liveness
 
     infer_shapes(model)
-    return _liveness(GraphIndex(model), 1)
+    return liveness(GraphIndex(model), 1)
 
 
 # A 7-node DAG where every greedy variant peaks at 128 bytes but an order reaching 112 exists (found by a random
@@ -419,15 +420,15 @@ def _greedy_trap():
 
 
 def test_exact_search_beats_greedy_and_matches_brute_force():
-    from onnx_npu_fix.analysis.memory import _best_order, _peak_of, best_schedule
+    from onnx_npu_fix.ir.schedule import best_greedy_order, best_schedule, peak_of
 
     lv = _lv(_greedy_trap())
-    _, greedy_peak, _ = _best_order(lv)
+    _, greedy_peak, _ = best_greedy_order(lv)
     optimum = _brute_force_min_peak(lv)
     assert (greedy_peak, optimum) == (128, 112)
     found = best_schedule(lv)
     assert (found.peak, found.method, found.optimal) == (112, "exact", True)
-    assert _peak_of(lv, found.order) == 112
+    assert peak_of(lv, found.order) == 112
     assert found.lower_bound <= found.peak
     # a valid topological order
     pos = {v: i for i, v in enumerate(found.order)}
@@ -436,7 +437,7 @@ def test_exact_search_beats_greedy_and_matches_brute_force():
 
 
 def test_exhausted_budget_claims_no_optimality_and_keeps_a_true_bound():
-    from onnx_npu_fix.analysis.memory import _peak_of, best_schedule, node_floors
+    from onnx_npu_fix.ir.schedule import best_schedule, node_floors, peak_of
 
     lv = _lv(_greedy_trap())
     found = best_schedule(lv, budget=1)
@@ -446,7 +447,7 @@ def test_exhausted_budget_claims_no_optimality_and_keeps_a_true_bound():
     # a few more states: the best partial orders, completed greedily, beat greedy without a proof
     found = best_schedule(lv, budget=3)
     assert 112 <= found.peak < 128 and (found.method, found.optimal) == ("search", False)
-    assert _peak_of(lv, found.order) == found.peak and found.lower_bound <= 112
+    assert peak_of(lv, found.order) == found.peak and found.lower_bound <= 112
 
 
 def test_reorder_pass_uses_the_exact_schedule():
@@ -484,12 +485,12 @@ def small_dags(draw):
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(small_dags(), st.sampled_from([1, 3, 20000]))
 def test_property_search_is_exact_and_its_bound_is_sound(spec, budget):
-    from onnx_npu_fix.analysis.memory import _peak_of, best_schedule
+    from onnx_npu_fix.ir.schedule import best_schedule, peak_of
 
     lv = _lv(_dag_model(spec))
     optimum = _brute_force_min_peak(lv)
     found = best_schedule(lv, budget=budget)
-    assert _peak_of(lv, found.order) == found.peak >= optimum
+    assert peak_of(lv, found.order) == found.peak >= optimum
     assert found.lower_bound <= optimum
     if found.optimal:
         assert found.peak == optimum
@@ -553,7 +554,7 @@ def test_cli_schedule_budget_reaches_the_pass_and_the_check(tmp_path):
     assert (greedy["peak_bytes_after"], greedy["optimal"], greedy["states_expanded"]) == (128, False, 0)
     assert (exact["peak_bytes_after"], exact["optimal"]) == (112, True)
     assert runs["0"]["memory"]["schedule"]["optimal"] is False  # the output's check uses the same budget
-    from onnx_npu_fix.analysis.memory import node_floors
+    from onnx_npu_fix.ir.schedule import node_floors
 
     check = runner.invoke(main, [str(path), "--check", "--align", "0", "--schedule-budget", "0", "--format", "json"])
     floor = max(node_floors(_lv(_greedy_trap())))

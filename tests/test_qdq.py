@@ -20,8 +20,9 @@ from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import GraphIndex, set_input_shapes
 from onnx_npu_fix.ir.qdq import power_of_two_int8, walk_non_qdq
 from onnx_npu_fix.passes.align_channels import AlignChannelsPass
+from onnx_npu_fix.pipeline.inputs import make_inputs
 from onnx_npu_fix.pipeline.scheduler import prepare
-from onnx_npu_fix.pipeline.validate import QuantOutputDiff, Runner, compare_quantized, make_inputs
+from onnx_npu_fix.pipeline.validate import QuantOutputDiff, Runner, compare_quantized
 
 quantization = pytest.importorskip("onnxruntime.quantization")
 

@@ -27,7 +27,7 @@ from helpers import assert_equivalent, ops
 from onnx import numpy_helper
 
 from onnx_npu_fix.cli import main
-from onnx_npu_fix.pipeline.validate import make_inputs
+from onnx_npu_fix.pipeline.inputs import make_inputs
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
 CONSTRAINTS = ("--max-dilation", "4", "--align", "8")

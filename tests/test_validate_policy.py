@@ -20,12 +20,12 @@ from onnx_npu_fix.passes.resize_nearest import ResizeNearestPass
 from onnx_npu_fix.pipeline.inputs import (
     APPROX_MIN_ELEMENTS,
     load_validation_data,
+    make_inputs,
     parse_input_ranges,
     shape_inputs,
     validation_feeds,
 )
 from onnx_npu_fix.pipeline.scheduler import prepare, run_passes
-from onnx_npu_fix.pipeline.validate import make_inputs
 
 
 def invoke(*args):

@@ -38,15 +38,14 @@ import onnx
 from onnx_npu_fix.analysis.memory import (
     MemoryEstimate,
     analysis_copy,
-    constant_names,
     estimate_index,
-    format_bytes,
     render_memory,
 )
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.batch_axis import batch_tensors
-from onnx_npu_fix.ir.graph import GraphIndex, Shape, format_shape, get_attr, paused_gc
+from onnx_npu_fix.ir.graph import GraphIndex, Shape, format_bytes, format_shape, get_attr, paused_gc
 from onnx_npu_fix.ir.ops import CONTROL_FLOW_OPS, channels_follow_inputs, conv_channels, is_default_domain
+from onnx_npu_fix.ir.schedule import constant_names
 from onnx_npu_fix.passes.base import Found
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import onnx
 
-from onnx_npu_fix.ir.graph import GraphIndex, has_subgraphs, node_macs, payload_bytes, subgraphs
+from onnx_npu_fix.analysis.memory import estimate_index
+from onnx_npu_fix.ir.graph import GraphIndex, format_bytes, has_subgraphs, node_macs, payload_bytes, subgraphs
 from onnx_npu_fix.ir.ops import is_default_domain
 
 DETAIL_MAX_NODES = 20000
@@ -47,8 +48,6 @@ class Cost:
 
 def model_cost(model: onnx.ModelProto, act_bytes: int = 1, index: GraphIndex | None = None) -> Cost:
     """The cost of ``model`` (shapes must be inferred, as the pass manager leaves them)."""
-    from onnx_npu_fix.analysis.memory import estimate_index
-
     nodes = model.graph.node
     detail = len(nodes) <= DETAIL_MAX_NODES
     if detail:
@@ -91,8 +90,6 @@ def _change(old: int | None, new: int | None, fmt) -> str:
 
 def render_cost(before: Cost, after: Cost) -> list[str]:
     """Summary lines (stderr, shown without -v): what the model costs before -> after the fix."""
-    from onnx_npu_fix.analysis.memory import format_bytes
-
     def count(n: int) -> str:
         return f"{n:,}"
 

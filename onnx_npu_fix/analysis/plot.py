@@ -1,7 +1,7 @@
 """``--memory-plot``: the live activation bytes per step, as data (a JSON sidecar) and as a picture.
 
 The data come from the same estimate as ``--check`` (memory.py): the stored order's profile, the best order's
-(memory.best_schedule) and, after ``--split``, each segment's own profile placed at the steps of the best order it
+(schedule.best_schedule) and, after ``--split``, each segment's own profile placed at the steps of the best order it
 covers. The picture (matplotlib, the optional extra ``onnx-npu-fix[plot]``) draws them with the SRAM budget as a
 horizontal line, and below them the tensors live at the best order's peak as bars from producer to last reader, so
 a skip connection shows as a long bar.
@@ -15,9 +15,10 @@ from typing import Any
 
 import onnx
 
-from onnx_npu_fix.analysis.memory import DEFAULT_SEARCH_BUDGET, best_schedule, estimate_index, format_bytes, liveness
+from onnx_npu_fix.analysis.memory import estimate_index
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.ir.graph import GraphIndex
+from onnx_npu_fix.ir.graph import GraphIndex, format_bytes
+from onnx_npu_fix.ir.schedule import DEFAULT_SEARCH_BUDGET, best_schedule, liveness
 
 FORMATS = (".png", ".svg")
 MISSING = "--memory-plot needs matplotlib: pip install 'onnx-npu-fix[plot]'"

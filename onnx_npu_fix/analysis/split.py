@@ -2,8 +2,8 @@
 
 The field report's working fix for an SRAM overflow: run the U-Net as two sub-models (encoder to bottleneck,
 decoder) that exchange the feature maps crossing the cut through external memory. The same model of execution as
-memory.py: nodes run one at a time in one order (the best order memory.best_schedule finds); a segment is a
-contiguous run of that order. Inside a segment a tensor is on chip from its producer (step 0 for a segment input)
+ir/schedule.py: nodes run one at a time in one order (the best order schedule.best_schedule finds); a segment is
+a contiguous run of that order. Inside a segment a tensor is on chip from its producer (step 0 for a segment input)
 to its last reader in the segment, or to the segment's end when a later segment or the caller reads it; a tensor
 crossing a cut lives in external memory in between (a skip connection that crosses a middle segment costs that
 segment nothing). So a segment's peak is exactly what ``npufix SEGMENT --check --sram`` estimates for it.
@@ -31,15 +31,6 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnx_npu_fix.analysis.memory import (  # noqa: I001
-    DEFAULT_SEARCH_BUDGET,
-    Liveness,
-    _best_order,
-    best_schedule,
-    constant_names,
-    liveness,
-    node_floors,
-)
 from onnx_npu_fix.errors import InputError
 from onnx_npu_fix.ir.graph import (
     GraphIndex,
@@ -48,6 +39,15 @@ from onnx_npu_fix.ir.graph import (
     set_input_shapes,
     shape_only_copy,
     subgraph_outer_inputs,
+)
+from onnx_npu_fix.ir.schedule import (
+    DEFAULT_SEARCH_BUDGET,
+    Liveness,
+    best_greedy_order,
+    best_schedule,
+    constant_names,
+    liveness,
+    node_floors,
 )
 
 
@@ -174,13 +174,35 @@ def plan_split(index: GraphIndex, sram_bytes: int | None, act_bytes: int = 1, *,
     order = best_schedule(lv, budget).order if n else []
     plan = SplitPlan(sram_bytes, act_bytes, order)
     if sram_bytes is not None:
-        floors = node_floors(lv)
-        plan.blocking = [(lv.nodes[v].name, lv.nodes[v].op_type, floors[v]) for v in range(n)
-                         if floors[v] > sram_bytes]
-        plan.blocking.sort(key=lambda b: -b[2])
+        plan.blocking = _blocking(lv, sram_bytes)
         if plan.blocking:
             return plan
     seg = _Segmenter(lv, order)
+    plan.forced = _forced_cuts(lv, seg, split_at)
+    cross = seg.crossing()
+    bounds = [0, *_fewest_segments(_reach(seg, sram_bytes, plan.forced), cross), n]
+    segments = _segment_io(index, const, lv, order, bounds, seg)
+    # A run of constant-only nodes is recomputed where it is read: a segment left without nodes of its own
+    # (possible only between forced cuts) writes nothing: it disappears, and so does the cut that opened it.
+    kept = [k for k, s in enumerate(segments) if s.outputs]
+    plan.segments = [segments[k] for k in kept]
+    plan.cuts = [bounds[k] for k in kept[1:]]
+    plan.crossing_bytes = [cross[c] for c in plan.cuts]
+    return plan
+
+
+def _blocking(lv: Liveness, sram_bytes: int) -> list[tuple[str, str, int]]:
+    """(node, op, bytes) of every node whose floor alone exceeds the budget, largest first."""
+    floors = node_floors(lv)
+    blocking = [(lv.nodes[v].name, lv.nodes[v].op_type, floors[v]) for v in range(len(lv.nodes))
+                if floors[v] > sram_bytes]
+    blocking.sort(key=lambda b: -b[2])
+    return blocking
+
+
+def _forced_cuts(lv: Liveness, seg: _Segmenter, split_at: Sequence[str]) -> list[int]:
+    """The positions (in the segmenter's order) right after the producers of the ``split_at`` tensors."""
+    n = len(lv.nodes)
     node_at = {out: v for v, node in enumerate(lv.nodes) for out in node.output if out}
     forced: set[int] = set()
     for name in split_at:
@@ -189,8 +211,13 @@ def plan_split(index: GraphIndex, sram_bytes: int | None, act_bytes: int = 1, *,
         cut = seg.pos[node_at[name]] + 1
         if 0 < cut < n:
             forced.add(cut)
-    plan.forced = sorted(forced)
-    # reach[i]: the largest j such that order[i:j] fits and no forced cut lies strictly inside it
+    return sorted(forced)
+
+
+def _reach(seg: _Segmenter, sram_bytes: int | None, forced: Sequence[int]) -> list[int]:
+    """reach[i]: the largest j such that order[i:j] fits and no forced cut lies strictly inside it."""
+    n = len(seg.pos)
+    forced = set(forced)
     next_forced = [n] * (n + 1)
     upcoming = n
     for p in range(n, -1, -1):
@@ -205,7 +232,12 @@ def plan_split(index: GraphIndex, sram_bytes: int | None, act_bytes: int = 1, *,
         while j < limit and (sram_bytes is None or seg.peak(i, j + 1) <= sram_bytes):
             j += 1
         reach[i] = j
-    cross = seg.crossing()
+    return reach
+
+
+def _fewest_segments(reach: list[int], cross: Sequence[int]) -> list[int]:
+    """The cuts of the fewest segments, then the fewest crossing bytes, each segment within its start's reach."""
+    n = len(reach)
     # best[p]: the least (segments, crossing bytes) covering order[:p]; the last segment [start, p) needs
     # reach[start] >= p, and the starts allowed for p form a window [lo, p) that only slides right, so a
     # monotonic deque of the window's keys (best[start] plus the bytes crossing a cut at start) gives each
@@ -235,17 +267,7 @@ def plan_split(index: GraphIndex, sram_bytes: int | None, act_bytes: int = 1, *,
         p = back[p]
         if p:
             cuts.append(p)
-    plan.cuts = sorted(cuts)
-    plan.crossing_bytes = [cross[c] for c in plan.cuts]
-    bounds = [0, *plan.cuts, n]
-    segments = _segment_io(index, const, lv, order, bounds, seg)
-    # A run of constant-only nodes is recomputed where it is read: a segment left without nodes of its own
-    # (possible only between forced cuts) writes nothing: it disappears, and so does the cut that opened it.
-    kept = [k for k, s in enumerate(segments) if s.outputs]
-    plan.segments = [segments[k] for k in kept]
-    plan.cuts = [bounds[k] for k in kept[1:]]
-    plan.crossing_bytes = [cross[c] for c in plan.cuts]
-    return plan
+    return sorted(cuts)
 
 
 def _pure_nodes(index: GraphIndex, const: set[str]) -> set[int]:
@@ -427,61 +449,72 @@ def resolution_hint(model: onnx.ModelProto, sram_bytes: int, act_bytes: int = 1,
     hint.input, hint.shape = spatial[0]
     reference = spatial[0][1][2]
     hint.step, candidates = _spatial_candidates(reference)
-    trials = 0
-    cache: dict[int, tuple[int, int] | None] = {}
+    probe = _SizeProbe(model, spatial, reference, act_bytes)
+    for which in (0, 1):
+        k = _largest_fitting(probe, candidates, which, sram_bytes, max_trials)
+        if k is None:
+            continue
+        size = candidates[k]
+        dims = [d * size // reference for d in hint.shape[2:]]
+        if which == 0:
+            hint.whole, hint.whole_peak = hint.shape[:2] + dims, probe.measure(size)[0]
+        else:
+            hint.split, hint.split_floor = hint.shape[:2] + dims, probe.measure(size)[1]
+    return hint
 
-    def measure(size: int) -> tuple[int, int] | None:
-        nonlocal trials
-        if size in cache:
-            return cache[size]
-        trials += 1
+
+class _SizeProbe:
+    """The (greedy peak, largest floor) of ``model`` with its spatial inputs scaled to ``size / reference``, on a
+    light copy with shapes re-inferred; None when the model refuses that size. Cached; ``trials`` counts the
+    sizes measured."""
+
+    def __init__(self, model: onnx.ModelProto, spatial: list[tuple[str, list[int]]], reference: int,
+                 act_bytes: int) -> None:
+        self.model, self.spatial, self.reference, self.act_bytes = model, spatial, reference, act_bytes
+        self.trials = 0
+        self.cache: dict[int, tuple[int, int] | None] = {}
+
+    def measure(self, size: int) -> tuple[int, int] | None:
+        if size not in self.cache:
+            self.trials += 1
+            self.cache[size] = self._measure(size)
+        return self.cache[size]
+
+    def _measure(self, size: int) -> tuple[int, int] | None:
         shapes = {}
-        for name, shape in spatial:
-            scaled = [d * size // reference for d in shape[2:]]
-            if any(d * size % reference for d in shape[2:]) or min(scaled) < 1:
-                cache[size] = None
+        for name, shape in self.spatial:
+            scaled = [d * size // self.reference for d in shape[2:]]
+            if any(d * size % self.reference for d in shape[2:]) or min(scaled) < 1:
                 return None
             shapes[name] = shape[:2] + scaled
-        light = shape_only_copy(model)
+        light = shape_only_copy(self.model)
         for out in light.graph.output:
             out.type.tensor_type.ClearField("shape")
         set_input_shapes(light, shapes)
         try:
             infer_shapes(light)
         except Exception:  # noqa: BLE001 - the model does not accept this size
-            cache[size] = None
             return None
-        sub = liveness(GraphIndex(light), act_bytes)
+        sub = liveness(GraphIndex(light), self.act_bytes)
         if any(s is None for s in sub.sizes):
-            cache[size] = None
             return None
-        _, peak, _ = _best_order(sub)
-        cache[size] = (peak, max(node_floors(sub), default=0))
-        return cache[size]
+        _, peak, _ = best_greedy_order(sub)
+        return peak, max(node_floors(sub), default=0)
 
-    def largest(which: int) -> int | None:
-        lo, hi, found = 0, len(candidates) - 1, None  # candidates descend; find the first that fits
-        while lo <= hi and trials < max_trials:
-            mid = (lo + hi) // 2
-            # a refused size: look at its neighbours on the grid before giving up on this half
-            probe = next((k for k in range(mid, hi + 1) if measure(candidates[k]) is not None), None)
-            if probe is None:
-                hi = mid - 1
-                continue
-            if measure(candidates[probe])[which] <= sram_bytes:
-                found, hi = probe, mid - 1
-            else:
-                lo = probe + 1
-        return found
 
-    for which in (0, 1):
-        k = largest(which)
+def _largest_fitting(probe: _SizeProbe, candidates: list[int], which: int, sram_bytes: int,
+                     max_trials: int) -> int | None:
+    """Index of the largest candidate size whose measure ``which`` (0: peak, 1: floor) fits, by bisection."""
+    lo, hi, found = 0, len(candidates) - 1, None  # candidates descend; find the first that fits
+    while lo <= hi and probe.trials < max_trials:
+        mid = (lo + hi) // 2
+        # a refused size: look at its neighbours on the grid before giving up on this half
+        k = next((k for k in range(mid, hi + 1) if probe.measure(candidates[k]) is not None), None)
         if k is None:
+            hi = mid - 1
             continue
-        size = candidates[k]
-        dims = [d * size // reference for d in hint.shape[2:]]
-        if which == 0:
-            hint.whole, hint.whole_peak = hint.shape[:2] + dims, measure(size)[0]
+        if probe.measure(candidates[k])[which] <= sram_bytes:
+            found, hi = k, mid - 1
         else:
-            hint.split, hint.split_floor = hint.shape[:2] + dims, measure(size)[1]
-    return hint
+            lo = k + 1
+    return found

@@ -115,7 +115,7 @@ class FixOptions:
 
     # --- fitting SRAM (reorder-memory, --split) ---------------------------------------------------
     schedule_budget: int = 20000
-    """States the exact schedule search may expand (memory.DEFAULT_SEARCH_BUDGET); deterministic, no wall time."""
+    """States the exact schedule search may expand (schedule.DEFAULT_SEARCH_BUDGET); deterministic, no wall time."""
     split_at: tuple[str, ...] = ()
     """--split-at: tensors after whose producer the split must cut."""
 

@@ -129,42 +129,61 @@ def _keeping_outputs(node: onnx.NodeProto, traced: Container[str], index: GraphI
         perm = get_attr(node, "perm")
         return outs if perm and perm[0] == 0 else []
     if op in _AXIS_OPS:
-        default = {"Flatten": 1, "LayerNormalization": -1, "Softmax": -1, "LogSoftmax": -1, "Hardmax": -1,
-                   "CumSum": None}.get(op, 0)
-        axis = _axis(node, default, rank)
-        if op == "CumSum":
-            return outs[:1]  # its axis is an input; the size of axis 0 is kept either way
-        if axis is None or axis == 0:
-            return []
-        return outs if op == "Split" else outs[:1]
+        return _keeping_along_axis(node, outs, rank)
     if op.startswith(_REDUCE_PREFIX) or op in ("Squeeze", "Unsqueeze"):
-        axes = _axes(node, index)
-        if op.startswith(_REDUCE_PREFIX) and (not axes or not get_attr(node, "keepdims", 1)):
-            return []  # all axes (batch included) reduced, or the rank changes
-        if axes is None or (op == "Squeeze" and not axes):
-            return []  # unknown axes, or a Squeeze of every size-1 axis (a batch of 1 included)
-        base = _rank(shape(outs[0])) if op == "Unsqueeze" and outs else rank
-        if base is None or any((a + base if a < 0 else a) == 0 for a in axes):
-            return []
-        return outs[:1]
+        return _keeping_axes(node, index, outs, rank)
     if op in _SIZE_KEEPING:
-        out_shape = shape(outs[0]) if outs else None
-        if op in ("Expand", "Tile"):
-            return outs[:1] if _rank(out_shape) in (rank, None) else []
-        if op == "Reshape" and _rank(out_shape) is not None and _rank(out_shape) < 2:
-            return []
-        if op == "Pad" and len(node.input) > 1 and node.input[1] and rank is not None:
-            pads = index.const_value(node.input[1])
-            if pads is not None and len(node.input) < 4 and pads.size == 2 * rank:
-                return outs[:1] if int(pads[0]) == 0 and int(pads[rank]) == 0 else []
-        d0, o0 = _dim0(in_shape), _dim0(out_shape)
-        # An unknown size (a shape inference could not resolve on the unfolded model) continues the trace.
-        return outs[:1] if d0 == o0 or not isinstance(o0, int) else []
+        return _keeping_size(node, index, outs, in_shape)
     if op == "MatMul":
         return outs[:1] if rank is not None and rank >= 3 else []
     if op == "Gemm":
         return outs[:1] if not get_attr(node, "transA", 0) else []
     return []
+
+
+def _keeping_along_axis(node: onnx.NodeProto, outs: list[str], rank: int | None) -> list[str]:
+    """An op of ``_AXIS_OPS``: it keeps axis 0 unless its axis is 0 (or unknown)."""
+    op = node.op_type
+    default = {"Flatten": 1, "LayerNormalization": -1, "Softmax": -1, "LogSoftmax": -1, "Hardmax": -1,
+               "CumSum": None}.get(op, 0)
+    axis = _axis(node, default, rank)
+    if op == "CumSum":
+        return outs[:1]  # its axis is an input; the size of axis 0 is kept either way
+    if axis is None or axis == 0:
+        return []
+    return outs if op == "Split" else outs[:1]
+
+
+def _keeping_axes(node: onnx.NodeProto, index: GraphIndex, outs: list[str], rank: int | None) -> list[str]:
+    """A Reduce*, Squeeze or Unsqueeze: it keeps axis 0 when its axes are known, exclude 0 and keep the rank."""
+    op = node.op_type
+    axes = _axes(node, index)
+    if op.startswith(_REDUCE_PREFIX) and (not axes or not get_attr(node, "keepdims", 1)):
+        return []  # all axes (batch included) reduced, or the rank changes
+    if axes is None or (op == "Squeeze" and not axes):
+        return []  # unknown axes, or a Squeeze of every size-1 axis (a batch of 1 included)
+    base = _rank(index.shape(outs[0])) if op == "Unsqueeze" and outs else rank
+    if base is None or any((a + base if a < 0 else a) == 0 for a in axes):
+        return []
+    return outs[:1]
+
+
+def _keeping_size(node: onnx.NodeProto, index: GraphIndex, outs: list[str], in_shape: Shape | None) -> list[str]:
+    """An op of ``_SIZE_KEEPING``: it keeps axis 0 when the output's size 0 is the input's (or unknown)."""
+    op = node.op_type
+    rank = _rank(in_shape)
+    out_shape = index.shape(outs[0]) if outs else None
+    if op in ("Expand", "Tile"):
+        return outs[:1] if _rank(out_shape) in (rank, None) else []
+    if op == "Reshape" and _rank(out_shape) is not None and _rank(out_shape) < 2:
+        return []
+    if op == "Pad" and len(node.input) > 1 and node.input[1] and rank is not None:
+        pads = index.const_value(node.input[1])
+        if pads is not None and len(node.input) < 4 and pads.size == 2 * rank:
+            return outs[:1] if int(pads[0]) == 0 and int(pads[rank]) == 0 else []
+    d0, o0 = _dim0(in_shape), _dim0(out_shape)
+    # An unknown size (a shape inference could not resolve on the unfolded model) continues the trace.
+    return outs[:1] if d0 == o0 or not isinstance(o0, int) else []
 
 
 def _axes(node: onnx.NodeProto, index: GraphIndex) -> list[int] | None:

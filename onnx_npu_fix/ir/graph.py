@@ -705,6 +705,20 @@ def format_shape(shape: Shape | None) -> str:
     return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
 
 
+def format_bytes(n: int | None) -> str:
+    """'412.0 KiB', '3.2 MiB', '96 B' (binary units)."""
+    if n is None:
+        return "?"
+    if n < 1024:
+        return f"{n} B"
+    value = n / 1024
+    for unit in ("KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
 # --- measures ---------------------------------------------------------------------------------------
 
 

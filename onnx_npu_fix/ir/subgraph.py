@@ -93,69 +93,79 @@ def splice(body: onnx.GraphProto, bindings: dict[str, str], names: ModelNames, p
     write (None: any). ``keep_names``: keep a body tensor's own name when it is unique in the model (an If
     branch, spliced once); False derives every name from ``prefix`` (a Loop body, spliced once per iteration).
     """
-    alias: dict[str, str] = {}
-    for node in body.node:
-        if node.op_type == "Identity" and is_default_domain(node) and node.input and node.input[0]:
-            alias[node.output[0]] = node.input[0]
-
-    def source(name: str) -> str:
-        while name in alias:
-            name = alias[name]
-        return name
-
-    emitted_outputs = {o for n in body.node if n.output and n.output[0] not in alias for o in n.output if o}
-    local_inits = {t.name for t in body.initializer}
-    rename: dict[str, str] = {}
+    names_of = _SpliceNames(body, bindings, names, prefix, keep_names)
     outputs: list[str | None] = []
     for k, out in enumerate(body.output):
-        src = source(out.name)
+        src = names_of.source(out.name)
         target = targets[k] if k < len(targets) else None
-        if target and src in emitted_outputs and src not in rename:
-            rename[src] = target
+        if target and src in names_of.emitted_outputs and src not in names_of.rename:
+            names_of.rename[src] = target
             outputs.append(target)
         else:
             outputs.append(None)
-
-    def fresh(name: str) -> str:
-        new = rename.get(name)
-        if new is None:
-            derived = f"{prefix}/{name}"
-            new = names.tensor(name, derived) if keep_names else names.tensor("", derived)
-            rename[name] = new
-        return new
-
-    def resolve(name: str) -> str:
-        if not name:
-            return name
-        name = source(name)
-        if name in bindings:
-            return bindings[name]
-        if name in emitted_outputs or name in local_inits:
-            return fresh(name)
-        return name  # an enclosing-scope tensor: the enclosing graph defines it under this name
-
     result = Spliced()
     for tensor in body.initializer:
         moved = onnx.TensorProto()
         moved.CopyFrom(tensor)
-        moved.name = fresh(tensor.name)
+        moved.name = names_of.fresh(tensor.name)
         result.initializers.append(moved)
     for i, node in enumerate(body.node):
-        if node.output and node.output[0] in alias:
+        if node.output and node.output[0] in names_of.alias:
             continue  # an Identity: its readers read its input
         new = onnx.NodeProto()
         new.CopyFrom(node)
         new.name = names.node(node.name if keep_names else "", f"{prefix}/{node.name or node.op_type + str(i)}")
         for j, name in enumerate(new.input):
-            new.input[j] = resolve(name)
+            new.input[j] = names_of.resolve(name)
         for j, name in enumerate(new.output):
-            new.output[j] = fresh(name) if name else name
+            new.output[j] = names_of.fresh(name) if name else name
         for g in subgraphs(new):
-            rename_references(g, resolve)
+            rename_references(g, names_of.resolve)
         result.nodes.append(new)
-    result.outputs = [placed if placed is not None else resolve(out.name)
+    result.outputs = [placed if placed is not None else names_of.resolve(out.name)
                       for placed, out in zip(outputs, body.output)]
     return result
+
+
+class _SpliceNames:
+    """What a name of the spliced ``body`` becomes in the enclosing graph. An Identity's output is its input
+    (``alias``); a tensor the body defines gets a fresh name (its own when ``keep_names`` and unique in the
+    model), a body input its binding, and an enclosing-scope name stays."""
+
+    def __init__(self, body: onnx.GraphProto, bindings: dict[str, str], names: ModelNames, prefix: str,
+                 keep_names: bool) -> None:
+        self.bindings, self.names, self.prefix, self.keep_names = bindings, names, prefix, keep_names
+        self.alias: dict[str, str] = {}
+        for node in body.node:
+            if node.op_type == "Identity" and is_default_domain(node) and node.input and node.input[0]:
+                self.alias[node.output[0]] = node.input[0]
+        self.emitted_outputs = {o for n in body.node if n.output and n.output[0] not in self.alias
+                                for o in n.output if o}
+        self.local_inits = {t.name for t in body.initializer}
+        self.rename: dict[str, str] = {}
+
+    def source(self, name: str) -> str:
+        while name in self.alias:
+            name = self.alias[name]
+        return name
+
+    def fresh(self, name: str) -> str:
+        new = self.rename.get(name)
+        if new is None:
+            derived = f"{self.prefix}/{name}"
+            new = self.names.tensor(name, derived) if self.keep_names else self.names.tensor("", derived)
+            self.rename[name] = new
+        return new
+
+    def resolve(self, name: str) -> str:
+        if not name:
+            return name
+        name = self.source(name)
+        if name in self.bindings:
+            return self.bindings[name]
+        if name in self.emitted_outputs or name in self.local_inits:
+            return self.fresh(name)
+        return name  # an enclosing-scope tensor: the enclosing graph defines it under this name
 
 
 def rename_references(graph: onnx.GraphProto, resolve: Callable[[str], str]) -> None:

@@ -6,11 +6,11 @@
 
 Only the order of ``graph.node`` changes — every node keeps its inputs, outputs and attributes — so the pass
 is exact by construction (same dataflow graph, same values). The order comes from
-:func:`onnx_npu_fix.analysis.memory.order_plan`: greedy list scheduling over the ready nodes gives an incumbent, then an
+:func:`onnx_npu_fix.ir.schedule.order_plan`: greedy list scheduling over the ready nodes gives an incumbent, then an
 exact best-first search over the sets of scheduled nodes (graphs up to ``EXACT_MAX_NODES`` nodes, at most
 ``options.schedule_budget`` state expansions, so the result does not depend on the machine) either proves it
 optimal, finds the optimum, or stops with a lower bound — the largest (inputs + outputs) of a single node, or
-the least peak of the unexplored partial orders. See memory.py for the liveness model and its assumptions. The
+the least peak of the unexplored partial orders. See ir/schedule.py for the liveness model and its assumptions. The
 graph is rewritten only when the order's estimated peak is strictly lower than the stored order's, so a second
 run changes nothing. The peak depends on shapes:
 tensors of unknown shape count as 0 bytes, and the pass says so in a warning.
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import onnx
 
-from onnx_npu_fix.analysis.memory import EXACT_MAX_NODES, format_bytes, order_plan
 from onnx_npu_fix.config.options import FixOptions
-from onnx_npu_fix.ir.graph import GraphIndex
+from onnx_npu_fix.ir.graph import GraphIndex, format_bytes
+from onnx_npu_fix.ir.schedule import EXACT_MAX_NODES, order_plan
 from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan
 
 

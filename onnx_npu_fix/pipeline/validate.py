@@ -1,4 +1,5 @@
-"""Numerical validation: seeded inputs, onnxruntime runs (CPU, graph optimizations off), per-output comparison.
+"""Numerical validation: onnxruntime runs (CPU, graph optimizations off) on the input sets of inputs.py, per-output
+comparison.
 
 Optimizations are off so onnxruntime runs the graph as written: with ORT_ENABLE_ALL its own Conv+BN fusion
 would make an original and a wrongly folded model look alike, and session creation is 1.4-3x slower.
@@ -13,10 +14,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
-import math
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,103 +25,13 @@ import onnx
 
 from onnx_npu_fix.errors import InputError, first_line
 from onnx_npu_fix.io.save import write_with_external_data
-from onnx_npu_fix.ir.graph import (
-    TWO_GB,
-    approx_model_bytes,
-    dynamic_inputs,
-    format_shape,
-    shape_of_value_info,
-)
+from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes
+from onnx_npu_fix.pipeline.inputs import Feeds, make_inputs, validation_feeds
 
 if TYPE_CHECKING:
     from onnx_npu_fix.config.options import FixOptions
 
-Feeds = dict[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
-
-_MAX_INPUT_BYTES = 4 << 30  # random validation inputs above this are refused (the machine would swap or die)
-
-_NUMPY_OF_ONNX = {
-    onnx.TensorProto.FLOAT: np.float32,
-    onnx.TensorProto.DOUBLE: np.float64,
-    onnx.TensorProto.FLOAT16: np.float16,
-    onnx.TensorProto.INT8: np.int8,
-    onnx.TensorProto.UINT8: np.uint8,
-    onnx.TensorProto.INT16: np.int16,
-    onnx.TensorProto.UINT16: np.uint16,
-    onnx.TensorProto.INT32: np.int32,
-    onnx.TensorProto.UINT32: np.uint32,
-    onnx.TensorProto.INT64: np.int64,
-    onnx.TensorProto.UINT64: np.uint64,
-    onnx.TensorProto.BOOL: np.bool_,
-}
-
-
-def make_inputs(model: onnx.ModelProto, n: int, seed: int, *,
-                ranges: Mapping[str, tuple[float, float]] | None = None) -> list[Feeds]:
-    """``n`` input sets from one seeded generator: floats ~ N(0, 1), integers in [0, 8), bools fair coins.
-
-    Integer inputs stay small and non-negative because they are usually indices or lengths. ``ranges``: per
-    input, floats uniform in [lo, hi) and integers in [lo, hi] instead (``--input-range``).
-    Raises InputError when an input's shape is not static.
-    """
-    dynamic = dynamic_inputs(model)
-    if dynamic:
-        name, shape = next(iter(dynamic.items()))
-        raise InputError(
-            f"input '{name}' has dynamic shape {format_shape(shape)}; freeze it with "
-            f"--input-shape {name}:<dims> (e.g. --input-shape {name}:1,1,16000)"
-        )
-    rng = np.random.default_rng(seed)
-    inits = {t.name for t in model.graph.initializer}
-    specs = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        elem = vi.type.tensor_type.elem_type
-        dtype = _NUMPY_OF_ONNX.get(elem)
-        if dtype is None:
-            raise InputError(f"input '{vi.name}' has element type "
-                             f"{onnx.TensorProto.DataType.Name(elem)}, which validation cannot generate; "
-                             f"give its values with --validation-data FILE.npz, or use --no-validate")
-        shape = tuple(shape_of_value_info(vi) or ())
-        nbytes = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
-        if nbytes * n > _MAX_INPUT_BYTES:
-            raise InputError(f"input '{vi.name}' {format_shape(shape)} needs {nbytes / 2**30:.1f} GiB per validation "
-                             f"input; use --no-validate or a smaller --input-shape")
-        specs.append((vi.name, shape, dtype))
-    feeds: list[Feeds] = []
-    for _ in range(n):
-        feed: Feeds = {}
-        for name, shape, dtype in specs:
-            if ranges and name in ranges:
-                feed[name] = _in_range(rng, shape, dtype, *ranges[name])
-            elif np.issubdtype(dtype, np.floating):
-                feed[name] = rng.standard_normal(shape).astype(dtype)
-            elif dtype == np.bool_:
-                feed[name] = rng.integers(0, 2, shape).astype(np.bool_)
-            else:
-                feed[name] = rng.integers(0, 8, shape).astype(dtype)
-        feeds.append(feed)
-    return feeds
-
-
-def numpy_dtype(elem_type: int) -> type | None:
-    """The numpy type of an ONNX element type validation can feed (None: one it cannot, e.g. strings)."""
-    return _NUMPY_OF_ONNX.get(elem_type)
-
-
-def _in_range(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, lo: float, hi: float) -> np.ndarray:
-    """Values for ``--input-range``: floats uniform in [lo, hi), integers in [lo, hi], bools in {lo, hi} & {0, 1}."""
-    if np.issubdtype(dtype, np.floating):
-        return rng.uniform(lo, hi, shape).astype(dtype)
-    if dtype == np.bool_:
-        return rng.integers(max(0, math.ceil(lo)), min(1, math.floor(hi)) + 1, shape).astype(np.bool_)
-    info = np.iinfo(dtype)
-    low, high = max(info.min, math.ceil(lo)), min(info.max, math.floor(hi))
-    if low > high:
-        raise InputError(f"--input-range {lo:g},{hi:g} holds no {np.dtype(dtype).name} value")
-    return rng.integers(low, high, shape, endpoint=True).astype(dtype)
 
 
 def runtime_errors() -> tuple[type[BaseException], ...]:
@@ -616,7 +526,6 @@ class Validator:
         """``reference``: the original's outputs already under way, else computed from ``model`` as it is now.
         ``reference_feeds``: inputs only ``reference`` takes (frozen inputs), added to every set it runs.
         ``approximate``: the run may make an approximate change (more input sets, see inputs.py)."""
-        from onnx_npu_fix.pipeline.inputs import validation_feeds  # inputs.py builds on this module
 
         self.options = options
         self.feeds: list[Feeds] = []

@@ -1,0 +1,141 @@
+"""The package tree is the architecture: no import cycles, and each layer imports only from the layers below it.
+
+Imports are read from the source with ``ast`` (nothing is imported), every ``import`` / ``from ... import``
+counted wherever it stands: at module level, inside a function (a lazy import is still a dependency) or under
+``if TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "onnx_npu_fix"
+ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+
+# Lowest first: a layer may import from itself and from the layers before it, never from one after it.
+LAYERS = ("ir", "config", "io", "passes", "analysis", "pipeline", "plugins", "api", "cli", "__main__")
+# Usable from every layer: the exceptions and exit codes, and the package root (``__version__``; its public
+# names are loaded on attribute access, so ``onnx_npu_fix/__init__.py`` imports nothing at module level).
+SHARED = ("errors", "")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _imported(module: str, path: Path) -> list[tuple[str, int, bool]]:
+    """(imported module, line, module-level?) for every import of a package module in ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    top_level = {id(node) for node in tree.body}
+    found: list[tuple[str, int, bool]] = []
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            # ``from pkg import mod`` imports the module pkg.mod; ``from mod import name`` imports mod.
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        for target in dict.fromkeys(targets):  # once per statement, however many names it imports
+            if target == PACKAGE or target.startswith(PACKAGE + "."):
+                found.append((target, node.lineno, id(node) in top_level))
+    return found
+
+
+def _with_parents(importer: str, target: str) -> set[str]:
+    """``target`` and the packages Python runs on the way to it (their ``__init__``), except those that
+    contain the importer (already being imported when it runs)."""
+    implied = {target}
+    parts = target.split(".")
+    for k in range(1, len(parts)):
+        parent = ".".join(parts[:k])
+        if not (importer == parent or importer.startswith(parent + ".")):
+            implied.add(parent)
+    return implied & set(MODULES)
+
+
+def _graph(*, module_level_only: bool) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for module, path in MODULES.items():
+        for target, _, top in _imported(module, path):
+            if top or not module_level_only:
+                graph[module] |= _with_parents(module, target) - {module}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path that returns to its start, or None (depth-first search, sorted order)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state and (found := visit(target)):
+                return found
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module)):
+            return found
+    return None
+
+
+def _layer(module: str) -> str:
+    return module.removeprefix(PACKAGE).lstrip(".").split(".")[0]
+
+
+def test_the_import_reader_sees_every_kind_of_import():
+    # The checks below are only as good as the reader: it must see relative, lazy and from-package imports.
+    validate = _imported("onnx_npu_fix.pipeline.validate", MODULES["onnx_npu_fix.pipeline.validate"])
+    assert ("onnx_npu_fix.pipeline.inputs", True) in {(t, top) for t, _, top in validate}
+    cli = {(t, top) for t, _, top in _imported("onnx_npu_fix.cli", MODULES["onnx_npu_fix.cli"])}
+    assert ("onnx_npu_fix.api", False) in cli  # ``from onnx_npu_fix import api`` inside a function
+    assert _with_parents("onnx_npu_fix.analysis.constraints", "onnx_npu_fix.passes.base") == {
+        "onnx_npu_fix.passes.base", "onnx_npu_fix.passes"}
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("module_level_only", [True, False], ids=["module-level", "with-lazy-imports"])
+def test_no_import_cycle(module_level_only):
+    cycle = _cycle(_graph(module_level_only=module_level_only))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_module_belongs_to_a_layer():
+    # A new sub-package or top-level module must take its place in LAYERS (or SHARED) first.
+    unplaced = sorted(m for m in MODULES if _layer(m) not in LAYERS + SHARED)
+    assert not unplaced, f"modules in no layer: {unplaced}; add their sub-package to LAYERS in this test"
+
+
+def test_each_layer_imports_only_from_the_layers_below_it():
+    rank = {layer: k for k, layer in enumerate(LAYERS)}
+    upward = []
+    for module, path in MODULES.items():
+        here = _layer(module)
+        for target, line, _ in _imported(module, path):
+            there = _layer(target)
+            if there in SHARED:
+                continue
+            if here in SHARED or rank[there] > rank[here]:
+                upward.append(f"{path.relative_to(ROOT.parent)}:{line} ({here}) imports {target} ({there})")
+    assert not upward, "imports against the layer order " + " <- ".join(LAYERS) + ":\n" + "\n".join(upward)
