@@ -1,4 +1,5 @@
-"""The library entry points: load a model, fix it, save it atomically.
+"""The library's façade: :func:`fix`, :func:`check` and :func:`run`, the whole use case as named steps
+(plan paths → load → reference → fix → check → split / plot → commit → record).
 
     outcome = run("in.onnx", "out.onnx", FixOptions(max_dilation=4, align=8), report_path="npufix.json")
     outcome.exit_code    # 0 ok, 1 constraints remain, 3 a pass failed (errors.EXIT_*)
@@ -13,11 +14,9 @@ or step by step:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,17 +26,19 @@ import onnx
 import onnx.external_data_helper
 
 from onnx_npu_fix.analysis.constraints import CheckReport, Violation
+from onnx_npu_fix.analysis.plot import write_memory_plot
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import EXIT_OK, EXIT_PASS_FAILED, EXIT_VIOLATIONS, InputError, PassFailed, first_line
 from onnx_npu_fix.io.load import LoadedModel, load_model, read_model  # noqa: F401 - load_model: part of the API
 from onnx_npu_fix.io.paths import check_output_path, check_run_paths, check_split_dir
-from onnx_npu_fix.io.save import EarlyWrite, current_umask, save_model, write_json
-from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, infer_shapes
+from onnx_npu_fix.io.save import EarlyWrite, save_model, write_json
+from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, copy_model, infer_shapes
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.pipeline.freeze import FrozenInput, freeze_inputs
 from onnx_npu_fix.pipeline.report import FixReport
 from onnx_npu_fix.pipeline.scheduler import FixResult, prepare, run_passes
+from onnx_npu_fix.pipeline.segments import SplitOutcome, split_model
 from onnx_npu_fix.pipeline.validate import Reference
 
 
@@ -125,9 +126,7 @@ def fix(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None =
         source = model if source is None else source
         model = read_model(model).model
     elif isinstance(model, onnx.ModelProto):
-        work = onnx.ModelProto()
-        work.CopyFrom(model)
-        model = work
+        model = copy_model(model)
     else:
         raise TypeError(f"fix() takes an onnx.ModelProto or the path of an .onnx file, not {type(model).__name__}"
                         " (export an onnx-graphsurgeon graph with gs.export_onnx first)")
@@ -232,6 +231,27 @@ class RunOutcome:
         return self.exit_code == EXIT_OK
 
 
+@dataclass
+class _RunState:
+    """One call of :func:`run`: its arguments, normalised, and what its steps learn for the record."""
+
+    input_path: str
+    output: str | None
+    options: FixOptions
+    report_path: str | None
+    split_dir: str | None
+    memory_plot: str | None
+    shapes: bool
+    wants_record: bool
+    """``report_path`` or ``record=True``: the record hashes both models (0.2 s at 100 MB), built only when read."""
+    command: Sequence[str] | None
+    started: float = field(default_factory=time.perf_counter)
+    external: bool = False
+    """The input has external data (and so will the output)."""
+    read_digest: bytes | None = None
+    """The SHA-256 of the bytes read (the reference hashed them): the record names what was processed."""
+
+
 def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
         options: FixOptions | None = None, *, passes: Sequence[Pass] | None = None,
         report_path: str | os.PathLike | None = None, check: bool = False, shapes: bool = False,
@@ -249,116 +269,167 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
     with ``manifest.json`` there (:func:`split_model`; before the model is saved, so a failed split writes
     nothing). ``memory_plot``: draw the activation profile (:func:`write_memory_plot`).
     """
-    from onnx_npu_fix.analysis.constraints import check_model, split_requested
-    from onnx_npu_fix.pipeline.report import build_record
-
-    started = time.perf_counter()
-    options = options or FixOptions()
-    path = os.fspath(input_path)
-    report_path = None if report_path is None else os.fspath(report_path)
-    split_dir = None if split_dir is None else os.fspath(split_dir)
-    memory_plot = None if memory_plot is None else os.fspath(memory_plot)
-    _check_fitting(options, path, check, split_dir, memory_plot)
+    job = _RunState(os.fspath(input_path), _fspath(output), options or FixOptions(), _fspath(report_path),
+               _fspath(split_dir), _fspath(memory_plot), shapes, bool(report_path) or record, command)
+    _check_fitting(job.options, job.input_path, check, job.split_dir, job.memory_plot)
     if check:
-        source = read_model(path)
-        if report_path:
-            check_run_paths(path, None, report_path, source.external_files)
-        checked = check_model(source.model, options, shapes=shapes)
-        counted, others = split_requested(checked.violations, options)
-        outcome = RunOutcome(EXIT_VIOLATIONS if counted else EXIT_OK, "check", path, checked=checked,
-                             violations=counted, not_requested=others)
-        if memory_plot:
-            _plot(outcome, source.model, memory_plot, options, prepared=False)
-        if report_path or record:
-            outcome.record = build_record(path, None, options, None, time.perf_counter() - started,
-                                          outcome.exit_code, checked, command, counted, others)
-            outcome.record["split"] = None
-        if report_path:
-            _write_report(report_path, outcome.record, write_json)
-        return outcome
-    if output is None:
+        outcome = _check_input(job)
+    else:
+        chosen = _plan_fix(job, passes)
+        outcome = _fix_and_write(job, chosen)
+    _record(job, outcome)
+    return outcome
+
+
+def _fspath(path: str | os.PathLike | None) -> str | None:
+    return None if path is None else os.fspath(path)
+
+
+def _check_input(job: _RunState) -> RunOutcome:
+    """``--check``: read the input, list its violations (and draw ``--memory-plot``); nothing else is written."""
+    from onnx_npu_fix.analysis.constraints import check_model, split_requested
+
+    source = read_model(job.input_path)
+    if job.report_path:
+        check_run_paths(job.input_path, None, job.report_path, source.external_files)
+    checked = check_model(source.model, job.options, shapes=job.shapes)
+    counted, others = split_requested(checked.violations, job.options)
+    outcome = RunOutcome(EXIT_VIOLATIONS if counted else EXIT_OK, "check", job.input_path, checked=checked,
+                         violations=counted, not_requested=others)
+    if job.memory_plot:
+        _plot(outcome, source.model, job.memory_plot, job.options, prepared=False)
+    return outcome
+
+
+def _plan_fix(job: _RunState, passes: Sequence[Pass] | None) -> list[Pass]:
+    """Before any work: an output path, the passes, and the paths the run writes (the input's external data is
+    only known once it is read: :func:`_load_and_fix` checks again)."""
+    if job.output is None:
         raise InputError("missing the output path (where to write the fixed model)")
-    output = os.fspath(output)
     chosen = list(passes) if passes is not None else select_passes()
-    check_output_path(output, path)
-    if report_path:
-        check_run_paths(path, output, report_path)
-    reference = None
-    early = EarlyWrite(output)
+    check_output_path(job.output, job.input_path)
+    if job.report_path:
+        check_run_paths(job.input_path, job.output, job.report_path)
+    return chosen
+
+
+def _fix_and_write(job: _RunState, chosen: list[Pass]) -> RunOutcome:
+    """Load → reference → fix → check the output → split / plot → commit; the output is written (early, while
+    the last validation runs, when it can) only if every step before succeeds."""
+    early = EarlyWrite(job.output)
     try:
-        loaded = read_model(path, keep_bytes=True)
-        # Only a model that passed the onnx checker goes to onnxruntime: malformed graphs can crash it.
-        reference = start_reference(loaded, options)
-        check_output_path(output, path, protected=loaded.external_files)
-        if report_path:
-            check_run_paths(path, output, report_path, loaded.external_files)
-        external = bool(loaded.external_files)
-        # The model was read here and nobody else holds it: the passes work on it in place (no copy).
-        result = _fix_in_place(loaded.model, options, chosen, reference=reference,
-                               on_serialized=None if external else early.start, source=path)
-        # The SHA-256 of the bytes read (the reference hashed them): the record names what was processed.
-        read_digest = reference.digest() if reference is not None else None
-    except BaseException:
+        result = _load_and_fix(job, chosen, early)
+        outcome = RunOutcome(EXIT_OK, "fix", job.input_path, result=result)
+        if not result.ok:
+            outcome.exit_code, outcome.error = EXIT_PASS_FAILED, _failure(result.report)
+            return outcome
+        _check_output(job, outcome)
+        _split(job, outcome)
+        if job.memory_plot and outcome.error is None:
+            _plot(outcome, result.model, job.memory_plot, job.options, prepared=True)
+        if outcome.error is None:
+            _commit(job, outcome, early)
+    finally:
         early.close()
-        raise
+    if outcome.error is None:
+        _decide(job, outcome, chosen)
+    return outcome
+
+
+def _load_and_fix(job: _RunState, chosen: list[Pass], early: EarlyWrite) -> FixResult:
+    """Read the input, start the reference on it, and run the passes over the model read (nobody else holds
+    it: edited in place, no copy)."""
+    reference = None
+    try:
+        loaded = read_model(job.input_path, keep_bytes=True)
+        # Only a model that passed the onnx checker goes to onnxruntime: malformed graphs can crash it.
+        reference = start_reference(loaded, job.options)
+        check_output_path(job.output, job.input_path, protected=loaded.external_files)
+        if job.report_path:
+            check_run_paths(job.input_path, job.output, job.report_path, loaded.external_files)
+        job.external = bool(loaded.external_files)
+        result = _fix_in_place(loaded.model, job.options, chosen, reference=reference,
+                               on_serialized=None if job.external else early.start, source=job.input_path)
+        job.read_digest = reference.digest() if reference is not None else None
     finally:
         if reference is not None:
             reference.close()
-    outcome = RunOutcome(EXIT_OK, "fix", path, result=result)
-    if not result.ok:
-        early.close()
-        outcome.exit_code = EXIT_PASS_FAILED
-        failed = result.report.failed_pass
-        if failed is not None:
-            outcome.error = (f"pass {failed.name} failed: {failed.error}; nothing written "
-                             f"(--skip {failed.name} to run without it, or --keep-going to roll it back)")
-        else:
-            outcome.error = f"the output does not match the original ({_final_problem(result.report.final)}); " \
-                            f"nothing written"
-    else:
-        try:
-            outcome.checked = check_model(result.model, options, shapes=shapes, prepared=True,
-                                          memory=bool(report_path) or record)
-            if split_dir:
-                try:
-                    outcome.split = split_model(result.model, split_dir, options)
-                except PassFailed as exc:
-                    outcome.exit_code, outcome.error = exc.exit_code, f"split failed: {exc}; nothing written"
-                except OSError as exc:
-                    raise InputError(f"cannot write --split {split_dir}: {exc.strerror or exc}; nothing written") \
-                        from None
-                if outcome.split.fits and options.sram_bytes is not None:
-                    # Segments that all fit satisfy the budget: the whole model's 'sram' finding is resolved.
-                    outcome.checked.violations = [v for v in outcome.checked.violations if v.constraint != "sram"]
-            if memory_plot and outcome.error is None:
-                _plot(outcome, result.model, memory_plot, options, prepared=True)
-            if outcome.error is None:
-                save_model(result.model, output, external_data=external or None, serialized=result.serialized,
-                           early=early)
-        except OSError as exc:
-            raise InputError(f"cannot write {output}: {exc.strerror or exc}; nothing written") from None
-        finally:
-            early.close()
-        if outcome.error is None:
-            outcome.written = output
-            outcome.violations, outcome.not_requested = split_requested(
-                outcome.checked.violations, options, [p.name for p in chosen])
-            if outcome.violations or (outcome.split is not None and not outcome.split.fits):
-                outcome.exit_code = EXIT_VIOLATIONS
-    # The record hashes both models (0.2 s at 100 MB): built only when someone reads it.
-    if report_path or record:
+    return result
+
+
+def _failure(report: FixReport) -> str:
+    """The one-line error of a run whose passes did not produce a valid output."""
+    failed = report.failed_pass
+    if failed is not None:
+        return (f"pass {failed.name} failed: {failed.error}; nothing written "
+                f"(--skip {failed.name} to run without it, or --keep-going to roll it back)")
+    return f"the output does not match the original ({_final_problem(report.final)}); nothing written"
+
+
+def _check_output(job: _RunState, outcome: RunOutcome) -> None:
+    from onnx_npu_fix.analysis.constraints import check_model
+
+    outcome.checked = check_model(outcome.result.model, job.options, shapes=job.shapes, prepared=True,
+                                  memory=job.wants_record)
+
+
+def _split(job: _RunState, outcome: RunOutcome) -> None:
+    """``--split``: the segments, written before the model (a failed split writes nothing)."""
+    if not job.split_dir:
+        return
+    try:
+        outcome.split = split_model(outcome.result.model, job.split_dir, job.options)
+    except PassFailed as exc:
+        outcome.exit_code, outcome.error = exc.exit_code, f"split failed: {exc}; nothing written"
+        return
+    except OSError as exc:
+        raise InputError(f"cannot write --split {job.split_dir}: {exc.strerror or exc}; nothing written") from None
+    if outcome.split.fits and job.options.sram_bytes is not None:
+        # Segments that all fit satisfy the budget: the whole model's 'sram' finding is resolved.
+        outcome.checked.violations = [v for v in outcome.checked.violations if v.constraint != "sram"]
+
+
+def _commit(job: _RunState, outcome: RunOutcome, early: EarlyWrite) -> None:
+    """Write the output model (renaming the early write into place when it holds these bytes)."""
+    result = outcome.result
+    try:
+        save_model(result.model, job.output, external_data=job.external or None, serialized=result.serialized,
+                   early=early)
+    except OSError as exc:
+        raise InputError(f"cannot write {job.output}: {exc.strerror or exc}; nothing written") from None
+
+
+def _decide(job: _RunState, outcome: RunOutcome, chosen: list[Pass]) -> None:
+    """Written: which violations count, and the exit code they make."""
+    from onnx_npu_fix.analysis.constraints import split_requested
+
+    outcome.written = job.output
+    outcome.violations, outcome.not_requested = split_requested(
+        outcome.checked.violations, job.options, [p.name for p in chosen])
+    if outcome.violations or (outcome.split is not None and not outcome.split.fits):
+        outcome.exit_code = EXIT_VIOLATIONS
+
+
+def _record(job: _RunState, outcome: RunOutcome) -> None:
+    """The build record (when asked for), written to ``--report``."""
+    if job.wants_record:
+        from onnx_npu_fix.pipeline.report import build_record
+
+        result = outcome.result
         # A self-contained output is exactly the serialized bytes (save_model writes them as they are).
         written_digest = hashlib.sha256(result.serialized).hexdigest() \
-            if outcome.written and not external and result.serialized is not None else None
-        outcome.record = build_record(path, outcome.written, options, result.report, time.perf_counter() - started,
-                                      outcome.exit_code, outcome.checked, command,
-                                      outcome.violations if outcome.checked is not None else None,
-                                      outcome.not_requested, read_digest.hex() if read_digest else None,
+            if outcome.written and not job.external and result.serialized is not None else None
+        outcome.record = build_record(job.input_path, outcome.written, job.options, outcome.report,
+                                      time.perf_counter() - job.started, outcome.exit_code, outcome.checked,
+                                      job.command, outcome.violations if outcome.checked is not None else None,
+                                      outcome.not_requested, job.read_digest.hex() if job.read_digest else None,
                                       written_digest)
         outcome.record["split"] = outcome.split.to_json() if outcome.split is not None else None
-    if report_path:
-        _write_report(report_path, outcome.record, write_json)
-    return outcome
+    if job.report_path:
+        try:
+            write_json(job.report_path, outcome.record)
+        except OSError as exc:
+            raise InputError(f"cannot write the report {job.report_path}: {exc.strerror or exc}") from None
 
 
 def _check_fitting(options: FixOptions, input_path: str, check: bool, split_dir: str | None,
@@ -382,17 +453,13 @@ def _check_fitting(options: FixOptions, input_path: str, check: bool, split_dir:
 
 def _plot(outcome: RunOutcome, model: onnx.ModelProto, path: str, options: FixOptions, *, prepared: bool) -> None:
     try:
-        write_memory_plot(model, path, options, split=outcome.split, prepared=prepared)
+        split = outcome.split
+        segments = split.segments if split is not None and split.segments else ()
+        write_memory_plot(model, path, options, segments=segments, cuts=split.plan.cuts if segments else (),
+                          prepared=prepared)
     except OSError as exc:
         raise InputError(f"cannot write --memory-plot {path}: {exc.strerror or exc}") from None
     outcome.memory_plot = path
-
-
-def _write_report(path: str, data: dict[str, Any] | None, write_json: Callable[[str, Any], None]) -> None:
-    try:
-        write_json(path, data)
-    except OSError as exc:
-        raise InputError(f"cannot write the report {path}: {exc.strerror or exc}") from None
 
 
 def _final_problem(final) -> str:
@@ -419,132 +486,3 @@ def check(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None
     report = check_model(model, options, shapes=shapes)
     report.violations, _ = split_requested(report.violations, options)
     return report
-
-
-# --- --split: segments that fit the SRAM budget ---------------------------------------------------------
-
-
-@dataclass
-class SplitOutcome:
-    """What :func:`split_model` did: the plan, its chained validation, and where the segments went."""
-
-    plan: object  # split.SplitPlan
-    directory: str | None = None
-    """Where the segments and manifest.json were written (None: nothing written, the plan does not fit)."""
-    validation: object | None = None  # validate.Comparison, None when validation is off
-    hint: object | None = None  # split.ResolutionHint when a single layer does not fit
-    manifest: dict | None = None
-    segments: list | None = None
-    """The segment models written (for --memory-plot)."""
-    note: str | None = None
-    """Why the chain was not validated, when onnxruntime cannot run the model itself."""
-
-    @property
-    def fits(self) -> bool:
-        return bool(self.plan.fits)
-
-    def to_json(self) -> dict:
-        return {"directory": self.directory, "manifest": self.manifest, **self.plan.to_json(),
-                "validation": self.validation.to_json() if self.validation is not None else None,
-                "validation_note": self.note,
-                "resolution": self.hint.to_json() if self.hint is not None else None}
-
-
-def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: FixOptions) -> SplitOutcome:
-    """Cut ``model`` (fixed, with fresh shapes: FixResult.model) into segments that each fit
-    ``options.sram_bytes`` (split.plan_split), check each segment's own estimate against the budget, validate
-    that running them in order reproduces ``model``'s outputs bit for bit, and write DIR atomically: the
-    segments and ``manifest.json`` go to a temporary sibling directory renamed into place at the end.
-
-    When a single layer exceeds the budget nothing is written: the outcome has ``fits`` False, the plan names
-    the layers and ``hint`` says which input size would fit. Raises PassFailed (pass name 'split') when the
-    chained segments do not reproduce the model, InputError for a bad ``--split-at`` name or directory."""
-    import shutil
-
-    from onnx_npu_fix.analysis.memory import estimate
-    from onnx_npu_fix.analysis.split import build_segments, plan_split, resolution_hint
-    from onnx_npu_fix.ir.graph import GraphIndex
-    from onnx_npu_fix.pipeline.validate import CannotRun, validate_chain
-
-    directory = os.fspath(directory)
-    check_split_dir(directory)
-    plan = plan_split(GraphIndex(model), options.sram_bytes, options.act_bytes, split_at=options.split_at,
-                      budget=options.schedule_budget)
-    outcome = SplitOutcome(plan)
-    if not plan.fits:
-        outcome.hint = resolution_hint(model, options.sram_bytes, options.act_bytes)
-        return outcome
-    segments = build_segments(model, plan)
-    for k, (segment, planned) in enumerate(zip(segments, plan.segments)):
-        onnx.checker.check_model(segment)
-        peak = estimate(segment, options.act_bytes, reorder=False).peak_bytes
-        if options.sram_bytes is not None and peak > options.sram_bytes:
-            raise PassFailed(f"segment {k} as built peaks at {peak} B, above the budget (planned "
-                             f"{planned.peak_bytes} B)", pass_name="split")
-        planned.peak_bytes = peak
-    if options.validate != "none":
-        try:
-            outcome.validation = validate_chain(model, segments, n=options.n_inputs, seed=options.seed)
-        except CannotRun as exc:
-            outcome.note = f"onnxruntime cannot run the model ({exc}), so the chain is not validated"
-    if outcome.validation is not None:
-        if not outcome.validation.passed:
-            worst = outcome.validation.worst
-            what = outcome.validation.error or (f"output '{worst.name}' differs by {worst.max_abs:.3g}"
-                                                if worst else "outputs differ")
-            raise PassFailed(f"the chained segments do not reproduce the model: {what}", pass_name="split")
-    width = max(2, len(str(len(segments) - 1)))
-    names = [f"segment_{k:0{width}d}.onnx" for k in range(len(segments))]
-    manifest = {
-        "segments": [{"path": name, "inputs": s.inputs, "outputs": s.outputs, "peak_bytes": s.peak_bytes}
-                     for name, s in zip(names, plan.segments)],
-        "crossing_bytes": list(plan.crossing_bytes),
-    }
-    parent = os.path.dirname(os.path.abspath(directory))
-    tmp = tempfile.mkdtemp(prefix=".npufix-split-", dir=parent)
-    try:
-        for name, segment in zip(names, segments):
-            save_model(segment, os.path.join(tmp, name))
-        write_json(os.path.join(tmp, "manifest.json"), manifest)
-        os.chmod(tmp, 0o777 & ~current_umask())
-        if os.path.isdir(directory):
-            os.rmdir(directory)  # empty (checked above): replaced by the finished directory
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    outcome.directory, outcome.manifest, outcome.segments = directory, manifest, segments
-    return outcome
-
-
-def write_memory_plot(model: onnx.ModelProto, path: str | os.PathLike, options: FixOptions, *,
-                      split: SplitOutcome | None = None, prepared: bool = True) -> dict:
-    """Draw the activation profile of ``model`` (plot.py) to ``path`` (.png / .svg) and its numbers to
-    ``path + '.json'``, both atomically. ``prepared``: ``model`` has fresh inferred shapes (FixResult.model);
-    otherwise a light analysis copy is made. ``split``: also draw each segment. Returns the numbers.
-    Raises InputError (exit 2) when matplotlib is missing."""
-
-    from onnx_npu_fix.analysis.memory import analysis_copy
-    from onnx_npu_fix.analysis.plot import check_plot_path, draw, profile_data
-
-    path = os.fspath(path)
-    check_plot_path(path)
-    if not prepared:
-        model, _ = analysis_copy(model, options.input_shapes)
-    segments = split.segments if split is not None and split.segments else ()
-    cuts = split.plan.cuts if segments else ()
-    data = profile_data(model, options.act_bytes, options.sram_bytes, segments=segments, cuts=cuts,
-                        budget=options.schedule_budget)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".npufix-plot-", suffix=os.path.splitext(path)[1], dir=directory)
-    os.close(fd)
-    try:
-        draw(data, tmp)
-        os.chmod(tmp, 0o666 & ~current_umask())
-        write_json(path + ".json", data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return data

@@ -367,20 +367,7 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
 
         for line in render_cost(*report.cost):
             _say(quiet, line)
-    if outcome.violations:
-        for violation in outcome.violations:
-            click.echo(f"unfixed: {violation.text()}", err=True)
-        for pass_name, rejection in report.blocking:
-            click.echo(f"  why: {rejection.node} ({rejection.op}): {rejection.reason} [{pass_name}]", err=True)
-    defaults = [v for v, why in outcome.not_requested if why == "not requested"]
-    for violation, why in outcome.not_requested:
-        if why != "not requested":
-            _say(quiet, f"warning: {violation.text()} ({why}; not counted)")
-        elif verbose:
-            _say(quiet, f"not requested: {violation.text()}")
-    if defaults and not verbose:
-        _say(quiet, f"note: {len(defaults)} findings of constraints not asked for remain (npufix's defaults, not "
-                    f"counted; -v lists them, --target or options make them count)")
+    _print_findings(outcome, quiet, verbose)
     if verbose:
         for note in checked.exempt:
             _say(quiet, f"exempt: {note.text()} ({note.message})")
@@ -391,6 +378,24 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
     _print_fitting(outcome, quiet)
     _say(quiet, f"wrote {outcome.written}")
     _print_validation_verdict(report, quiet)
+
+
+def _print_findings(outcome, quiet: bool, verbose: int) -> None:
+    """The violations left in the output (with the rejections that left them) and those that do not count."""
+    if outcome.violations:
+        for violation in outcome.violations:
+            click.echo(f"unfixed: {violation.text()}", err=True)
+        for pass_name, rejection in outcome.report.blocking:
+            click.echo(f"  why: {rejection.node} ({rejection.op}): {rejection.reason} [{pass_name}]", err=True)
+    defaults = [v for v, why in outcome.not_requested if why == "not requested"]
+    for violation, why in outcome.not_requested:
+        if why != "not requested":
+            _say(quiet, f"warning: {violation.text()} ({why}; not counted)")
+        elif verbose:
+            _say(quiet, f"not requested: {violation.text()}")
+    if defaults and not verbose:
+        _say(quiet, f"note: {len(defaults)} findings of constraints not asked for remain (npufix's defaults, not "
+                    f"counted; -v lists them, --target or options make them count)")
 
 
 def _print_fitting(outcome, quiet: bool) -> None:

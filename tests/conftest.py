@@ -19,9 +19,9 @@ def fixture_path():
 @pytest.fixture
 def no_model_copies(monkeypatch):
     """The pass manager may not keep a copy of the model: a run that can read its input again restores by
-    reading (pipeline._copy raises)."""
+    reading (the scheduler's copy_model raises)."""
     from onnx_npu_fix.pipeline import scheduler as pipeline
     def refuse(model):
         raise AssertionError("the pass manager kept a copy although it can read the input again")
 
-    monkeypatch.setattr(pipeline, "_copy", refuse)
+    monkeypatch.setattr(pipeline, "copy_model", refuse)

@@ -195,3 +195,14 @@ def test_readme_api_example_runs(tmp_path, monkeypatch, capsys):
 
 def _by_name(record: dict, name: str) -> dict:
     return next(p for p in record["passes"] if p["name"] == name)
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_an_unknown_input_shape_name_lists_the_inputs_when_fixing_and_checking(tmp_path, fixture_path, check):
+    """One prepare (io.load.prepare) for the pass manager and the analyses: one message for the same mistake."""
+    options = FixOptions(input_shapes={"nope": (1, 1, 16)})
+    output = None if check else tmp_path / "o.onnx"
+    with pytest.raises(errors.InputError) as raised:
+        api.run(fixture_path("tcn.onnx"), output, options, check=check)
+    assert str(raised.value) == "--input-shape names 'nope', which is not a graph input (inputs: mix)"
+    assert os.listdir(tmp_path) == []

@@ -203,7 +203,7 @@ def test_every_outcome_has_a_status_and_every_status_an_outcome():
 @pytest.mark.parametrize("kind", [RestoreKind.BYTES, RestoreKind.COPY, RestoreKind.REREAD])
 def test_a_restore_point_gives_back_the_model_it_was_taken_at(kind):
     at = small_model()
-    held = {RestoreKind.BYTES: at.SerializeToString(), RestoreKind.COPY: pipeline._copy(at)}.get(kind)
+    held = {RestoreKind.BYTES: at.SerializeToString(), RestoreKind.COPY: pipeline.copy_model(at)}.get(kind)
     point = RestorePoint(kind, 2, 1, held)
     changed = small_model()
     changed.graph.node[2].op_type = "Sigmoid"

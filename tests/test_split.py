@@ -478,3 +478,21 @@ def test_segments_pass_check_with_a_targets_options(tmp_path):
     for s in manifest["segments"]:
         check = CliRunner().invoke(main, [str(seg / s["path"]), "--check", "--target", "stm32n6", "--sram", budget])
         assert check.exit_code == 0, check.output
+
+
+def test_a_split_whose_chain_fails_writes_nothing_and_exits_3(tmp_path, monkeypatch):
+    """PassFailed from the split is the run's outcome (exit 3, one line), not an internal error."""
+    from onnx_npu_fix.errors import PassFailed
+
+    def fail(*args, **kwargs):
+        raise PassFailed("the chained segments do not reproduce the model: output 'mask' differs by 1",
+                         pass_name="split")
+
+    src = tmp_path / "in.onnx"
+    onnx.save(skip_unet(), src)
+    monkeypatch.setattr(api, "split_model", fail)
+    result = CliRunner().invoke(main, [str(src), "-o", str(tmp_path / "out.onnx"), "--sram", "1MiB",
+                                       "--split", str(tmp_path / "seg"), "-q"])
+    assert result.exit_code == 3, result.output
+    assert "split failed: the chained segments do not reproduce the model" in result.output
+    assert sorted(os.listdir(tmp_path)) == ["in.onnx"]

@@ -16,14 +16,12 @@ from typing import Any
 import onnx
 
 from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.io.load import prepare
 from onnx_npu_fix.ir.graph import (
     GraphIndex,
     Shape,
     format_bytes,
     format_shape,
-    infer_shapes,
-    name_unnamed_nodes,
-    set_input_shapes,
     shape_only_copy,
 )
 from onnx_npu_fix.ir.schedule import (
@@ -57,25 +55,7 @@ def analysis_copy(model: onnx.ModelProto,
     whatever non-strict inference could find).
     """
     light = shape_only_copy(model, keep_value_info=True)
-    graph = light.graph
-    if input_shapes:
-        try:
-            set_input_shapes(light, dict(input_shapes))
-        except KeyError as exc:
-            raise InputError(f"--input-shape names {exc.args[0]!r}, which is not a graph input") from None
-    name_unnamed_nodes(graph)
-    error: str | None = None
-    try:
-        infer_shapes(light)
-    except Exception as exc:  # noqa: BLE001 - any inference failure becomes a finding, never a crash
-        error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        try:
-            inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False,
-                                                         data_prop=True)
-            del graph.value_info[:]
-            graph.value_info.extend(inferred.graph.value_info)
-        except Exception:  # noqa: BLE001 - keep the declared value_info
-            pass
+    error = prepare(light, input_shapes, strict=False)
     return light, error
 
 

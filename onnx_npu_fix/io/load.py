@@ -1,10 +1,12 @@
 """Reading a model: the file, its external data, sparse initializers made dense, the onnx checker and the
-structural checks onnxruntime would otherwise fail on later. Every problem is an InputError with a one-line
-reason (exit 2)."""
+structural checks onnxruntime would otherwise fail on later; then :func:`prepare` (``--input-shape``, node names,
+shapes) for the pass manager and the analyses alike. Every problem is an InputError with a one-line reason
+(exit 2)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,7 +15,7 @@ import onnx.external_data_helper
 from google.protobuf.message import DecodeError
 
 from onnx_npu_fix.errors import InputError, first_line
-from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes
+from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, infer_shapes, name_unnamed_nodes, set_input_shapes
 from onnx_npu_fix.ir.structure import structural_problem
 
 
@@ -37,6 +39,29 @@ def read_model(path: str | os.PathLike, *, keep_bytes: bool = False) -> LoadedMo
     """:func:`load_model`, also saying which external data files the model came from. ``keep_bytes``: keep the
     file's bytes in ``LoadedModel.data`` for :func:`start_reference` (which takes them over)."""
     path = os.fspath(path)
+    raw, model = _parse_file(path)
+    external = _load_external_data(model, path)
+    sparse = len(model.graph.sparse_initializer) > 0
+    densify_sparse_initializers(model)
+    if not model.graph.output:
+        raise InputError(f"{path}: the graph has no outputs; nothing to validate or fix")
+    try:
+        if not external and not sparse:
+            onnx.checker.check_model(raw)  # the bytes just read: no re-serialization of the model
+        elif approx_model_bytes(model) < TWO_GB:
+            onnx.checker.check_model(model)
+        else:
+            onnx.checker.check_model(path)
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"{path}: the model fails the onnx checker: {first_line(exc)}") from None
+    problem = structural_problem(model)
+    if problem:
+        raise InputError(f"{path}: invalid model: {problem}")
+    return LoadedModel(model, path, external, raw if keep_bytes and not external and not sparse else None)
+
+
+def _parse_file(path: str) -> tuple[bytes, onnx.ModelProto]:
+    """The file's bytes and the ModelProto they hold (external data not loaded yet)."""
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
@@ -58,38 +83,28 @@ def read_model(path: str | os.PathLike, *, keep_bytes: bool = False) -> LoadedMo
         raise InputError(f"{path}: cannot load as ONNX ({type(exc).__name__}: {first_line(exc)})") from None
     if not model.HasField("graph") or model.ir_version <= 0 or not model.opset_import:
         raise InputError(f"{path}: not an ONNX model (no graph, IR version or opset); is it another protobuf?")
+    return raw, model
+
+
+def _load_external_data(model: onnx.ModelProto, path: str) -> set[str]:
+    """Load the external data ``model`` (read from ``path``) refers to; returns the files' absolute paths."""
     base_dir = os.path.dirname(os.path.abspath(path))
     external = external_data_files(model, base_dir)
     for location in sorted(external):
         if not os.path.isfile(location):
             raise InputError(f"{path}: external data file {location} is missing; keep the .data file next to "
                              f"the model")
+    if not external:
+        return external
     try:
-        if external:
-            names = {t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
-            onnx.external_data_helper.load_external_data_for_model(model, base_dir)
-            _check_external_sizes(model, path, names)
+        names = {t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+        onnx.external_data_helper.load_external_data_for_model(model, base_dir)
+        _check_external_sizes(model, path, names)
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{path}: cannot read external data ({type(exc).__name__}: {first_line(exc)})") from None
-    sparse = len(model.graph.sparse_initializer) > 0
-    densify_sparse_initializers(model)
-    if not model.graph.output:
-        raise InputError(f"{path}: the graph has no outputs; nothing to validate or fix")
-    try:
-        if not external and not sparse:
-            onnx.checker.check_model(raw)  # the bytes just read: no re-serialization of the model
-        elif approx_model_bytes(model) < TWO_GB:
-            onnx.checker.check_model(model)
-        else:
-            onnx.checker.check_model(path)
-    except Exception as exc:  # noqa: BLE001
-        raise InputError(f"{path}: the model fails the onnx checker: {first_line(exc)}") from None
-    problem = structural_problem(model)
-    if problem:
-        raise InputError(f"{path}: invalid model: {problem}")
-    return LoadedModel(model, path, external, raw if keep_bytes and not external and not sparse else None)
+    return external
 
 
 # 4-bit element types (onnx >= 1.16 / 1.18 name them; getattr keeps older onnx working).
@@ -135,3 +150,42 @@ def densify_sparse_initializers(model: onnx.ModelProto) -> None:
         dense[flat] = values
         graph.initializer.append(onnx.numpy_helper.from_array(dense.reshape(dims), sparse.values.name))
     del graph.sparse_initializer[:]
+
+
+def prepare(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None, *,
+            strict: bool = True) -> str | None:
+    """Normalise ``model`` in place for the passes and the analyses: ``input_shapes`` frozen (``--input-shape``),
+    unnamed nodes named, fresh shape information. An input-shape override naming no graph input is an InputError
+    that lists the inputs.
+
+    ``strict``: a model shape inference rejects is an InputError (the pass manager needs every shape). Otherwise
+    (read-only analysis, where the failure is a finding) the first line of the inference error is returned and
+    ``model`` carries whatever non-strict inference could find; None when inference succeeded."""
+    if input_shapes:
+        try:
+            set_input_shapes(model, dict(input_shapes))
+        except KeyError as exc:
+            names = ", ".join(i.name for i in model.graph.input) or "none"
+            raise InputError(f"--input-shape names '{exc.args[0]}', which is not a graph input "
+                             f"(inputs: {names})") from None
+    name_unnamed_nodes(model.graph)
+    try:
+        infer_shapes(model)
+    except Exception as exc:  # noqa: BLE001 - onnx raises several types; all mean the same to the user
+        if strict:
+            raise InputError(f"shape inference fails on the input model: {first_line(exc)}; "
+                             f"fix the model or freeze its inputs with --input-shape") from None
+        error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        _infer_what_can_be(model)
+        return error
+    return None
+
+
+def _infer_what_can_be(model: onnx.ModelProto) -> None:
+    """Non-strict shape inference into ``model``'s value_info (the declared ones stay when even that fails)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - keep the declared value_info
+        return
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)

@@ -1,20 +1,157 @@
-"""Writing: models (atomically, with external data above 2 GB, or early while validation still runs) and strict
-JSON records."""
+"""Writing: the one atomic write (:func:`atomic_write`, :func:`atomic_dir`: temporary sibling, fsync, rename), and
+through it models (with external data above 2 GB, or early while validation still runs) and strict JSON records."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import hashlib
 import json
 import math
 import os
-import tempfile
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import onnx
 
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, payload_bytes
+
+# --- the one atomic write ----------------------------------------------------------------------------------------
+# Every file npufix writes goes through a temporary sibling that is renamed into place: a reader never sees half a
+# file, a crash or Ctrl-C leaves the old file (or none), and fsync of the file before the rename and of the
+# directory after it makes the rename survive a power loss with the new bytes, not an empty file.
+
+
+def current_umask() -> int:
+    """The process umask (read by setting and restoring it): files written through a temporary name get the mode
+    a plain open() would have given them."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_path(path: str, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make a rename in ``directory`` durable. Best effort: some systems cannot open a directory (Windows) or
+    refuse fsync on one (EINVAL on some network file systems); the rename itself has happened."""
+    with contextlib.suppress(OSError):
+        _fsync_path(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+
+def _create_unique(directory: str, prefix: str, suffix: str, make: Callable[[str], None],
+                   undo: Callable[[str], None]) -> str:
+    """A new file or directory (``make``) named ``prefix`` + random + ``suffix`` in ``directory``. The name is
+    chosen before the entry exists, so ``undo`` removes it on any failure, KeyboardInterrupt included (a name
+    returned by mkstemp would be lost if the interrupt came between the creation and the return)."""
+    while True:
+        name = os.path.join(directory, f"{prefix}{secrets.token_hex(8)}{suffix}")
+        try:
+            make(name)
+            return name
+        except FileExistsError:
+            continue
+        except BaseException:
+            undo(name)
+            raise
+
+
+def _make_private_file(path: str) -> None:
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
+def _remove_file(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class AtomicFile:
+    """One file written through a temporary sibling: :meth:`create` it, write to :attr:`tmp` (by path), then
+    :meth:`commit` (fsync, mode from the umask, rename, fsync of the directory) or :meth:`discard`.
+    :func:`atomic_write` is the usual form; :class:`EarlyWrite` keeps one open across a validation."""
+
+    def __init__(self, path: str | os.PathLike, *, suffix: str = ".tmp") -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.directory = os.path.dirname(self.path)
+        self.suffix = suffix
+        self.tmp: str | None = None
+
+    def create(self) -> str:
+        """Create the (empty, private) temporary file and return its path."""
+        self.tmp = _create_unique(self.directory, ".npufix-", self.suffix, _make_private_file, _remove_file)
+        return self.tmp
+
+    def commit(self) -> None:
+        """Flush the written bytes to disk, give the file the mode a plain open() would have, rename it into
+        place and make the rename durable. On any failure the temporary file is removed."""
+        try:
+            _fsync_path(self.tmp, os.O_WRONLY)
+            os.chmod(self.tmp, 0o666 & ~current_umask())
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.discard()
+            raise
+        self.tmp = None
+        _fsync_directory(self.directory)
+
+    def discard(self) -> None:
+        if self.tmp is not None:
+            _remove_file(self.tmp)
+            self.tmp = None
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, *, suffix: str = ".tmp") -> Iterator[str]:
+    """Write ``path`` atomically: yields the path of a new temporary file next to it; write there (any writer
+    that takes a path: protobuf bytes, matplotlib, onnx). On leaving the block the file is fsynced, given the
+    mode the umask says, renamed onto ``path`` and the directory fsynced; on any exception (KeyboardInterrupt
+    included) the temporary file is removed and ``path`` is left as it was. ``suffix``: the temporary name's
+    ending (matplotlib picks the picture format from it)."""
+    target = AtomicFile(path, suffix=suffix)
+    target.create()
+    try:
+        yield target.tmp
+    except BaseException:
+        target.discard()
+        raise
+    target.commit()
+
+
+@contextlib.contextmanager
+def atomic_dir(directory: str | os.PathLike) -> Iterator[str]:
+    """Create ``directory`` atomically: yields a new temporary sibling directory to fill; on leaving the block it
+    gets the mode the umask says and is renamed onto ``directory`` (which may exist only as an empty directory),
+    and the parent is fsynced. On any exception the temporary directory and everything in it are removed. Files
+    written inside should use :func:`atomic_write` (which fsyncs them and this directory)."""
+    directory = os.path.abspath(os.fspath(directory))
+    parent = os.path.dirname(directory)
+    tmp = _create_unique(parent, ".npufix-split-", "", functools.partial(os.mkdir, mode=0o700), _remove_tree)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~current_umask())
+        if os.path.isdir(directory):
+            os.rmdir(directory)  # empty (the caller checked): replaced by the finished directory
+        os.replace(tmp, directory)
+    except BaseException:
+        _remove_tree(tmp)
+        raise
+    _fsync_directory(parent)
+
+
+# --- models and records -----------------------------------------------------------------------------------------
 
 
 class EarlyWrite:
@@ -30,7 +167,7 @@ class EarlyWrite:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self._data: bytes | None = None
-        self._tmp: str | None = None
+        self._target: AtomicFile | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="npufix-write")
         self._written: concurrent.futures.Future | None = None
 
@@ -38,12 +175,13 @@ class EarlyWrite:
         """Begin writing ``data`` (replacing an earlier start). A file system error here only means no early
         write: :func:`save_model` then writes as usual and reports it."""
         self.discard()
+        target = AtomicFile(self.path)
         try:
-            fd, tmp = tempfile.mkstemp(prefix=".npufix-", suffix=".tmp", dir=os.path.dirname(self.path))
+            tmp = target.create()
         except OSError:
             return
-        self._data, self._tmp = data, tmp
-        self._written = self._executor.submit(_write_fd, fd, data)
+        self._data, self._target = data, target
+        self._written = self._executor.submit(_write_bytes, tmp, data)
 
     def commit(self, data: bytes) -> bool:
         """Rename the early file into place if it holds ``data`` (the same object) and was written; else
@@ -51,32 +189,29 @@ class EarlyWrite:
         if self._written is None or data is not self._data:
             self.discard()
             return False
-        tmp = self._tmp
         try:
             self._written.result()
-            os.chmod(tmp, 0o666 & ~current_umask())
-            os.replace(tmp, self.path)
+            self._target.commit()
         except BaseException:
             self.discard()
             raise
-        self._written = self._tmp = self._data = None
+        self._written = self._target = self._data = None
         return True
 
     def discard(self) -> None:
         if self._written is not None:
             with contextlib.suppress(Exception):
                 self._written.result()
-            with contextlib.suppress(OSError):
-                os.unlink(self._tmp)
-        self._written = self._tmp = self._data = None
+            self._target.discard()
+        self._written = self._target = self._data = None
 
     def close(self) -> None:
         self.discard()
         self._executor.shutdown(wait=True)
 
 
-def _write_fd(fd: int, data: bytes) -> None:
-    with open(fd, "wb") as f:
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
         f.write(data)
 
 
@@ -100,29 +235,14 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
         if not external_data and serialized is not None and early.path == path and early.commit(serialized):
             return
         early.discard()
-    fd, tmp = tempfile.mkstemp(prefix=".npufix-", suffix=".tmp", dir=directory)
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~current_umask())
-    tmp_data = None
-    try:
+    data_name = os.path.basename(path) + ".data"
+    with contextlib.ExitStack() as files:  # on leaving: the data file is renamed into place first, then the model
+        tmp = files.enter_context(atomic_write(path))
         if external_data:
-            fd, tmp_data = tempfile.mkstemp(prefix=".npufix-", suffix=".data.tmp", dir=directory)
-            os.close(fd)
-            os.chmod(tmp_data, 0o666 & ~current_umask())
-            write_with_external_data(model, tmp, tmp_data, os.path.basename(path) + ".data", in_place=True)
+            tmp_data = files.enter_context(atomic_write(os.path.join(directory, data_name), suffix=".data.tmp"))
+            write_with_external_data(model, tmp, tmp_data, data_name, in_place=True)
         else:
-            with open(tmp, "wb") as f:
-                f.write(serialized if serialized is not None else model.SerializeToString())
-        if tmp_data is not None:
-            os.replace(tmp_data, os.path.join(directory, os.path.basename(path) + ".data"))
-            tmp_data = None
-        os.replace(tmp, path)
-    except BaseException:
-        for leftover in (tmp, tmp_data):
-            if leftover is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(leftover)
-        raise
+            _write_bytes(tmp, serialized if serialized is not None else model.SerializeToString())
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:
@@ -222,26 +342,9 @@ def sha256_file(path: str | None) -> str | None:
     return digest.hexdigest()
 
 
-def current_umask() -> int:
-    """The process umask (read by setting and restoring it): files written through a temporary name get the mode
-    a plain open() would have given them."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_json(path: str, data: Any) -> None:
-    """Write strict JSON atomically: a uniquely named temporary file next to ``path`` (never a fixed name that
-    could be another file of the run), then a rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".npufix-", suffix=".json.tmp", dir=directory)
-    try:
-        with open(fd, "w", encoding="utf-8") as f:
-            f.write(dumps(data))
-            f.write("\n")
-        os.chmod(tmp, 0o666 & ~current_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+def write_json(path: str | os.PathLike, data: Any) -> None:
+    """Write strict JSON atomically (:func:`atomic_write`: a uniquely named temporary file next to ``path``,
+    never a fixed name that could be another file of the run)."""
+    with atomic_write(path, suffix=".json.tmp") as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(dumps(data))
+        f.write("\n")

@@ -607,6 +607,14 @@ _LIGHT_LIMIT = 1024  # elements; initializers above this are replaced by data-le
 _LIGHT_FLOAT_LIMIT = 64
 
 
+def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A full, independent copy of ``model`` (weights included): for work that must leave the original as it
+    is. For shapes and structure only, :func:`shape_only_copy` is far cheaper."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
 def shape_only_copy(model: onnx.ModelProto, *, keep_value_info: bool = False) -> onnx.ModelProto:
     """A copy of ``model`` whose initializers above ``_LIGHT_LIMIT`` elements (``_LIGHT_FLOAT_LIMIT`` for floating
     point) carry dims but no data.

@@ -35,14 +35,14 @@ import onnx
 
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError, StrictRefused, first_line
+from onnx_npu_fix.io import load
 from onnx_npu_fix.ir.graph import (
     TWO_GB,
     approx_model_bytes,
+    copy_model,
     infer_shapes,
     keep_inferred_shapes,
-    name_unnamed_nodes,
     remove_unused,
-    set_input_shapes,
 )
 from onnx_npu_fix.passes.base import Change, Pass
 from onnx_npu_fix.pipeline.report import EXACT_ALTERNATIVE, FixReport, PassRecord, PassStatus
@@ -86,23 +86,9 @@ class FixResult:
 
 
 def prepare(model: onnx.ModelProto, options: FixOptions) -> None:
-    """Normalise the input in place: frozen input shapes, named nodes, fresh shape information.
-
-    Raises InputError for an input-shape override naming no graph input, or a model shape inference rejects.
-    """
-    if options.input_shapes:
-        try:
-            set_input_shapes(model, options.input_shapes)
-        except KeyError as exc:
-            names = ", ".join(i.name for i in model.graph.input) or "none"
-            raise InputError(f"--input-shape names '{exc.args[0]}', which is not a graph input "
-                             f"(inputs: {names})") from None
-    name_unnamed_nodes(model.graph)
-    try:
-        infer_shapes(model)
-    except Exception as exc:  # noqa: BLE001 - onnx raises several types; all mean the same to the user
-        raise InputError(f"shape inference fails on the input model: {first_line(exc)}; "
-                         f"fix the model or freeze its inputs with --input-shape") from None
+    """What :func:`run_passes` needs first: ``model`` prepared in place for ``options`` (:func:`io.load.prepare`,
+    strict: an InputError for an unknown ``--input-shape`` name or a model shape inference rejects)."""
+    load.prepare(model, options.input_shapes)
 
 
 def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pass], *,
@@ -404,7 +390,7 @@ class _Run:
         elif here.kind is RestoreKind.REREAD:
             kind, model = here.kind, None
         else:
-            kind, model = RestoreKind.COPY, _copy(self.model)
+            kind, model = RestoreKind.COPY, copy_model(self.model)
         self.point = RestorePoint(kind, i, len(self.report.passes), model)
 
     def _restore(self) -> None:
@@ -455,9 +441,3 @@ def refresh_shapes(model: onnx.ModelProto) -> str | None:
     except Exception as exc:  # noqa: BLE001
         return f"shape inference fails after this pass: {first_line(exc)}"
     return None
-
-
-def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    return copy
