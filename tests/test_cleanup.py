@@ -194,3 +194,57 @@ def test_asteroid_zero_pad_goes_once_its_pads_are_constant(fixture_path):
     assert [c.detail["why"] for c in result.changes if c.op == "Pad"] == ["every pad is 0"]
     assert [o.name for o in fixed.graph.output] == [o.name for o in model.graph.output]
     assert_equivalent(folded, fixed)
+
+
+def _prepared(model):
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    from onnx_npu_fix.ir.graph import infer_shapes, name_unnamed_nodes
+
+    name_unnamed_nodes(work.graph)
+    infer_shapes(work)
+    return work
+
+
+def _removals_model():
+    # Two independent pass-throughs, a dead branch and an initializer only the dead branch reads.
+    return make([
+        helper.make_node("Identity", ["x"], ["a"], name="id"),
+        helper.make_node("Relu", ["a"], ["b"], name="relu"),
+        helper.make_node("Transpose", ["b"], ["c"], name="noop_t", perm=[0, 1]),
+        helper.make_node("Sigmoid", ["c"], ["out"], name="sig"),
+        helper.make_node("Add", ["x", "w"], ["unused"], name="dead_add"),
+    ], inits=[numpy_helper.from_array(np.ones((2, 3), np.float32), "w")])
+
+
+def test_find_only_reads_and_plans_every_removal():
+    from onnx_npu_fix.config.options import FixOptions
+    from onnx_npu_fix.passes.cleanup import RemoveDeadNode, RemoveInitializer, RemovePassThrough
+
+    work = _prepared(_removals_model())
+    before = work.SerializeToString()
+    found = CleanupPass().find(work, FixOptions())
+    assert work.SerializeToString() == before
+    kinds = [(type(p), p.nodes) for p in found.plans]
+    assert kinds == [(RemovePassThrough, ("id",)), (RemovePassThrough, ("noop_t",)),
+                     (RemoveDeadNode, ("dead_add",)), (RemoveInitializer, ("w",))]
+    assert found.plans[1].why == "perm [0, 1] is the identity"
+    result = CleanupPass().rewrite(work, FixOptions(), found)
+    assert [c.node for c in result.changes] == ["id", "noop_t", "dead_add", "w"]
+    assert ops(work) == ["Relu", "Sigmoid"] and not work.graph.initializer
+
+
+def test_rewrite_applies_only_the_plans_it_is_given():
+    from onnx_npu_fix.config.options import FixOptions
+    from onnx_npu_fix.passes.cleanup import RemoveDeadNode
+
+    model = _removals_model()
+    work = _prepared(model)
+    found = CleanupPass().find(work, FixOptions())
+    found.plans = [p for p in found.plans if p.nodes in (("noop_t",),) or isinstance(p, RemoveDeadNode)]
+    result = CleanupPass().rewrite(work, FixOptions(), found)
+    assert [c.node for c in result.changes] == ["noop_t", "dead_add"]
+    assert ops(work) == ["Identity", "Relu", "Sigmoid"]
+    assert [t.name for t in work.graph.initializer] == ["w"]  # its plan was left out: it stays
+    onnx.checker.check_model(work)
+    assert_equivalent(model, work)

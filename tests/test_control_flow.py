@@ -777,3 +777,27 @@ def test_cost_counts_the_nodes_and_weights_inside_branches():
     cost = model_cost(model)
     assert cost.ops == {"Add": 2, "Mul": 2, "If": 1, "Relu": 1, "Neg": 1}
     assert cost.weight_bytes == 4 + 4 + 2 * 3 * 4  # one, two, and the then-branch's w_then
+
+
+def test_find_plans_an_if_whose_condition_its_own_folds_decide_and_only_reads():
+    from onnx_npu_fix.ir.graph import infer_shapes
+    from onnx_npu_fix.passes.fold_constants import FoldConstantsPass, FoldNode, InlineIf
+
+    vi = helper.make_tensor_value_info
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="then_relu")], "then", [],
+                             [vi("t", TensorProto.FLOAT, [1, 4])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="else_neg")], "else", [],
+                              [vi("e", TensorProto.FLOAT, [1, 4])])
+    nodes = [helper.make_node("Not", ["c0"], ["c"], name="not"),
+             helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then, else_branch=other)]
+    graph = helper.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, [1, 4])], [vi("y", TensorProto.FLOAT, [1, 4])],
+                              [numpy_helper.from_array(np.array(False), "c0")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    infer_shapes(model)
+    before = model.SerializeToString()
+    found = FoldConstantsPass().find(model, FixOptions())
+    assert model.SerializeToString() == before
+    assert [(type(p), p.nodes) for p in found.plans] == [(FoldNode, ("not",)), (InlineIf, ("branch",))]
+    assert found.plans[1].branch == "then_branch"  # Not(False): decided by the fold in the same find
+    FoldConstantsPass().rewrite(model, FixOptions(), found)
+    assert ops(model) == ["Relu"]

@@ -101,3 +101,41 @@ def test_a_node_the_reference_evaluator_cannot_run_stays_with_the_reason(monkeyp
     assert "Gather" in ops(fixed)  # Shape folds without the evaluator; Gather needs it
     gather = next(r for r in result.rejections if r.node == "gather")
     assert gather.reason == "onnx's reference evaluator cannot evaluate it (NotImplementedError: no kernel)"
+
+
+def _prepared(model):
+    import onnx
+
+    from onnx_npu_fix.ir.graph import infer_shapes, name_unnamed_nodes
+
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    name_unnamed_nodes(work.graph)
+    infer_shapes(work)
+    return work
+
+
+def test_find_only_reads_and_plans_the_whole_chain_in_one_round():
+    from onnx_npu_fix.config.options import FixOptions
+    from onnx_npu_fix.passes.fold_constants import FoldNode
+
+    work = _prepared(shape_chain_model())
+    before = work.SerializeToString()
+    found = FoldConstantsPass().find(work, FixOptions())
+    assert work.SerializeToString() == before
+    assert all(isinstance(p, FoldNode) for p in found.plans)
+    assert [p.nodes[0] for p in found.plans] == ["shape", "gather", "unsqueeze", "concat"]
+    assert found.plans[-1].values[0].tolist() == [1, -1, 6]  # propagated through find's own table
+
+
+def test_rewrite_applies_only_the_plans_it_is_given():
+    from onnx_npu_fix.config.options import FixOptions
+
+    model = shape_chain_model()
+    work = _prepared(model)
+    found = FoldConstantsPass().find(work, FixOptions())
+    found.plans = found.plans[:1]  # fold only Shape: the Gather chain stays, reading the new constant
+    result = FoldConstantsPass().rewrite(work, FixOptions(), found)
+    assert [c.node for c in result.changes] == ["shape"]
+    assert ops(work) == ["Gather", "Unsqueeze", "Concat", "Reshape", "Relu"]
+    assert_equivalent(model, work)

@@ -156,6 +156,9 @@ RESPONSIBLE: dict[Any, str] = {
 fixes a given violation is not decided here but asked from that pass's read-only find (:func:`_ask_passes`)."""
 ASKED_BY: dict[str, tuple[str, ...]] = {c.name: c.asked_by for c in CONSTRAINT_TABLE}
 """The FixOptions fields that ask for each constraint (:func:`split_requested`)."""
+# Constraints whose fix happens upstream of the violating node (fold-constants folds the Shape chain feeding a
+# Reshape, not the Reshape): the responsible pass fixes one when the violation is gone once the pass has run on a
+# copy (_remaining_after), not when its find plans the node.
 _JUDGED_BY_RESULT = frozenset(c.name for c in CONSTRAINT_TABLE if c.judged_by_result)
 
 
@@ -388,6 +391,21 @@ def _find_model(model: onnx.ModelProto, light: onnx.ModelProto) -> onnx.ModelPro
     return full
 
 
+def _remaining_after(name: str, full: onnx.ModelProto, options: FixOptions) -> set[tuple[str, str]]:
+    """The (node, constraint) violations left once pass ``name`` has run (all its rounds: fold-constants
+    converges in rounds of find and rewrite) on a copy of what the finds read. How a constraint fixed upstream
+    of its node (_JUDGED_BY_RESULT) is judged; only asked when such a violation exists."""
+    from onnx_npu_fix.passes import PASSES
+
+    work = onnx.ModelProto()
+    work.CopyFrom(full)
+    try:
+        PASSES[name]().run(work, options)
+    except Exception:  # noqa: BLE001 - a pass that fails leaves every violation in place
+        work = full
+    return {(v.node, v.constraint) for v in check_model(work, options, memory=False, _ask=False).violations}
+
+
 def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphIndex, options: FixOptions,
                 asked: list[Violation]) -> None:
     """Confirm each violation's responsible pass with that pass's own find: it stays ``fixed_by`` only when the
@@ -411,8 +429,14 @@ def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphInde
             except Exception as exc:  # noqa: BLE001 - a find that fails answers "not fixed", with why
                 answers[name] = (set(), None, f"its find failed: {type(exc).__name__}: {exc}".splitlines()[0])
         planned, found, failure = answers[name]
-        judged = violation.constraint in _JUDGED_BY_RESULT and found is not None and found.after is not None
-        if violation.node in planned or judged:
+        if violation.constraint in _JUDGED_BY_RESULT and found is not None:
+            if name not in remaining:
+                assert full is not None
+                remaining[name] = _remaining_after(name, full, options)
+            if (violation.node, violation.constraint) not in remaining[name]:
+                continue
+            reason: str | None = "rewrites it, but the violation remains"
+        elif violation.node in planned:
             if found is None or found.after is None:
                 continue
             if name not in remaining:
@@ -422,7 +446,7 @@ def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphInde
                 remaining[name] = {(v.node, v.constraint) for v in after}
             if (violation.node, violation.constraint) not in remaining[name]:
                 continue
-            reason: str | None = "rewrites it, but the violation remains"
+            reason = "rewrites it, but the violation remains"
         else:
             reason = failure or (found.reason(violation.node) if found is not None else None)
         violation.fixed_by = None

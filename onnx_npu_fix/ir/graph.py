@@ -12,7 +12,7 @@ import contextlib
 import gc
 import itertools
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -512,16 +512,52 @@ def remove_unused(model: onnx.ModelProto) -> tuple[list[onnx.NodeProto], list[st
     return [n for n in nodes if id(n) in dead], _drop_initializers(graph, needed)
 
 
-def _find_dead(graph: onnx.GraphProto) -> tuple[list[onnx.NodeProto], set[int], set[str]]:
+def unused_after(model: onnx.ModelProto, *, gone: Container[int] = frozenset(),
+                 bypassed: Container[int] = frozenset()) -> tuple[list[onnx.NodeProto], list[str]]:
+    """Read-only: the nodes and initializers :func:`remove_unused` would drop once the nodes whose ids are in
+    ``gone`` are removed (their outputs turned into initializers: they read nothing) and those in ``bypassed``
+    are removed with their readers reading their first input instead (a pass-through). Neither kind is in the
+    returned nodes."""
+    graph = model.graph
+    nodes, dead, needed = _find_dead(graph, gone, bypassed)
+    needed.update(i.name for i in graph.input)  # the model's interface: never removed
+    if any(not t.name for t in graph.initializer) and any(
+            not name for n in nodes if id(n) not in dead and id(n) not in gone and id(n) not in bypassed
+            for name in n.input):
+        needed.add("")  # an unnamed initializer is "used" by any absent optional input (remove_unused)
+    return [n for n in nodes if id(n) in dead], [t.name for t in graph.initializer if t.name not in needed]
+
+
+def drop_nodes(model: onnx.ModelProto, nodes: Iterable[onnx.NodeProto]) -> None:
+    """Remove ``nodes`` from the main graph, keeping the others' order (and their wrappers attached)."""
+    _drop_nodes(model.graph.node, {id(n) for n in nodes})
+
+
+def drop_initializers(model: onnx.ModelProto, names: Iterable[str]) -> None:
+    """Remove the initializers named ``names`` from the main graph, keeping the others' order."""
+    gone = set(names)
+    if gone:
+        _drop_initializers(model.graph, {t.name for t in model.graph.initializer} - gone)
+
+
+def _find_dead(graph: onnx.GraphProto, gone: Container[int] = frozenset(),
+               bypassed: Container[int] = frozenset()) -> tuple[list[onnx.NodeProto], set[int], set[str]]:
     """The nodes, the ids of those none of whose outputs reaches a graph output, and the names the others
-    read (plus the graph outputs)."""
+    read (plus the graph outputs); ``gone`` and ``bypassed`` as in :func:`unused_after`."""
     needed = {o.name for o in graph.output}
     nodes = list(graph.node)
     dead: set[int] = set()
     update = needed.update
     for node in reversed(nodes):
+        key = id(node)
+        if key in gone:
+            continue
         if needed.isdisjoint(node.output):  # "" is never in needed: an absent output reaches nothing
-            dead.add(id(node))
+            if key not in bypassed:
+                dead.add(key)
+            continue
+        if key in bypassed:
+            needed.add(node.input[0])
             continue
         update(node.input)
         needed.discard("")  # an absent optional input

@@ -19,24 +19,32 @@ Exact by construction. Graph input and output names and their order never change
 the producer of ``X`` is renamed to write ``Y`` instead, which is only possible when ``X`` is neither a graph input,
 an initializer, a graph output, nor read by anything else. A node is dead when none of its outputs reaches a graph
 output; unused initializers (and the graph inputs that merely declared them) are dropped.
+
+``find`` only reads: one sweep decides every pass-through removal (:class:`RemovePassThrough`, with the no-op's
+reason), following the renames the removals before it would make, then the dead nodes (:class:`RemoveDeadNode`)
+and unused initializers (:class:`RemoveInitializer`) the graph has once they are gone (``graph.unused_after``).
+``rewrite`` applies exactly the plans it is given. fold-constants runs this pass again after inlining.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import (
-    GraphEditor,
     GraphIndex,
+    drop_initializers,
+    drop_nodes,
     get_attr,
     has_subgraphs,
     opset_version,
-    remove_unused,
+    unused_after,
 )
 from onnx_npu_fix.ir.ops import is_default_domain
-from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
+from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 
 # --- no-op detection: each returns why the node returns its input unchanged, or None -------------------------
 
@@ -116,42 +124,79 @@ _NO_OP_CHECKS = {"Pad": _pad_no_op, "Slice": _slice_no_op, "Reshape": _reshape_n
 _PASS_THROUGH_OPS = ("Identity", "Dropout", *_NO_OP_CHECKS)
 
 
-class CleanupPass(ScratchFindPass):
-    """Pass-through and no-op removal. ``find`` rewrites a scratch copy (:class:`ScratchFindPass`): removing a
-    pass-through renames its readers to its input, and whether the next one may hand a graph output's name to its
-    input depends on the renames made before it."""
+@dataclass(kw_only=True)
+class RemovePassThrough(Plan):
+    """Remove ``node`` (Identity, inference Dropout, or a no-op: ``why`` says why it returns its input
+    unchanged). Its readers read its input instead; when its output is a graph output (``takes_output_name``)
+    the producer of its input writes that name instead."""
+
+    node: onnx.NodeProto
+    takes_output_name: bool = False
+    why: str | None = None
+
+
+@dataclass(kw_only=True)
+class RemoveDeadNode(Plan):
+    """Remove ``node``: none of its outputs reaches a graph output (once the pass-throughs are gone)."""
+
+    node: onnx.NodeProto
+
+
+@dataclass(kw_only=True)
+class RemoveInitializer(Plan):
+    """Remove the initializer ``name``: nothing reads it (once the removed nodes are gone)."""
+
+    name: str
+
+
+class _Renames:
+    """Tensor renames of removed pass-throughs: the one rule find simulates and rewrite applies."""
+
+    def __init__(self) -> None:
+        self.to: dict[str, str] = {}  # tensor name -> the name its readers should use instead
+
+    def resolve(self, name: str) -> str:
+        while name in self.to:
+            name = self.to[name]
+        return name
+
+    def add(self, node: onnx.NodeProto, takes_output_name: bool) -> str:
+        """Record ``node``'s removal; return the name that disappears (its output, or with
+        ``takes_output_name`` its resolved input, whose producer then writes the output's name)."""
+        src, dst = self.resolve(node.input[0]), node.output[0]
+        if takes_output_name:
+            self.to[src] = dst
+            return src
+        self.to[dst] = src
+        return dst
+
+
+class CleanupPass(Pass):
+    """Pass-through and no-op removal. ``find`` decides every removal in one read-only sweep, following the
+    renames the removals before it would make (whether a pass-through may hand a graph output's name to its
+    input depends on them), then the dead nodes and unused initializers that are left; ``rewrite`` applies
+    exactly the plans it is given."""
     name = "cleanup"
     summary = ("remove Identity / inference Dropout / no-op Pad, Slice, Reshape, Transpose, Cast, dead nodes and "
                "unused initializers")
     exact = True
     keeps_shapes = True
 
-    def apply(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
-        result = PassResult()
-        graph = model.graph
-        if any(n.op_type in _PASS_THROUGH_OPS for n in graph.node):
-            self._remove_no_ops(model, result)
-        dead, unused = remove_unused(model)
-        for node in dead:
-            result.changes.append(Change(node.name, node.op_type, "removed dead node"))
-        for name in unused:
-            result.changes.append(Change(name, "initializer", "removed unused initializer"))
-        return result
+    def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
+        found = Found()
+        if any(n.op_type in _PASS_THROUGH_OPS for n in model.graph.node):
+            self._find_pass_throughs(model, found)
+        bypassed = {id(p.node) for p in found.plans if isinstance(p, RemovePassThrough)}
+        dead, unused = unused_after(model, bypassed=bypassed)
+        found.plans += [RemoveDeadNode((n.name,), "removed dead node", node=n) for n in dead]
+        found.plans += [RemoveInitializer((name,), "removed unused initializer", name=name) for name in unused]
+        return found
 
-    def _remove_no_ops(self, model: onnx.ModelProto, result: PassResult) -> None:
-        graph = model.graph
+    def _find_pass_throughs(self, model: onnx.ModelProto, found: Found) -> None:
         index = GraphIndex(model)
-        rename: dict[str, str] = {}  # tensor name -> the name its readers should use instead
-
-        def resolve(name: str) -> str:
-            while name in rename:
-                name = rename[name]
-            return name
-
-        output_renames: dict[str, tuple[onnx.NodeProto, str]] = {}  # graph output name -> (producer, old)
-        removed: set[int] = set()
+        renames = _Renames()
         opset = opset_version(model)
-        for node in graph.node:
+        for node in model.graph.node:
             if node.op_type not in _PASS_THROUGH_OPS or not is_default_domain(node):
                 continue
             why_no_op = None
@@ -160,48 +205,64 @@ class CleanupPass(ScratchFindPass):
                 if why_no_op is None:
                     continue  # does something: not a candidate
             reason = self._why_kept(index, node)
+            takes_output_name = node.output[0] in index.output_set
+            if not reason and takes_output_name:
+                reason = self._why_input_cannot_take_the_name(index, renames.resolve(node.input[0]))
             if reason:
-                result.rejections.append(Rejection(node.name, node.op_type, reason))
+                found.rejections.append(Rejection(node.name, node.op_type, reason))
                 continue
-            src, dst = resolve(node.input[0]), node.output[0]
-            if dst in index.output_set:
-                producer = index.producer.get(src)
-                blocked = (
-                    producer is None or src in index.output_set or src in index.initializers
-                    or len(index.consumers_of(src)) != 1 or has_subgraphs(producer)
-                )
-                if blocked:
-                    result.rejections.append(Rejection(
-                        node.name, node.op_type,
-                        "its output is a graph output and its input cannot take that name "
-                        "(graph input, initializer, graph output or read elsewhere)"))
-                    continue
-                output_renames[dst] = (producer, src)
-                rename[src] = dst
-            else:
-                rename[dst] = src
-            removed.add(id(node))
-            if why_no_op is None:
-                result.changes.append(Change(node.name, node.op_type, "removed"))
-            else:
-                result.changes.append(Change(node.name, node.op_type, "removed no-op", detail={"why": why_no_op}))
+            renames.add(node, takes_output_name)
+            action = "removed" if why_no_op is None else "removed no-op"
+            found.plans.append(RemovePassThrough((node.name,), action, node=node,
+                                                 takes_output_name=takes_output_name, why=why_no_op))
 
-        if removed:
-            for producer, old in output_renames.values():
-                for i, out in enumerate(producer.output):
-                    if out == old:
-                        producer.output[i] = rename[old]
-            for node in graph.node:
-                if id(node) in removed:
-                    continue
-                for i, name in enumerate(node.input):
-                    if name:
-                        node.input[i] = resolve(name)
-            editor = GraphEditor(index)
-            for node in graph.node:
-                if id(node) in removed:
-                    editor.remove(node)
-            editor.commit()
+    @staticmethod
+    def _why_input_cannot_take_the_name(index: GraphIndex, src: str) -> str | None:
+        producer = index.producer.get(src)
+        if (producer is None or src in index.output_set or src in index.initializers
+                or len(index.consumers_of(src)) != 1 or has_subgraphs(producer)):
+            return ("its output is a graph output and its input cannot take that name "
+                    "(graph input, initializer, graph output or read elsewhere)")
+        return None
+
+    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
+        result = PassResult(rejections=list(found.rejections))
+        removals = [p for p in found.plans if isinstance(p, RemovePassThrough)]
+        if removals:
+            self._remove_pass_throughs(model, removals)
+        for plan in removals:
+            detail = {"why": plan.why} if plan.why is not None else {}
+            result.changes.append(Change(plan.node.name, plan.node.op_type, plan.action, detail=detail))
+        dead = [p.node for p in found.plans if isinstance(p, RemoveDeadNode)]
+        drop_nodes(model, dead)
+        result.changes += [Change(node.name, node.op_type, "removed dead node") for node in dead]
+        unused = [p.name for p in found.plans if isinstance(p, RemoveInitializer)]
+        drop_initializers(model, unused)
+        result.changes += [Change(name, "initializer", "removed unused initializer") for name in unused]
+        return result
+
+    @staticmethod
+    def _remove_pass_throughs(model: onnx.ModelProto, removals: list[RemovePassThrough]) -> None:
+        renames = _Renames()
+        renamed: dict[str, onnx.NodeProto] = {}  # a removed input name -> the producer that writes it
+        producers = {o: n for n in model.graph.node for o in n.output} if any(
+            p.takes_output_name for p in removals) else {}
+        for plan in removals:
+            gone = renames.add(plan.node, plan.takes_output_name)
+            if plan.takes_output_name:
+                renamed[gone] = producers[gone]
+        for old, producer in renamed.items():
+            for i, out in enumerate(producer.output):
+                if out == old:
+                    producer.output[i] = renames.to[old]
+        removed = {id(p.node) for p in removals}
+        for node in model.graph.node:
+            if id(node) in removed:
+                continue
+            for i, name in enumerate(node.input):
+                if name:
+                    node.input[i] = renames.resolve(name)
+        drop_nodes(model, (p.node for p in removals))
 
     @staticmethod
     def _why_kept(index: GraphIndex, node: onnx.NodeProto) -> str | None:

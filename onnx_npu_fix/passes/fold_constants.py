@@ -22,9 +22,19 @@ so graph output names never change (an Identity only where a branch output is an
 initializer that a graph output must name). Unrolling is bounded: trip count <= ``_MAX_TRIP`` and trip count x
 body nodes <= ``_MAX_UNROLLED_NODES`` (reported in the metrics). Every If / Loop / Scan left in place gets a
 Rejection naming what keeps it (and the graph input that would let it fold: ``--freeze-input``).
+
+Find and rewrite: ``find`` only reads. It returns one round of typed plans — :class:`FoldNode` (fold this node to
+these values), :class:`InlineIf` (inline this If's chosen branch), :class:`UnrollLoop` (unroll this Loop this
+many times) — and a Rejection for each candidate it leaves. It evaluates into its own table (name -> array), so a
+chain folds in one round and an If whose condition that chain computes is planned in the same round. What only
+exists after a rewrite (an inlined branch's nodes, the shapes inferred after a fold) is the next round's: ``run``
+repeats ``rewrite(find())`` with shape inference between rounds until a find plans nothing (at most
+``_MAX_ROUNDS``), then runs cleanup on the flattened graph and rejects what is left.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -37,16 +47,19 @@ from onnx_npu_fix.ir.graph import (
     GraphIndex,
     all_known,
     constant_node_value,
+    drop_nodes,
     get_attr,
     has_subgraphs,
     infer_shapes,
     opset_version,
     remove_dead_nodes,
     shape_of_value_info,
+    tensor_from_array,
+    unused_after,
 )
 from onnx_npu_fix.ir.ops import CONTROL_FLOW_OPS, RANDOM_OPS, is_default_domain
 from onnx_npu_fix.ir.subgraph import ModelNames, rename_in_graph, splice, trace_origin
-from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
+from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 from onnx_npu_fix.passes.cleanup import CleanupPass
 
 _NEVER_FOLD = RANDOM_OPS | {"Constant", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
@@ -57,105 +70,206 @@ _MAX_TRIP = 64  # Loop unrolling bounds: iterations, and copies of body nodes in
 _MAX_UNROLLED_NODES = 4096
 
 
-class FoldConstantsPass(ScratchFindPass):
-    """Constant folding. ``find`` rewrites a scratch copy (:class:`ScratchFindPass`): each fold makes the next
-    node's inputs constant, and the If / Loop folds need the shapes inferred after the rounds before them."""
+@dataclass(kw_only=True)
+class FoldNode(Plan):
+    """Replace ``node`` by initializers under its output names holding ``values``: its outputs, evaluated."""
+
+    node: onnx.NodeProto
+    values: list[np.ndarray]
+
+
+@dataclass(kw_only=True)
+class InlineIf(Plan):
+    """Replace If ``node`` by the nodes of ``branch`` (``then_branch`` / ``else_branch``), the one its constant
+    condition picks."""
+
+    node: onnx.NodeProto
+    branch: str
+
+
+@dataclass(kw_only=True)
+class UnrollLoop(Plan):
+    """Replace Loop ``node`` by ``trip`` copies of its body, ``unrolled_nodes`` nodes in all (module docstring)."""
+
+    node: onnx.NodeProto
+    trip: int
+    unrolled_nodes: int
+
+
+class FoldConstantsPass(Pass):
+    """Constant folding. ``find`` is one read-only round: it evaluates every node whose inputs are constant,
+    propagating the values it computed in its own table (so a whole Shape -> ... -> Concat chain folds in one
+    round), and plans the Ifs and Loops those values decide. What an inlined branch or the shapes inferred after
+    a round expose is only there for the next round: :meth:`run` repeats find and rewrite until a find plans
+    nothing."""
     name = "fold-constants"
     summary = "fold Shape/Gather/Concat chains and other constant subexpressions into initializers"
     exact = True
 
-    def apply(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+    def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
+        return self._find(model, options, spent=0)
+
+    def _find(self, model: onnx.ModelProto, options: FixOptions, spent: int) -> Found:
+        """One round's plans; ``spent``: nodes the Loops unrolled in the rounds before it (one budget per run)."""
+        found = Found()
+        if not _has_candidates(model):
+            return found  # the usual case on a clean graph: no index, no evaluation
+        index = GraphIndex(model)
+        known = self._find_folds(model, index, options.large_tensor_bytes, found)
+        folded = {id(p.node) for p in found.plans}
+        dead = {id(n) for n in unused_after(model, gone=folded)[0]} if folded else set()
+        _find_control_flow(model, index, known, dead, spent, found, blocking=not options.allow_control_flow)
+        return found
+
+    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+        """Rounds of ``rewrite(find())`` with shape inference between them, until a find plans nothing; then
+        cleanup on the flattened graph (when an If or Loop was folded) and a Rejection for every node left."""
         result = PassResult()
         if not _has_candidates(model):
-            return result  # the usual case on a clean graph: no index, no inference
-        opsets = list(model.opset_import)
-        flow = _ControlFlow(model, result)
+            return result
+        stats = {"ifs_inlined": 0, "loops_unrolled": 0, "nodes_unrolled": 0,
+                 "max_trip_count": _MAX_TRIP, "max_unrolled_nodes": _MAX_UNROLLED_NODES}
         skipped: dict[str, Rejection] = {}  # node name -> why its constant inputs did not fold (latest round)
         for _ in range(_MAX_ROUNDS):
-            folded = self._fold_round(model, opsets, options.large_tensor_bytes, result, skipped)
-            spliced = flow.fold()
-            if not (folded or spliced):
+            found = self._find(model, options, spent=stats["nodes_unrolled"])
+            skipped.update((r.node, r) for r in found.rejections if r.op not in CONTROL_FLOW_OPS)
+            if not found.plans:
                 break
+            step = self.rewrite(model, options, found)
+            result.changes.extend(step.changes)
+            for key, count in step.metrics.get("control_flow", {}).items():
+                if key.startswith(("ifs_", "loops_", "nodes_")):
+                    stats[key] += count
             infer_shapes(model)
         else:
             result.warnings.append(f"stopped after {_MAX_ROUNDS} rounds of folding; run it again to go on")
-        if flow.stats["ifs_inlined"] or flow.stats["loops_unrolled"]:
+        if stats["ifs_inlined"] or stats["loops_unrolled"]:
             # Identity / Dropout nodes that only a subgraph read were kept by cleanup, and the spliced branches
-            # bring their own: cleanup's rewrite runs again on the flattened graph (it ran before this pass).
+            # bring their own: cleanup runs again on the flattened graph (it ran before this pass).
             tidy = CleanupPass().run(model, options)
             result.changes.extend(tidy.changes)
             result.rejections.extend(tidy.rejections)
         remaining = {n.name for n in model.graph.node}
         result.rejections.extend(r for name, r in skipped.items() if name in remaining)
-        flow.reject_remaining(blocking=not options.allow_control_flow)
+        _reject_remaining(model, stats, result, blocking=not options.allow_control_flow)
         # The initializers a fold left unused are dropped by the pass manager (pipeline.remove_unused), as for
         # every pass.
         return result
 
-    def _fold_round(self, model: onnx.ModelProto, opsets, limit: int, result: PassResult,
-                    skipped: dict[str, Rejection]) -> bool:
-        index = GraphIndex(model)
-        editor = GraphEditor(index)
+    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
+        """Apply exactly ``found.plans``: the folds first (and drop the nodes they leave dead), then the If /
+        Loop plans; ``metrics["control_flow"]`` counts the latter."""
+        result = PassResult(rejections=list(found.rejections))
+        folds = [p for p in found.plans if isinstance(p, FoldNode)]
+        if folds:
+            drop_nodes(model, (p.node for p in folds))
+            model.graph.initializer.extend(tensor_from_array(np.asarray(value), out) for p in folds
+                                           for out, value in zip(p.node.output, p.values) if out)
+            result.changes += [Change(p.node.name, p.node.op_type, "folded to constant",
+                                      new=[list(np.shape(v)) for v in p.values]) for p in folds]
+            remove_dead_nodes(model)
+        flow = [p for p in found.plans if isinstance(p, (InlineIf, UnrollLoop))]
+        if flow:
+            _Splicer(model, result).apply(flow)
+        return result
+
+    @staticmethod
+    def _find_folds(model: onnx.ModelProto, index: GraphIndex, limit: int, found: Found) -> dict[str, np.ndarray]:
+        """A FoldNode plan for every node whose inputs are constant or were evaluated before it in this sweep,
+        a Rejection for those whose evaluation failed or is too large; returns the values evaluated."""
         known: dict[str, np.ndarray] = {}
-        folded_any = False
+        opsets = list(model.opset_import)
         for node in model.graph.node:
             if not is_default_domain(node) or node.op_type in _NEVER_FOLD or has_subgraphs(node):
                 continue
             if any(o in index.output_set for o in node.output):
                 continue  # a graph output must stay a computed tensor with its declared name
-            values = self._evaluate(index, node, known, opsets)
+            values = _evaluate(index, node, known, opsets)
             if values is None:
                 continue
             if isinstance(values, str):
-                skipped[node.name] = Rejection(node.name, node.op_type, values)
+                found.rejections.append(Rejection(node.name, node.op_type, values))
                 continue
             if any(v.nbytes > limit for v in values):
                 size = max(v.nbytes for v in values)
-                skipped[node.name] = Rejection(node.name, node.op_type, f"its constant result has {size} bytes, "
-                                               f"above --large-tensor {limit}")
+                found.rejections.append(Rejection(node.name, node.op_type, f"its constant result has {size} "
+                                                  f"bytes, above --large-tensor {limit}"))
                 continue
             for out, value in zip(node.output, values):
                 known[out] = value
-            editor.remove(node)
-            for out, value in zip(node.output, values):
-                if out:
-                    editor.add_initializer(out, np.asarray(value), exact_name=True)
-            result.changes.append(Change(node.name, node.op_type, "folded to constant",
-                                         new=[list(np.shape(v)) for v in values]))
-            folded_any = True
-        if folded_any:
-            editor.commit()
-            remove_dead_nodes(model)
-        return folded_any
+            found.plans.append(FoldNode((node.name,), "folded to constant", node=node, values=list(values)))
+        return known
 
-    @staticmethod
-    def _evaluate(index: GraphIndex, node: onnx.NodeProto, known: dict[str, np.ndarray], opsets):
-        """The node's constant outputs; None when an input is not constant; a reason when they are but the
-        evaluation failed."""
-        if node.op_type in ("Shape", "Size"):
-            shape = index.static_shape(node.input[0])
-            if shape is None:
-                return None
-            if node.op_type == "Size":
-                return [np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)]
-            full = np.array(shape, dtype=np.int64)
-            start = _attr_int(node, "start", 0)
-            end = _attr_int(node, "end", None)
-            return [full[start:end]]
-        inputs = []
-        for name in node.input:
-            if not name:
-                inputs.append(None)
-                continue
-            value = known.get(name)
-            if value is None:
-                value = index.const_value(name)
-            if value is None:
-                return None
-            inputs.append(value)
-        if not inputs:
+
+def _evaluate(index: GraphIndex, node: onnx.NodeProto, known: dict[str, np.ndarray], opsets):
+    """The node's constant outputs; None when an input is not constant; a reason when they are but the
+    evaluation failed."""
+    if node.op_type in ("Shape", "Size"):
+        shape = index.static_shape(node.input[0])
+        if shape is None:
             return None
-        return _run_reference(node, inputs, opsets)
+        if node.op_type == "Size":
+            return [np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)]
+        full = np.array(shape, dtype=np.int64)
+        start = _attr_int(node, "start", 0)
+        end = _attr_int(node, "end", None)
+        return [full[start:end]]
+    inputs = []
+    for name in node.input:
+        if not name:
+            inputs.append(None)
+            continue
+        value = _const(index, known, name)
+        if value is None:
+            return None
+        inputs.append(value)
+    if not inputs:
+        return None
+    return _run_reference(node, inputs, opsets)
+
+
+def _const(index: GraphIndex, known: dict[str, np.ndarray] | None, name: str) -> np.ndarray | None:
+    """``name``'s constant value: evaluated by this round's find (``known``), an initializer or a Constant."""
+    value = known.get(name) if known else None
+    return index.const_value(name) if value is None else value
+
+
+def _find_control_flow(model: onnx.ModelProto, index: GraphIndex, known: dict[str, np.ndarray], dead: set[int],
+                       spent: int, found: Found, *, blocking: bool) -> None:
+    """An InlineIf / UnrollLoop plan for every If / Loop that ``known`` and the constants decide (not those the
+    round's folds leave dead: they are dropped first), a Rejection with the reason for the others."""
+    for node in model.graph.node:
+        if node.op_type not in CONTROL_FLOW_OPS or not is_default_domain(node) or id(node) in dead:
+            continue
+        if node.op_type == "If":
+            branch, reason = _plan_if(index, node, known)
+            if branch is not None:
+                found.plans.append(InlineIf((node.name,), f"inlined {branch}", node=node, branch=branch))
+                continue
+        elif node.op_type == "Loop":
+            trip, reason = _plan_loop(index, node, spent, known)
+            if trip is not None:
+                count = _unrolled_nodes(node, trip)
+                spent += count
+                found.plans.append(UnrollLoop((node.name,), "unrolled", node=node, trip=trip,
+                                              unrolled_nodes=count))
+                continue
+        else:
+            reason = why_control_flow_stays(index, node)
+        found.rejections.append(Rejection(node.name, node.op_type, str(reason), blocking=blocking))
+
+
+def _unrolled_nodes(node: onnx.NodeProto, trip: int) -> int:
+    """The nodes unrolling Loop ``node`` ``trip`` times makes (:meth:`_Splicer._unroll_loop`): each copy of the
+    body without its Identity nodes (splice drops them), and per scan output one Unsqueeze per copy plus a
+    Concat when there is more than one copy."""
+    body = get_attr(node, "body")
+    spliced = sum(1 for n in body.node if not (n.op_type == "Identity" and is_default_domain(n) and n.input
+                                               and n.input[0] and n.output))
+    n_carried = len(node.input) - 2
+    n_scan = len(body.output) - 1 - n_carried
+    scans = sum(1 for k in range(n_scan) if n_carried + k < len(node.output) and node.output[n_carried + k])
+    return trip * spliced + scans * (trip + (1 if trip > 1 else 0))
 
 
 def _has_candidates(model: onnx.ModelProto) -> bool:
@@ -207,37 +321,27 @@ def _run_reference(node: onnx.NodeProto, inputs, opsets) -> list[np.ndarray] | s
     return [np.asarray(o) for o in outs]
 
 
-class _ControlFlow:
-    """Folds If nodes with a constant condition and unrollable Loops of the main graph (one sweep per call)."""
+class _Splicer:
+    """Applies If / Loop plans to the main graph: the branch or the body copies in the node's place."""
 
     def __init__(self, model: onnx.ModelProto, result: PassResult) -> None:
         self.model = model
         self.result = result
-        self.stats = {"ifs_inlined": 0, "loops_unrolled": 0, "nodes_unrolled": 0,
-                      "max_trip_count": _MAX_TRIP, "max_unrolled_nodes": _MAX_UNROLLED_NODES}
+        self.stats = {"ifs_inlined": 0, "loops_unrolled": 0, "nodes_unrolled": 0}
 
-    def fold(self) -> bool:
+    def apply(self, plans: list[InlineIf | UnrollLoop]) -> None:
         graph = self.model.graph
-        if not any(n.op_type in ("If", "Loop") for n in graph.node):
-            return False
         index = GraphIndex(self.model)
-        names: ModelNames | None = None
+        names = ModelNames(self.model)
         editor = GraphEditor(index)
         new_inits: list[onnx.TensorProto] = []
         aliases: dict[str, str] = {}
-        changed = False
-        for node in graph.node:
-            if not is_default_domain(node) or node.op_type not in ("If", "Loop"):
-                continue
-            spent = self.stats["nodes_unrolled"]
-            plan, _reason = _plan_if(index, node) if node.op_type == "If" else _plan_loop(index, node, spent)
-            if plan is None:
-                continue  # reported by reject_remaining once nothing else can change
-            names = names or ModelNames(self.model)
-            if node.op_type == "If":
-                nodes, inits, outputs = self._inline_if(node, plan, names)
+        for plan in plans:
+            node = plan.node
+            if isinstance(plan, InlineIf):
+                nodes, inits, outputs = self._inline_if(node, plan.branch, names)
             else:
-                nodes, inits, outputs = self._unroll_loop(index, node, plan, names)
+                nodes, inits, outputs = self._unroll_loop(node, plan.trip, names)
             for target, src in zip(node.output, outputs):
                 if not target or target == src:
                     continue
@@ -250,13 +354,11 @@ class _ControlFlow:
                     aliases[target] = src
             editor.replace(node, nodes)
             new_inits.extend(inits)
-            changed = True
-        if changed:
-            editor.commit()
-            graph.initializer.extend(new_inits)
-            rename_in_graph(graph, aliases)
-            remove_dead_nodes(self.model)
-        return changed
+        editor.commit()
+        graph.initializer.extend(new_inits)
+        rename_in_graph(graph, aliases)
+        remove_dead_nodes(self.model)
+        self.result.metrics["control_flow"] = dict(self.stats)
 
     def _inline_if(self, node: onnx.NodeProto, branch_name: str, names: ModelNames):
         branch = get_attr(node, branch_name)
@@ -266,7 +368,7 @@ class _ControlFlow:
                                           new={"nodes": len(spliced.nodes)}))
         return spliced.nodes, spliced.initializers, spliced.outputs
 
-    def _unroll_loop(self, index: GraphIndex, node: onnx.NodeProto, trip: int, names: ModelNames):
+    def _unroll_loop(self, node: onnx.NodeProto, trip: int, names: ModelNames):
         body = get_attr(node, "body")
         n_carried = len(node.input) - 2
         n_scan = len(body.output) - 1 - n_carried
@@ -321,23 +423,25 @@ class _ControlFlow:
                                           new={"trip_count": trip, "nodes": len(nodes)}))
         return nodes, inits, outputs
 
-    def reject_remaining(self, *, blocking: bool) -> None:
-        """A Rejection for every control-flow node still in the main graph, with what keeps it."""
-        graph = self.model.graph
-        if self.stats["ifs_inlined"] or self.stats["loops_unrolled"]:
-            self.result.metrics["control_flow"] = dict(self.stats)
-        if not any(n.op_type in CONTROL_FLOW_OPS for n in graph.node):
-            return
-        index = GraphIndex(self.model)
-        for node in graph.node:
-            if node.op_type not in CONTROL_FLOW_OPS or not is_default_domain(node):
-                continue
-            reason = why_control_flow_stays(index, node, spent=self.stats["nodes_unrolled"])
-            if reason is None:  # would fold: only when the round limit stopped the pass
-                reason = f"not reached within {_MAX_ROUNDS} rounds of folding"
-            self.result.rejections.append(Rejection(node.name, node.op_type, reason, blocking=blocking))
-        if not self.result.metrics.get("control_flow"):
-            self.result.metrics["control_flow"] = dict(self.stats)
+
+def _reject_remaining(model: onnx.ModelProto, stats: dict[str, int], result: PassResult, *,
+                      blocking: bool) -> None:
+    """A Rejection for every control-flow node still in the main graph, with what keeps it."""
+    graph = model.graph
+    if stats["ifs_inlined"] or stats["loops_unrolled"]:
+        result.metrics["control_flow"] = dict(stats)
+    if not any(n.op_type in CONTROL_FLOW_OPS for n in graph.node):
+        return
+    index = GraphIndex(model)
+    for node in graph.node:
+        if node.op_type not in CONTROL_FLOW_OPS or not is_default_domain(node):
+            continue
+        reason = why_control_flow_stays(index, node, spent=stats["nodes_unrolled"])
+        if reason is None:  # would fold: only when the round limit stopped the pass
+            reason = f"not reached within {_MAX_ROUNDS} rounds of folding"
+        result.rejections.append(Rejection(node.name, node.op_type, reason, blocking=blocking))
+    if not result.metrics.get("control_flow"):
+        result.metrics["control_flow"] = dict(stats)
 
 
 def _declared_shape(vi: onnx.ValueInfoProto, default: tuple) -> tuple:
@@ -357,10 +461,11 @@ def why_control_flow_stays(index: GraphIndex, node: onnx.NodeProto, *, spent: in
     return f"{node.op_type} is not unrolled (only If and Loop are folded)"
 
 
-def _plan_if(index: GraphIndex, node: onnx.NodeProto) -> tuple[str | None, str]:
-    """(the branch attribute to inline, '') or (None, why the If stays)."""
+def _plan_if(index: GraphIndex, node: onnx.NodeProto,
+             known: dict[str, np.ndarray] | None = None) -> tuple[str | None, str]:
+    """(the branch attribute to inline, '') or (None, why the If stays). ``known``: values find evaluated."""
     cond = node.input[0] if node.input else ""
-    value = index.const_value(cond) if cond else None
+    value = _const(index, known, cond) if cond else None
     if value is None:
         return None, _not_constant("its condition", cond, index)
     if value.size != 1:
@@ -376,24 +481,27 @@ def _plan_if(index: GraphIndex, node: onnx.NodeProto) -> tuple[str | None, str]:
     return branch_name, ""
 
 
-def _plan_loop(index: GraphIndex, node: onnx.NodeProto, spent: int = 0) -> tuple[int | None, str]:
-    """(the trip count to unroll, '') or (None, why the Loop stays). ``spent``: nodes unrolled so far."""
-    plan = _loop_trip(index, node, spent)
+def _plan_loop(index: GraphIndex, node: onnx.NodeProto, spent: int = 0,
+               known: dict[str, np.ndarray] | None = None) -> tuple[int | None, str]:
+    """(the trip count to unroll, '') or (None, why the Loop stays). ``spent``: nodes unrolled so far;
+    ``known``: values find evaluated."""
+    plan = _loop_trip(index, node, spent, known)
     return (plan, "") if isinstance(plan, int) else (None, plan)
 
 
-def _loop_trip(index: GraphIndex, node: onnx.NodeProto, spent: int) -> int | str:
+def _loop_trip(index: GraphIndex, node: onnx.NodeProto, spent: int,
+               known: dict[str, np.ndarray] | None) -> int | str:
     body = get_attr(node, "body")
     trip_name = node.input[0] if node.input else ""
     cond_name = node.input[1] if len(node.input) > 1 else ""
     if not trip_name:
         return "it has no trip count (it runs until its condition turns false)"
-    trip_value = index.const_value(trip_name)
+    trip_value = _const(index, known, trip_name)
     if trip_value is None:
         return _not_constant("its trip count", trip_name, index)
     trip = int(trip_value.reshape(-1)[0])
     if cond_name:
-        cond_value = index.const_value(cond_name)
+        cond_value = _const(index, known, cond_name)
         if cond_value is None:
             return _not_constant("its initial condition", cond_name, index)
         if not bool(cond_value.reshape(-1)[0]):
@@ -402,7 +510,7 @@ def _loop_trip(index: GraphIndex, node: onnx.NodeProto, spent: int) -> int | str
         return "its body does not have the Loop signature (iteration, condition, one input per carried value)"
     if len(body.sparse_initializer):
         return "its body holds sparse initializers, which are not spliced"
-    if not _passes_condition_through(body, index):
+    if not _passes_condition_through(body, index, known):
         return (f"its body computes the loop condition ({body.output[0].name}): the number of iterations "
                 f"depends on data")
     n_carried = max(len(node.input) - 2, 0)
@@ -423,7 +531,8 @@ def _loop_trip(index: GraphIndex, node: onnx.NodeProto, spent: int) -> int | str
     return trip
 
 
-def _passes_condition_through(body: onnx.GraphProto, index: GraphIndex) -> bool:
+def _passes_condition_through(body: onnx.GraphProto, index: GraphIndex,
+                              known: dict[str, np.ndarray] | None) -> bool:
     """Whether the body's condition output is its condition input (through Identity nodes) or constant true."""
     producers = {o: n for n in body.node for o in n.output}
     inits = {t.name: t for t in body.initializer}
@@ -435,7 +544,7 @@ def _passes_condition_through(body: onnx.GraphProto, index: GraphIndex) -> bool:
             return bool(onnx.numpy_helper.to_array(inits[name]).reshape(-1)[0])
         node = producers.get(name)
         if node is None:  # an enclosing-scope tensor
-            value = index.const_value(name)
+            value = _const(index, known, name)
             return value is not None and bool(value.reshape(-1)[0])
         if node.op_type == "Identity":
             name = node.input[0]
