@@ -339,15 +339,16 @@ def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphInde
         planned, found, failure = answers[name]
         judged = violation.constraint in _JUDGED_BY_RESULT and found is not None and found.after is not None
         if violation.node in planned or judged:
-            if found is None or found.after is None:
-                continue
-            if name not in remaining:
-                # The find rewrote a copy: the plan fixes this violation only if the copy no longer has it
-                # (a plan may touch a node without fixing every constraint on it: a Concat the padding crosses).
-                after = check_model(found.after, options, memory=False, _ask=False).violations
-                remaining[name] = {(v.node, v.constraint) for v in after}
-            if (violation.node, violation.constraint) not in remaining[name]:
-                continue
+            # A plan may touch a node without fixing every constraint on it (a Concat the padding crosses): the
+            # find says so in the plan (Plan.leaves), or a find that rewrote a copy shows it in the copy.
+            if found is None or not found.leaves(violation.node, violation.constraint):
+                if found is None or found.after is None:
+                    continue
+                if name not in remaining:
+                    after = check_model(found.after, options, memory=False, _ask=False).violations
+                    remaining[name] = {(v.node, v.constraint) for v in after}
+                if (violation.node, violation.constraint) not in remaining[name]:
+                    continue
             reason: str | None = "rewrites it, but the violation remains"
         else:
             reason = failure or (found.reason(violation.node) if found is not None else None)
