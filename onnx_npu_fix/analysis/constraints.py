@@ -324,6 +324,7 @@ def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphInde
 
     full: onnx.ModelProto | None = None
     answers: dict[str, tuple[set[str], Found | None, str]] = {}
+    left: dict[str, set[tuple[str, str]]] = {}  # per pass: what its plans say they leave violated
     remaining: dict[str, set[tuple[str, str]]] = {}
     for violation in asked:
         name = violation.fixed_by
@@ -334,6 +335,7 @@ def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphInde
             try:
                 found = PASSES[name]().find(full, options)
                 answers[name] = (found.planned(), found, "")
+                left[name] = found.left_violated()
             except Exception as exc:  # noqa: BLE001 - a find that fails answers "not fixed", with why
                 answers[name] = (set(), None, f"its find failed: {type(exc).__name__}: {exc}".splitlines()[0])
         planned, found, failure = answers[name]
@@ -341,7 +343,7 @@ def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphInde
         if violation.node in planned or judged:
             # A plan may touch a node without fixing every constraint on it (a Concat the padding crosses): the
             # find says so in the plan (Plan.leaves), or a find that rewrote a copy shows it in the copy.
-            if found is None or not found.leaves(violation.node, violation.constraint):
+            if (violation.node, violation.constraint) not in left.get(name, ()):
                 if found is None or found.after is None:
                     continue
                 if name not in remaining:

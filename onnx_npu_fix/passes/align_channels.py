@@ -414,31 +414,50 @@ class _Finder:
         """How ``node`` carries a channel layout, or None when it needs the real channels (a stop)."""
         op = node.op_type
         if op in _UNARY or op in _POOLS:
-            if op == "MaxPool" and len(node.output) > 1 and node.output[1] and (
-                    self.index.consumers_of(node.output[1]) or node.output[1] in self.index.output_set):
-                return None  # Indices are flat positions that count channels
-            if op == "PRelu":
-                return self._classify_prelu(node)
-            return _Carrier([0])
+            return self._classify_unary(node)
         if op in ("QuantizeLinear", "DequantizeLinear"):
             return self._classify_quantizer(node)
         if op in _BINARY:
             return self._classify_elementwise(node)
         if op == "Concat":
             return self._classify_concat(node)
-        if op == "BatchNormalization":
+        if op in ("BatchNormalization", "InstanceNormalization"):
+            return self._classify_norm(node)
+        rank = self._rank(node.input[0]) if node.input else None
+        if op in _REDUCE:
+            return self._classify_reduce(node, rank)
+        if op in ("Resize", "Upsample"):
+            return self._classify_resize(node, rank)
+        if op == "Pad":
+            return self._classify_pad(node, rank)
+        return self._classify_axis_op(node, rank)
+
+    def _classify_unary(self, node: onnx.NodeProto) -> _Carrier | None:
+        if node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1] and (
+                self.index.consumers_of(node.output[1]) or node.output[1] in self.index.output_set):
+            return None  # Indices are flat positions that count channels
+        if node.op_type == "PRelu":
+            return self._classify_prelu(node)
+        return _Carrier([0])
+
+    def _classify_norm(self, node: onnx.NodeProto) -> _Carrier | None:
+        """BatchNormalization (inference) and InstanceNormalization with constant parameters: padded with
+        scale / variance 1 and bias / mean 0."""
+        if node.op_type == "BatchNormalization":
             if int(get_attr(node, "training_mode", 0)) or any(o for o in node.output[1:]):
                 return None
             if any(self.index.const_value(node.input[s]) is None for s in range(1, 5)):
                 return None
             return _Carrier([0], consts=[(1, 0, 1.0), (2, 0, 0.0), (3, 0, 0.0), (4, 0, 1.0)])
-        if op == "InstanceNormalization":
-            if float(get_attr(node, "epsilon", 1e-5)) <= 0.0:
-                return None  # a constant pad channel would divide 0 by 0
-            if any(self.index.const_value(node.input[s]) is None for s in (1, 2)):
-                return None
-            return _Carrier([0], consts=[(1, 0, 1.0), (2, 0, 0.0)])
-        rank = self._rank(node.input[0]) if node.input else None
+        if float(get_attr(node, "epsilon", 1e-5)) <= 0.0:
+            return None  # a constant pad channel would divide 0 by 0
+        if any(self.index.const_value(node.input[s]) is None for s in (1, 2)):
+            return None
+        return _Carrier([0], consts=[(1, 0, 1.0), (2, 0, 0.0)])
+
+    def _classify_axis_op(self, node: onnx.NodeProto, rank: int | None) -> _Carrier | None:
+        """Ops that are channel-local unless their axis is the channel axis (LayerNorm, Softmax, Slice, Split)."""
+        op = node.op_type
         if op == "LayerNormalization":
             axes = self._norm_axes([int(get_attr(node, "axis", -1))], rank)
             if axes is None or axes[0] < 2 or float(get_attr(node, "epsilon", 1e-5)) <= 0.0:
@@ -452,12 +471,6 @@ class _Finder:
             # Before opset 13 the op flattens axes [axis, rank) together, so axis 1 or 0 mixes channels.
             ok = axes[0] != 1 if self.opset >= 13 else axes[0] >= 2
             return _Carrier([0]) if ok else None
-        if op in _REDUCE:
-            return self._classify_reduce(node, rank)
-        if op in ("Resize", "Upsample"):
-            return self._classify_resize(node, rank)
-        if op == "Pad":
-            return self._classify_pad(node, rank)
         if op == "Slice":
             axes = self._const_ints(node.input[3]) if len(node.input) > 3 and node.input[3] else None
             axes = self._norm_axes(axes, rank) if axes is not None else None

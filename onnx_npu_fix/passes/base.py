@@ -110,9 +110,10 @@ class Found:
         """The names of every node some plan fixes."""
         return {name for plan in self.plans for name in plan.nodes}
 
-    def leaves(self, node: str, constraint: str) -> bool:
-        """Whether a plan touches ``node`` but leaves ``constraint`` on it violated."""
-        return any(node in plan.nodes and constraint in plan.leaves for plan in self.plans)
+    def left_violated(self) -> set[tuple[str, str]]:
+        """(node, constraint) for every constraint a plan leaves violated on a node it touches."""
+        return {(node, constraint) for plan in self.plans if plan.leaves for node in plan.nodes
+                for constraint in plan.leaves}
 
     def reason(self, node: str) -> str | None:
         """Why the pass leaves ``node`` alone, if it said."""
