@@ -270,6 +270,7 @@ class AlignChannelsPass(Pass):
 
     def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
         result = PassResult(rejections=list(found.rejections))
+        # The same test as find's: the metrics (zero figures included) appear whenever find planned over the graph.
         if options.align > 1 and opset_version(model) >= 11 and not _all_convs_aligned(model, options.align):
             _Rewriter(model, options, result).apply(found.plans)
         return result
