@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 
 import numpy as np
@@ -10,8 +12,10 @@ import pytest
 from helpers import apply_pass, assert_equivalent, ops, run_model
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_npu_fix.ir.graph import get_attr, infer_shapes, shape_of_value_info
-from onnx_npu_fix.passes.align_channels import AlignChannelsPass
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.ir.graph import get_attr, infer_shapes, name_unnamed_nodes, shape_of_value_info
+from onnx_npu_fix.passes.align_channels import AlignChannelsPass, CarryPlan, Layout, PadConvPlan
+from onnx_npu_fix.passes.base import PassResult
 
 PASS = AlignChannelsPass()
 L = 16  # sequence length of the 1-D models
@@ -744,3 +748,126 @@ def test_tf_crop_and_resize_with_a_roi_is_not_carried():
     want = ReferenceEvaluator(model).run(None, {"x": x})[0]
     got = ReferenceEvaluator(fixed).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# --- find reads, rewrite applies exactly the plans ------------------------------------------------------------
+
+
+def _prepared(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy the way the pass manager hands it to a pass (named nodes, inferred shapes)."""
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    name_unnamed_nodes(work.graph)
+    infer_shapes(work)
+    return work
+
+
+@pytest.mark.parametrize("seed", range(0, 16, 3))
+def test_find_leaves_the_model_byte_identical(seed):
+    work = _prepared(_random_model(seed))
+    before = work.SerializeToString()
+    found = PASS.find(work, FixOptions(align=8))
+    assert found.plans  # something was planned, so the find really looked
+    assert work.SerializeToString() == before
+
+
+def test_plans_are_typed_and_carry_every_decision():
+    # conv1 emits 60 of 64 channels, the Relu carries them, conv2 reads them; the graph input's 12 channels stay.
+    b = _Builder()
+    h = b.conv("conv1", "x", 12, 60)
+    h = b.op("Relu", [h], "relu")
+    b.conv("conv2", h, 60, 16)
+    model = _prepared(b.model({"x": (1, 12, L)}, ["conv2"]))
+    found = PASS.find(model, FixOptions(align=8))
+    conv1, relu, conv2 = found.plans
+    padded = Layout.prefix(60, 64)
+    assert isinstance(conv1, PadConvPlan) and (conv1.nodes, conv1.target, conv1.out) == (("conv1",), None, padded)
+    assert isinstance(relu, CarryPlan) and (relu.nodes, relu.out) == (("relu",), padded)
+    assert isinstance(conv2, PadConvPlan) and (conv2.target, conv2.out, conv2.cg_new) == (padded, None, 64)
+    # the graph input's channels are refused in find, not discovered while rewriting
+    assert [(r.node, r.blocking) for r in found.rejections] == [("conv1", False)]
+    assert "fixed by a graph input" in found.rejections[0].reason
+
+
+# What rewrite(find()) gave on these generated models when find still rewrote a scratch copy (the
+# ScratchFindPass version, commit 352de0f): sha256 of the fixed model's bytes + its changes, rejections and
+# metrics as JSON, first 16 hex digits. A change here means the pass's output changed.
+_SCRATCH_FIND_DIGESTS = {
+    (0, 8): "e5052be271a252a3", (0, 16): "9def1727760cc843", (1, 8): "17b2c3adecfb3ff0", (1, 16): "8cca39242e8afe05",
+    (2, 8): "8bd890b15d9adcc8", (2, 16): "34a1b00119160a03", (3, 8): "888af6f21a1f61fe", (3, 16): "84d13ac2e00e451f",
+    (4, 8): "990b4239f439ab9e", (4, 16): "f46739d6cecef86b", (5, 8): "0c6edfcb5d119a6f", (5, 16): "d85466e2981a4c7b",
+    (6, 8): "63d70e505b7c09bf", (6, 16): "c44150bd5748793e", (7, 8): "e450af3f13a98b1e", (7, 16): "b542ab8dcafc8069",
+}
+
+
+@pytest.mark.parametrize("seed, align", sorted(_SCRATCH_FIND_DIGESTS))
+def test_rewrite_of_find_gives_what_the_scratch_find_version_gave(seed, align):
+    work = _prepared(_random_model(seed))
+    options = FixOptions(align=align)
+    result = PASS.rewrite(work, options, PASS.find(work, options))
+    onnx.checker.check_model(work)
+    infer_shapes(work)  # as apply_pass did when the digests were taken
+    record = json.dumps([[c.to_json() for c in result.changes], [r.to_json() for r in result.rejections],
+                         result.metrics], sort_keys=True)
+    digest = hashlib.sha256(work.SerializeToString() + record.encode()).hexdigest()[:16]
+    assert digest == _SCRATCH_FIND_DIGESTS[(seed, align)]
+
+
+def _two_branches() -> onnx.ModelProto:
+    """x -> conv_a (12) -> relu_a -> conv_a2 -> ya  and  x -> conv_b (20) -> conv_b2 -> yb."""
+    b = _Builder()
+    h = b.conv("conv_a", "x", 8, 12)
+    h = b.op("Relu", [h], "relu_a")
+    b.conv("conv_a2", h, 12, 8)
+    h = b.conv("conv_b", "x", 8, 20)
+    b.conv("conv_b2", h, 20, 8)
+    return b.model({"x": (1, 8, L)}, ["conv_a2", "conv_b2"])
+
+
+def _rewrite_only(model: onnx.ModelProto, keep: set[str]) -> tuple[onnx.ModelProto, PassResult]:
+    work = _prepared(model)
+    options = FixOptions(align=8)
+    found = PASS.find(work, options)
+    assert {name for plan in found.plans for name in plan.nodes} >= keep  # the filter really drops plans
+    found.plans = [plan for plan in found.plans if set(plan.nodes) <= keep]
+    result = PASS.rewrite(work, options, found)
+    onnx.checker.check_model(work)
+    infer_shapes(work)
+    assert_equivalent(model, work)
+    return work, result
+
+
+def test_rewrite_applies_only_the_plans_it_is_given():
+    model = _two_branches()
+    fixed, result = _rewrite_only(model, {"conv_a", "relu_a", "conv_a2"})
+    edited = {c.node for c in result.changes if c.action != "insert"}
+    assert edited == {"conv_a", "relu_a", "conv_a2"}
+    assert conv_channel_violations(fixed, 8) == ["conv_b out 20", "conv_b2 in 20"]
+    for name in ("conv_b", "conv_b2"):
+        np.testing.assert_array_equal(_weight(fixed, name), _weight(model, name))
+
+
+@pytest.mark.parametrize("keep", [{"conv_a", "conv_a2"}, {"relu_a", "conv_a2"}, {"conv_a"}],
+                         ids=["without-the-carry", "without-the-producer", "without-the-consumer"])
+def test_a_filtered_found_still_gives_an_equivalent_model(keep):
+    # A plan whose neighbour's plan was left out converts what actually arrives (Pad / Slice), so the outputs
+    # stay the same (_rewrite_only checks them with onnxruntime).
+    _, result = _rewrite_only(_two_branches(), keep)
+    assert {c.node for c in result.changes if c.action == "pad-channels"} == keep - {"relu_a"}
+
+
+@pytest.mark.parametrize("concat_align, leaves", [(8, frozenset()), (16, frozenset({"concat-align"}))])
+def test_a_carry_across_a_concat_says_which_constraint_it_leaves(concat_align, leaves):
+    # conv_a (4 -> 8) and conv_b (8) meet in a Concat read by a Conv: inputs of 8 are multiples of 8, not of 16.
+    b = _Builder()
+    a = b.conv("conv_a", "x", 8, 4, k=1)
+    c = b.conv("conv_b", "x", 8, 8, k=1)
+    h = b.op("Concat", [a, c], "cat", axis=1)
+    b.conv("conv_c", h, 12, 8, k=1)
+    model = _prepared(b.model({"x": (1, 8, L)}, ["conv_c"]))
+    found = PASS.find(model, FixOptions(align=8, concat_align=concat_align))
+    cat = next(plan for plan in found.plans if plan.nodes == ("cat",))
+    assert isinstance(cat, CarryPlan) and cat.leaves == leaves
+    assert cat.inputs == (Layout.prefix(4, 8), None) and cat.out == Layout(16, (0, 1, 2, 3, 8, 9, 10, 11, 12, 13,
+                                                                                14, 15))
+    assert (("cat", "concat-align") in found.left_violated()) == bool(leaves)

@@ -416,6 +416,7 @@ def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphInde
 
     full: onnx.ModelProto | None = None
     answers: dict[str, tuple[set[str], Found | None, str]] = {}
+    left: dict[str, set[tuple[str, str]]] = {}  # per pass: what its plans say they leave violated
     remaining: dict[str, set[tuple[str, str]]] = {}
     for violation in asked:
         name = violation.fixed_by
@@ -426,6 +427,7 @@ def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphInde
             try:
                 found = PASSES[name]().find(full, options)
                 answers[name] = (found.planned(), found, "")
+                left[name] = found.left_violated()
             except Exception as exc:  # noqa: BLE001 - a find that fails answers "not fixed", with why
                 answers[name] = (set(), None, f"its find failed: {type(exc).__name__}: {exc}".splitlines()[0])
         planned, found, failure = answers[name]
@@ -437,15 +439,16 @@ def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphInde
                 continue
             reason: str | None = "rewrites it, but the violation remains"
         elif violation.node in planned:
-            if found is None or found.after is None:
-                continue
-            if name not in remaining:
-                # The find rewrote a copy: the plan fixes this violation only if the copy no longer has it
-                # (a plan may touch a node without fixing every constraint on it: a Concat the padding crosses).
-                after = check_model(found.after, options, memory=False, _ask=False).violations
-                remaining[name] = {(v.node, v.constraint) for v in after}
-            if (violation.node, violation.constraint) not in remaining[name]:
-                continue
+            # A plan may touch a node without fixing every constraint on it (a Concat the padding crosses): the
+            # find says so in the plan (Plan.leaves), or a find that rewrote a copy shows it in the copy.
+            if (violation.node, violation.constraint) not in left.get(name, ()):
+                if found is None or found.after is None:
+                    continue
+                if name not in remaining:
+                    after = check_model(found.after, options, memory=False, _ask=False).violations
+                    remaining[name] = {(v.node, v.constraint) for v in after}
+                if (violation.node, violation.constraint) not in remaining[name]:
+                    continue
             reason = "rewrites it, but the violation remains"
         else:
             reason = failure or (found.reason(violation.node) if found is not None else None)

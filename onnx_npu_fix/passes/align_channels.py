@@ -67,7 +67,7 @@ from onnx_npu_fix.ir.qdq import (
     store_quantized,
     wrap_chain,
 )
-from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
+from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 
 # Elementwise ops that map every finite input to a finite output, channel by channel.
 _UNARY = frozenset({
@@ -223,41 +223,75 @@ class _Carrier:
     """Resize: (sizes input slot, index of the channel entry) to rewrite to the padded count."""
 
 
-class AlignChannelsPass(ScratchFindPass):
-    """Channel alignment. ``find`` rewrites a scratch copy (:class:`ScratchFindPass`): ``_Aligner.find`` classifies
-    the candidates read-only, but which channel layout each Conv gets is decided while rewriting, from the layouts
-    its producers emitted."""
+@dataclass(kw_only=True)
+class PadConvPlan(Plan):
+    """pad-channels: the Conv at ``position`` of ``graph.node`` reads its input in ``target`` (None: the real
+    tensor) and emits ``out`` (None: real channels), as ``groups`` groups of ``cg_new`` inputs / ``mg_new``
+    outputs. The weights and bias are padded to match (zero filters, zero taps on pad input channels)."""
+
+    position: int
+    target: Layout | None
+    out: Layout | None
+    groups: int
+    cg_new: int
+    mg_new: int
+
+
+@dataclass(kw_only=True)
+class CarryPlan(Plan):
+    """carry: the channel-local node at ``position`` of ``graph.node`` passes the padding through, every output
+    in layout ``out``. ``inputs`` (Concat on the channel axis) holds the layout each input slot arrives in
+    (None: real)."""
+
+    position: int
+    out: Layout
+    carrier: _Carrier
+    inputs: tuple[Layout | None, ...] = ()
+
+
+class AlignChannelsPass(Pass):
+    """Channel alignment. ``find`` decides every layout read-only: it walks the graph in order and propagates the
+    planned layouts in its own table (the layout a Conv's input arrives in is the one its producer's plan
+    emits); ``rewrite`` applies the plans, inserting the Pad / Gather / Slice each layout change needs."""
     name = "align-channels"
     summary = ("pad Conv/ConvTranspose channel counts to a multiple of --align with zero filters, carry the "
                "padding through channel-local ops and slice it off where channels mix")
     exact = True
 
-    def apply(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
-        result = PassResult()
+    def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
         if options.align <= 1:
-            return result
+            return Found()
         if opset_version(model) < 11:
-            # Pad and Slice take their parameters as tensors only from opset 11 / 10.
-            index = GraphIndex(model)
-            for node in model.graph.node:
-                if node.op_type not in ("Conv", "ConvTranspose") or len(node.input) < 2:
-                    continue
-                shape = index.static_shape(node.input[1])
-                group = int(get_attr(node, "group", 1))
-                if shape is not None and len(shape) > 2:
-                    c_in, c_out = conv_channels(node.op_type, shape, group)
-                    if _conv_aligned(options.align, group, c_in, c_out):
-                        continue
-                result.rejections.append(Rejection(node.name, node.op_type, "opset < 11 is not supported by "
-                                                   "align-channels (convert the model to opset 11+)",
-                                                   blocking=True))
-            return result
+            return Found(rejections=_opset_rejections(model, options.align))
         if _all_convs_aligned(model, options.align):
-            return result  # one cheap scan of weight dims instead of planning over the whole graph
-        aligner = _Aligner(model, options, result)
-        aligner.find()
-        aligner.rewrite()
+            return Found()  # one cheap scan of weight dims instead of planning over the whole graph
+        finder = _Finder(model, options)
+        return Found(finder.plan(), finder.rejections)
+
+    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
+        result = PassResult(rejections=list(found.rejections))
+        # The same test as find's: the metrics (zero figures included) appear whenever find planned over the graph.
+        if options.align > 1 and opset_version(model) >= 11 and not _all_convs_aligned(model, options.align):
+            _Rewriter(model, options, result).apply(found.plans)
         return result
+
+
+def _opset_rejections(model: onnx.ModelProto, align: int) -> list[Rejection]:
+    """Before opset 11 Pad and Slice take no tensor parameters: every unaligned (or unknown) conv is refused."""
+    index = GraphIndex(model)
+    rejections = []
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "ConvTranspose") or len(node.input) < 2:
+            continue
+        shape = index.static_shape(node.input[1])
+        group = int(get_attr(node, "group", 1))
+        if shape is not None and len(shape) > 2:
+            c_in, c_out = conv_channels(node.op_type, shape, group)
+            if _conv_aligned(align, group, c_in, c_out):
+                continue
+        rejections.append(Rejection(node.name, node.op_type, "opset < 11 is not supported by align-channels "
+                                    "(convert the model to opset 11+)", blocking=True))
+    return rejections
 
 
 def _all_convs_aligned(model: onnx.ModelProto, align: int) -> bool:
@@ -281,38 +315,54 @@ def _all_convs_aligned(model: onnx.ModelProto, align: int) -> bool:
     return True
 
 
-class _Aligner:
-    """The state of one run: read-only plan (find) then the rewrite (rewrite)."""
+def _read_conv(index: GraphIndex, node: onnx.NodeProto, align: int) -> _Conv | str:
+    """The conv in the NPU's view, or why its channels cannot be padded ("" when they need not be)."""
+    transpose = node.op_type == "ConvTranspose"
+    group = int(get_attr(node, "group", 1))
+    shape = index.static_shape(node.input[1]) if len(node.input) > 1 else None
+    if shape is None or len(shape) < 3:
+        return "the weight shape is unknown"
+    c_in, c_out = conv_channels(node.op_type, shape, group)
+    aligned = _conv_aligned(align, group, c_in, c_out)
+    weight_q = bias_q = None
+    if not index.is_const(node.input[1]):
+        weight_q = quantized_const(index, node.input[1])
+        problem = qdq_conv_weight_problem(weight_q, transpose, group) if weight_q is not None else (
+            "weights are not constant (nor a DequantizeLinear of a constant)")
+        if problem is not None:
+            return "" if aligned else f"{problem}: cannot pad channels (in {c_in}, out {c_out}, group {group})"
+    if len(node.input) > 2 and node.input[2] and not index.is_const(node.input[2]):
+        bias_q = quantized_const(index, node.input[2])
+        if bias_q is None or np.any(bias_q.params.zero_point != 0):
+            return "" if aligned else ("bias is not constant (nor a DequantizeLinear of a constant with zero point "
+                                       "0): cannot pad channels")
+    return _Conv(node, transpose, tuple(shape), group, c_in, c_out, _conv_macs(index, node), weight_q=weight_q,
+                 bias_q=bias_q)
 
-    def __init__(self, model: onnx.ModelProto, options: FixOptions, result: PassResult) -> None:
-        self.model = model
+
+class _Finder:
+    """One read-only look at the model: classify every Conv and channel-local node, then walk the graph in order
+    and decide each plan from the layouts the earlier plans emit (kept in ``layout``, not in the model)."""
+
+    def __init__(self, model: onnx.ModelProto, options: FixOptions) -> None:
         self.index = GraphIndex(model)
-        self.editor = GraphEditor(self.index)
         self.align = options.align
         self.align_io = options.align_io
-        self.result = result
+        self.concat_align = options.concat_align
         self.opset = opset_version(model)
         self.nodes = list(model.graph.node)
+        self.rejections: list[Rejection] = []
         self.convs: dict[int, _Conv] = {}
         self.carriers: dict[int, _Carrier] = {}
         self.input_fixed: set[str] = set()
         self.useful: set[str] = set()
         self.request: dict[str, Layout] = {}
-        # rewrite state
         self.layout: dict[str, Layout] = {}
-        self.padded_name: dict[str, str] = {}
-        self.padded_producer: dict[str, onnx.NodeProto] = {}
-        self.restored: set[str] = set()
-        self.conversions: dict[tuple[str, Layout], str] = {}
-        self.int_consts: dict[tuple[int, ...], str] = {}
-        self.inserted: dict[str, int] = {}
-        self.macs_before = 0
-        self.extra_macs = 0
-        self.extra_weight_bytes = 0
+        """The layout each padded tensor (by its original name) will hold once the plans so far are applied."""
 
-    # --- finding (read-only) -------------------------------------------------------------------------
+    # --- classifying ---------------------------------------------------------------------------------
 
-    def find(self) -> None:
+    def classify(self) -> None:
         for node in self.nodes:
             if not is_default_domain(node):
                 continue
@@ -321,50 +371,17 @@ class _Aligner:
                     self._reject(node, qoperator_reason(node), blocking=True)
                 continue
             if node.op_type in ("Conv", "ConvTranspose"):
-                conv = self._classify_conv(node)
-                if conv is not None:
+                conv = _read_conv(self.index, node, self.align)
+                if isinstance(conv, _Conv):
                     self.convs[id(node)] = conv
-                    self.macs_before += conv.macs
-                else:
-                    self.macs_before += _conv_macs(self.index, node)
+                elif conv:
+                    self._reject(node, conv, blocking=True)
             else:
                 carrier = self._classify_carrier(node)
                 if carrier is not None:
                     self.carriers[id(node)] = carrier
-        self._find_input_fixed()
+        self.input_fixed = channels_follow_inputs(self.nodes, self.index.graph_inputs, self.index.is_const)
         self._find_useful_and_requests()
-
-    def _classify_conv(self, node: onnx.NodeProto) -> _Conv | None:
-        index = self.index
-        transpose = node.op_type == "ConvTranspose"
-        group = int(get_attr(node, "group", 1))
-        shape = index.static_shape(node.input[1]) if len(node.input) > 1 else None
-        if shape is None or len(shape) < 3:
-            self._reject(node, "the weight shape is unknown", blocking=True)
-            return None
-        c_in, c_out = conv_channels(node.op_type, shape, group)
-        weight_q = bias_q = None
-        if not index.is_const(node.input[1]):
-            weight_q = quantized_const(index, node.input[1])
-            problem = qdq_conv_weight_problem(weight_q, transpose, group) if weight_q is not None else (
-                "weights are not constant (nor a DequantizeLinear of a constant)")
-            if problem is not None:
-                if not self._conv_aligned(group, c_in, c_out):
-                    self._reject(node, f"{problem}: cannot pad channels (in {c_in}, out {c_out}, group {group})",
-                                 blocking=True)
-                return None
-        if len(node.input) > 2 and node.input[2] and not index.is_const(node.input[2]):
-            bias_q = quantized_const(index, node.input[2])
-            if bias_q is None or np.any(bias_q.params.zero_point != 0):
-                if not self._conv_aligned(group, c_in, c_out):
-                    self._reject(node, "bias is not constant (nor a DequantizeLinear of a constant with zero point "
-                                 "0): cannot pad channels", blocking=True)
-                return None
-        return _Conv(node, transpose, tuple(shape), group, c_in, c_out, _conv_macs(index, node), weight_q=weight_q,
-                     bias_q=bias_q)
-
-    def _conv_aligned(self, group: int, c_in: int, c_out: int) -> bool:
-        return _conv_aligned(self.align, group, c_in, c_out)
 
     def _shape(self, name: str) -> tuple | None:
         value = self.index.const_value(name)
@@ -398,31 +415,50 @@ class _Aligner:
         """How ``node`` carries a channel layout, or None when it needs the real channels (a stop)."""
         op = node.op_type
         if op in _UNARY or op in _POOLS:
-            if op == "MaxPool" and len(node.output) > 1 and node.output[1] and (
-                    self.index.consumers_of(node.output[1]) or node.output[1] in self.index.output_set):
-                return None  # Indices are flat positions that count channels
-            if op == "PRelu":
-                return self._classify_prelu(node)
-            return _Carrier([0])
+            return self._classify_unary(node)
         if op in ("QuantizeLinear", "DequantizeLinear"):
             return self._classify_quantizer(node)
         if op in _BINARY:
             return self._classify_elementwise(node)
         if op == "Concat":
             return self._classify_concat(node)
-        if op == "BatchNormalization":
+        if op in ("BatchNormalization", "InstanceNormalization"):
+            return self._classify_norm(node)
+        rank = self._rank(node.input[0]) if node.input else None
+        if op in _REDUCE:
+            return self._classify_reduce(node, rank)
+        if op in ("Resize", "Upsample"):
+            return self._classify_resize(node, rank)
+        if op == "Pad":
+            return self._classify_pad(node, rank)
+        return self._classify_axis_op(node, rank)
+
+    def _classify_unary(self, node: onnx.NodeProto) -> _Carrier | None:
+        if node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1] and (
+                self.index.consumers_of(node.output[1]) or node.output[1] in self.index.output_set):
+            return None  # Indices are flat positions that count channels
+        if node.op_type == "PRelu":
+            return self._classify_prelu(node)
+        return _Carrier([0])
+
+    def _classify_norm(self, node: onnx.NodeProto) -> _Carrier | None:
+        """BatchNormalization (inference) and InstanceNormalization with constant parameters: padded with
+        scale / variance 1 and bias / mean 0."""
+        if node.op_type == "BatchNormalization":
             if int(get_attr(node, "training_mode", 0)) or any(o for o in node.output[1:]):
                 return None
             if any(self.index.const_value(node.input[s]) is None for s in range(1, 5)):
                 return None
             return _Carrier([0], consts=[(1, 0, 1.0), (2, 0, 0.0), (3, 0, 0.0), (4, 0, 1.0)])
-        if op == "InstanceNormalization":
-            if float(get_attr(node, "epsilon", 1e-5)) <= 0.0:
-                return None  # a constant pad channel would divide 0 by 0
-            if any(self.index.const_value(node.input[s]) is None for s in (1, 2)):
-                return None
-            return _Carrier([0], consts=[(1, 0, 1.0), (2, 0, 0.0)])
-        rank = self._rank(node.input[0]) if node.input else None
+        if float(get_attr(node, "epsilon", 1e-5)) <= 0.0:
+            return None  # a constant pad channel would divide 0 by 0
+        if any(self.index.const_value(node.input[s]) is None for s in (1, 2)):
+            return None
+        return _Carrier([0], consts=[(1, 0, 1.0), (2, 0, 0.0)])
+
+    def _classify_axis_op(self, node: onnx.NodeProto, rank: int | None) -> _Carrier | None:
+        """Ops that are channel-local unless their axis is the channel axis (LayerNorm, Softmax, Slice, Split)."""
+        op = node.op_type
         if op == "LayerNormalization":
             axes = self._norm_axes([int(get_attr(node, "axis", -1))], rank)
             if axes is None or axes[0] < 2 or float(get_attr(node, "epsilon", 1e-5)) <= 0.0:
@@ -436,12 +472,6 @@ class _Aligner:
             # Before opset 13 the op flattens axes [axis, rank) together, so axis 1 or 0 mixes channels.
             ok = axes[0] != 1 if self.opset >= 13 else axes[0] >= 2
             return _Carrier([0]) if ok else None
-        if op in _REDUCE:
-            return self._classify_reduce(node, rank)
-        if op in ("Resize", "Upsample"):
-            return self._classify_resize(node, rank)
-        if op == "Pad":
-            return self._classify_pad(node, rank)
         if op == "Slice":
             axes = self._const_ints(node.input[3]) if len(node.input) > 3 and node.input[3] else None
             axes = self._norm_axes(axes, rank) if axes is not None else None
@@ -631,10 +661,6 @@ class _Aligner:
                 return None
         return _Carrier([0])
 
-    def _find_input_fixed(self) -> None:
-        """Tensors whose channel count the graph inputs fix (reached from them without a weighted op)."""
-        self.input_fixed = channels_follow_inputs(self.nodes, self.index.graph_inputs, self.index.is_const)
-
     def _find_useful_and_requests(self) -> None:
         """Backward: which tensors a padded layout should reach (a Conv consumes them, maybe through channel-local
         ops), and which layout a grouped Conv would like its producer to emit."""
@@ -666,44 +692,24 @@ class _Aligner:
                         self.request.setdefault(node.input[s], wanted)
 
     def _reject(self, node: onnx.NodeProto, reason: str, *, blocking: bool) -> None:
-        self.result.rejections.append(Rejection(node.name, node.op_type, reason, blocking))
+        self.rejections.append(Rejection(node.name, node.op_type, reason, blocking))
 
-    # --- rewriting -----------------------------------------------------------------------------------
+    # --- planning ------------------------------------------------------------------------------------
 
-    def rewrite(self) -> None:
-        for node in self.nodes:
+    def plan(self) -> list[Plan]:
+        self.classify()
+        plans: list[Plan] = []
+        for position, node in enumerate(self.nodes):
             conv = self.convs.get(id(node))
+            carrier = self.carriers.get(id(node)) if conv is None else None
+            plan: Plan | None = None
             if conv is not None:
-                self._rewrite_conv(conv)
-                continue
-            carrier = self.carriers.get(id(node))
-            if carrier is not None:
-                self._rewrite_carrier(node, carrier)
-        # Restore the real tensor (under its original name) wherever something still reads it.
-        dropped = set()
-        for name in self.layout:
-            readers = self.index.consumers_of(name)
-            if name in self.index.output_set or any(name in c.input or has_subgraphs(c) for c in readers):
-                self._restore(name)
-            else:
-                dropped.add(name)
-        self.editor.commit()
-        if dropped:
-            keep = [vi for vi in self.model.graph.value_info if vi.name not in dropped]
-            if len(keep) != len(self.model.graph.value_info):
-                copies = [_copy(vi) for vi in keep]
-                del self.model.graph.value_info[:]
-                self.model.graph.value_info.extend(copies)
-        metrics: dict[str, Any] = {
-            "align": self.align,
-            "padded_convs": sum(1 for c in self.result.changes if c.action == "pad-channels"),
-            "macs_before": self.macs_before,
-            "extra_macs": self.extra_macs,
-            "extra_macs_pct": round(100.0 * self.extra_macs / self.macs_before, 2) if self.macs_before else 0.0,
-            "extra_weight_bytes": self.extra_weight_bytes,
-            "inserted_nodes": dict(sorted(self.inserted.items())),
-        }
-        self.result.metrics.update(metrics)
+                plan = self._plan_conv(position, conv)
+            elif carrier is not None:
+                plan = self._plan_carry(position, node, carrier)
+            if plan is not None:
+                plans.append(plan)
+        return plans
 
     def _dense_target(self, current: Layout | None, channels: int, fixed: bool) -> Layout | None:
         """The input layout a dense / depthwise Conv reads: the arriving one, grown to a multiple of align."""
@@ -716,14 +722,13 @@ class _Aligner:
             return current
         return Layout(_ceil_to(current.size, a), current.cmap)
 
-    def _rewrite_conv(self, conv: _Conv) -> None:
+    def _plan_conv(self, position: int, conv: _Conv) -> PadConvPlan | None:
         node, a = conv.node, self.align
         x, y = node.input[0], node.output[0]
         current = self.layout.get(x)
         fixed = x in self.input_fixed and not self.align_io
-        kind = conv.kind
         m_total = conv.c_out
-        if kind == "dense":
+        if conv.kind == "dense":
             target = self._dense_target(current, conv.c_in, fixed)
             wanted = self.request.get(y)
             if wanted is not None and wanted.channels == m_total:
@@ -737,7 +742,7 @@ class _Aligner:
             if fixed and conv.c_in % a:
                 self._reject(node, f"input channels {conv.c_in} are fixed by a graph input (use --align-io to "
                              "pad them inside the graph)", blocking=False)
-        elif kind == "depthwise":
+        elif conv.kind == "depthwise":
             target = self._dense_target(current, conv.c_in, fixed)
             multiplier = m_total // conv.c_in
             cg_new, mg_new = 1, multiplier
@@ -764,62 +769,121 @@ class _Aligner:
                 self._reject(node, f"input channels per group {cg} are fixed by a graph input (use --align-io "
                              "to pad them inside the graph)", blocking=False)
         if target is None and out_layout is None:
-            return  # aligned already (a padded input that must arrive real is restored by name)
+            return None  # aligned already (a padded input that must arrive real is restored by name)
+        if out_layout is not None:
+            self.layout[y] = out_layout
+        return PadConvPlan(nodes=(node.name,), action="pad-channels", position=position, target=target,
+                           out=out_layout, groups=groups, cg_new=cg_new, mg_new=mg_new)
 
-        old_macs = conv.macs
+    def _plan_carry(self, position: int, node: onnx.NodeProto, carrier: _Carrier) -> CarryPlan | None:
+        padded = [s for s in carrier.slots if node.input[s] in self.layout]
+        if not padded or not any(o in self.useful for o in node.output if o):
+            return None  # the node reads the real tensors (restored under their names)
+        inputs: tuple[Layout | None, ...] = ()
+        leaves: frozenset[str] = frozenset()
+        if carrier.kind == "concat":
+            inputs = tuple(self.layout.get(name) if slot in carrier.slots else None
+                           for slot, name in enumerate(node.input))
+            offset, cmap = 0, []
+            for slot, name in enumerate(node.input):
+                if not name:
+                    continue
+                current = inputs[slot]
+                if current is not None:
+                    cmap.extend(offset + c for c in current.cmap)
+                    count = current.size
+                else:
+                    count = carrier.in_channels[slot]
+                    cmap.extend(range(offset, offset + count))
+                offset += count
+                if self.concat_align > 0 and slot in carrier.slots and count % self.concat_align:
+                    leaves = frozenset({"concat-align"})  # the padded inputs still miss --concat-align
+            out_layout = Layout(offset, tuple(cmap))
+        else:
+            out_layout = self.layout[node.input[padded[0]]]
+        for name in node.output:
+            if name:
+                self.layout[name] = out_layout
+        return CarryPlan(nodes=(node.name,), action="carry", leaves=leaves, position=position, out=out_layout,
+                         carrier=carrier, inputs=inputs)
+
+class _Rewriter:
+    """Applies a Found's plans in order. The layouts the applied plans emit are tracked under the tensors'
+    original names; every input a plan reads gets converted (Pad / Gather) from what actually arrives to the
+    plan's layout, so a Found whose plans were filtered still gives a correct model."""
+
+    def __init__(self, model: onnx.ModelProto, options: FixOptions, result: PassResult) -> None:
+        self.model = model
+        self.index = GraphIndex(model)
+        self.editor = GraphEditor(self.index)
+        self.align = options.align
+        self.result = result
+        self.opset = opset_version(model)
+        self.nodes = list(model.graph.node)
+        self.layout: dict[str, Layout] = {}
+        self.padded_name: dict[str, str] = {}
+        self.padded_producer: dict[str, onnx.NodeProto] = {}
+        self.restored: set[str] = set()
+        self.conversions: dict[tuple[str, Layout], str] = {}
+        self.int_consts: dict[tuple[int, ...], str] = {}
+        self.inserted: dict[str, int] = {}
+        self.macs_before = sum(_conv_macs(self.index, n) for n in self.nodes
+                               if n.op_type in ("Conv", "ConvTranspose") and is_default_domain(n))
+        self.extra_macs = 0
+        self.extra_weight_bytes = 0
+
+    def apply(self, plans: list[Plan]) -> None:
+        for plan in plans:
+            node = self.nodes[plan.position] if isinstance(plan, (PadConvPlan, CarryPlan)) else None
+            if node is None or node.name != plan.nodes[0]:
+                raise ValueError(f"align-channels: plan {plan.action} {plan.nodes} was not found on this model")
+            if isinstance(plan, PadConvPlan):
+                self._rewrite_conv(node, plan)
+            elif isinstance(plan, CarryPlan):
+                self._rewrite_carry(node, plan)
+        # Restore the real tensor (under its original name) wherever something still reads it.
+        dropped = set()
+        for name in self.layout:
+            readers = self.index.consumers_of(name)
+            if name in self.index.output_set or any(name in c.input or has_subgraphs(c) for c in readers):
+                self._restore(name)
+            else:
+                dropped.add(name)
+        self.editor.commit()
+        if dropped:
+            keep = [vi for vi in self.model.graph.value_info if vi.name not in dropped]
+            if len(keep) != len(self.model.graph.value_info):
+                copies = [_copy(vi) for vi in keep]
+                del self.model.graph.value_info[:]
+                self.model.graph.value_info.extend(copies)
+        self.result.metrics.update({
+            "align": self.align,
+            "padded_convs": sum(1 for c in self.result.changes if c.action == "pad-channels"),
+            "macs_before": self.macs_before,
+            "extra_macs": self.extra_macs,
+            "extra_macs_pct": round(100.0 * self.extra_macs / self.macs_before, 2) if self.macs_before else 0.0,
+            "extra_weight_bytes": self.extra_weight_bytes,
+            "inserted_nodes": dict(sorted(self.inserted.items())),
+        })
+
+    def _rewrite_conv(self, node: onnx.NodeProto, plan: PadConvPlan) -> None:
+        conv = _read_conv(self.index, node, self.align)
+        assert isinstance(conv, _Conv), conv  # find planned it: its weights are paddable
+        target, out_layout, groups, cg_new, mg_new = plan.target, plan.out, plan.groups, plan.cg_new, plan.mg_new
         conv.load(self.index)
         assert conv.weight is not None
         if target is not None:
-            node.input[0] = self._as_layout(x, target, conv.weight.ndim)
+            node.input[0] = self._as_layout(node.input[0], target, conv.weight.ndim)
         in_map = np.asarray(target.cmap) if target is not None else np.arange(conv.c_in)
-        out_map = np.asarray(out_layout.cmap) if out_layout is not None else np.arange(m_total)
-        weight = conv.canonical_weight()
-        new = np.zeros((groups * mg_new, cg_new, *weight.shape[2:]), dtype=weight.dtype)
-        per_channel = conv.canonical_scale()
-        new_scale = None
-        if per_channel is not None:
-            # Pad filters get the first channel's scale and zero point (positive, finite); every pad weight
-            # (pad filters and the taps on pad input channels) is its row's zero point, so it dequantizes to 0.
-            new_scale = np.repeat(per_channel[:, :1], groups * mg_new, axis=1)
-            new_scale[:, out_map] = per_channel
-            new[...] = new_scale[1].reshape(-1, *([1] * (new.ndim - 1))).astype(weight.dtype)
-        elif conv.weight_q is not None:
-            new[...] = conv.weight_q.params.zero_point.reshape(()).astype(weight.dtype)
-        if groups == 1 and conv.group == 1:
-            # Dense: output row out_map[r] reads the input channels in_map. Both maps are usually the identity on
-            # a prefix: then a block copy, 10x cheaper than scattering each element of a 1370x380 weight.
-            if _is_prefix(out_map) and _is_prefix(in_map):
-                new[:len(out_map), :len(in_map)] = weight
-            else:
-                new[np.ix_(out_map, in_map)] = weight
-        else:
-            rows = np.arange(m_total)
-            cols = in_map[((rows // conv.mg) * conv.cg)[:, None] + np.arange(conv.cg)[None, :]]
-            local = cols - ((out_map // mg_new) * cg_new)[:, None]
-            assert ((local >= 0) & (local < cg_new)).all(), "input layout does not fit the conv's groups"
-            new[np.broadcast_to(out_map[:, None], local.shape), local] = weight
-        new_weight = _from_canonical(new, conv.transpose, groups, cg_new, mg_new)
+        out_map = np.asarray(out_layout.cmap) if out_layout is not None else np.arange(conv.c_out)
+        new_weight, new_scale = _padded_weight(conv, in_map, out_map, groups, cg_new, mg_new)
         if conv.weight_q is not None:
-            self._store_quantized_weight(conv, new_weight, new_scale, groups, mg_new)
+            self._store_quantized_weight(conv, new_weight, new_scale, mg_new)
         else:
             private_initializer(self.index, self.editor, node, 1, new_weight)
         added = new_weight.nbytes - conv.weight.nbytes
         if conv.bias is not None and out_layout is not None:
-            bias = np.zeros(out_layout.size, dtype=conv.bias.dtype)
-            bias[out_map] = conv.bias
-            if conv.bias_q is not None:
-                # int32 bias: pads are 0 (zero point 0); a per-channel scale (in_scale * w_scale) is padded
-                # with its first entry, as the weight scale is.
-                params = conv.bias_q.params
-                scale = params.scale
-                if params.axis is not None:
-                    scale = np.full(out_layout.size, scale[0], dtype=scale.dtype)
-                    scale[out_map] = params.scale
-                store_quantized(self.index, self.editor, node, 2, conv.bias_q, bias, scale,
-                                np.zeros(scale.shape, dtype=params.zero_point.dtype))
-            else:
-                private_initializer(self.index, self.editor, node, 2, bias)
-            added += bias.nbytes - conv.bias.nbytes
+            added += self._pad_bias(conv, out_layout, out_map)
         if groups != conv.group:
             set_attr(node, "group", groups)
         p_in, p_out = groups * cg_new, groups * mg_new
@@ -828,22 +892,42 @@ class _Aligner:
             set_attr(node, "output_shape", [output_shape[0], p_out, *output_shape[2:]])
         if out_layout is not None:
             self._set_padded(node, 0, out_layout)
+        old_macs = conv.macs
         if conv.transpose:
             new_macs = old_macs // (conv.c_in * conv.mg) * (p_in * mg_new) if old_macs else 0
         else:
-            new_macs = old_macs // (m_total * conv.cg) * (p_out * cg_new) if old_macs else 0
+            new_macs = old_macs // (conv.c_out * conv.cg) * (p_out * cg_new) if old_macs else 0
         self.extra_macs += new_macs - old_macs
         self.extra_weight_bytes += added
         self.result.changes.append(Change(
             node.name, node.op_type, "pad-channels",
-            old={"in": conv.c_in, "out": m_total, "group": conv.group},
+            old={"in": conv.c_in, "out": conv.c_out, "group": conv.group},
             new={"in": p_in, "out": p_out, "group": groups},
             detail={"extra_macs": new_macs - old_macs, "extra_weight_bytes": added,
                     "input": str(target) if target is not None else "real",
                     "output": str(out_layout) if out_layout is not None else "real"}))
 
+    def _pad_bias(self, conv: _Conv, out_layout: Layout, out_map: np.ndarray) -> int:
+        """The bias scattered into ``out_layout`` (pad channels 0); returns the bytes added."""
+        assert conv.bias is not None
+        bias = np.zeros(out_layout.size, dtype=conv.bias.dtype)
+        bias[out_map] = conv.bias
+        if conv.bias_q is not None:
+            # int32 bias: pads are 0 (zero point 0); a per-channel scale (in_scale * w_scale) is padded
+            # with its first entry, as the weight scale is.
+            params = conv.bias_q.params
+            scale = params.scale
+            if params.axis is not None:
+                scale = np.full(out_layout.size, scale[0], dtype=scale.dtype)
+                scale[out_map] = params.scale
+            store_quantized(self.index, self.editor, conv.node, 2, conv.bias_q, bias, scale,
+                            np.zeros(scale.shape, dtype=params.zero_point.dtype))
+        else:
+            private_initializer(self.index, self.editor, conv.node, 2, bias)
+        return bias.nbytes - conv.bias.nbytes
+
     def _store_quantized_weight(self, conv: _Conv, new_weight: np.ndarray, new_scale: np.ndarray | None,
-                                groups: int, mg_new: int) -> None:
+                                mg_new: int) -> None:
         """The padded integer weight into the conv's DequantizeLinear, with its per-channel scale / zero point
         (back on the DequantizeLinear's axis: 0 for Conv, 1 = j of m = grp * M/g + j for ConvTranspose)."""
         assert conv.weight_q is not None
@@ -855,32 +939,22 @@ class _Aligner:
             zero_point = per_axis[1].astype(params.zero_point.dtype)
         store_quantized(self.index, self.editor, conv.node, 1, conv.weight_q, new_weight, scale, zero_point)
 
-    def _rewrite_carrier(self, node: onnx.NodeProto, carrier: _Carrier) -> None:
-        padded = [s for s in carrier.slots if node.input[s] in self.layout]
-        if not padded or not any(o in self.useful for o in node.output if o):
-            return  # the node reads the real tensors (restored under their names)
+    def _rewrite_carry(self, node: onnx.NodeProto, plan: CarryPlan) -> None:
+        carrier, out_layout = plan.carrier, plan.out
+        if not any(node.input[s] in self.layout for s in carrier.slots):
+            return  # only with a filtered Found: no producer's plan was applied, so no padding arrives to carry
         if carrier.kind == "concat":
-            offset, cmap = 0, []
-            for slot, name in enumerate(node.input):
-                if not name:
-                    continue
-                current = self.layout.get(name) if slot in carrier.slots else None
-                if current is not None:
-                    node.input[slot] = self.padded_name[name]
-                    cmap.extend(offset + c for c in current.cmap)
-                    offset += current.size
-                else:
-                    count = carrier.in_channels[slot]
-                    cmap.extend(range(offset, offset + count))
-                    offset += count
-            out_layout = Layout(offset, tuple(cmap))
+            for slot, layout in enumerate(plan.inputs):
+                if layout is not None:
+                    name = node.input[slot]
+                    node.input[slot] = self._as_layout(name, layout, self._rank(name))
         else:
-            out_layout = self.layout[node.input[padded[0]]]
             for slot in carrier.slots:
                 name = node.input[slot]
                 if name not in self.layout and carrier.broadcast and carrier.channels == 1:
                     continue  # a real single channel broadcasts onto the pad channels
-                node.input[slot] = self._as_layout(name, out_layout, carrier.rank)
+                rank = carrier.rank if carrier.rank is not None else self._rank(name)
+                node.input[slot] = self._as_layout(name, out_layout, rank)
             for slot, axis, fill in carrier.consts:
                 value = self.index.const_value(node.input[slot])
                 private_initializer(self.index, self.editor, node, slot, _pad_const(value, axis, out_layout, fill))
@@ -894,6 +968,10 @@ class _Aligner:
                 self._set_padded(node, k, out_layout)
         self.result.changes.append(Change(node.name, node.op_type, "carry", old=out_layout.channels,
                                           new=out_layout.size))
+
+    def _rank(self, name: str) -> int | None:
+        shape = self.index.shape(name)
+        return None if shape is None else len(shape)
 
     # --- tensors and conversions ---------------------------------------------------------------------
 
@@ -1028,3 +1106,36 @@ def _copy(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
     copy.CopyFrom(vi)
     return copy
 
+
+
+def _padded_weight(conv: _Conv, in_map: np.ndarray, out_map: np.ndarray, groups: int, cg_new: int,
+                   mg_new: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The conv's weight with real input channel c at ``in_map[c]`` and real filter o at ``out_map[o]`` of
+    ``groups`` blocks (zero elsewhere; a QDQ weight's pads are its zero point), in the conv's own layout; and the
+    per-channel [scale, zero point] rows of the padded filters (None for a per-tensor or float weight)."""
+    weight = conv.canonical_weight()
+    new = np.zeros((groups * mg_new, cg_new, *weight.shape[2:]), dtype=weight.dtype)
+    per_channel = conv.canonical_scale()
+    new_scale = None
+    if per_channel is not None:
+        # Pad filters get the first channel's scale and zero point (positive, finite); every pad weight
+        # (pad filters and the taps on pad input channels) is its row's zero point, so it dequantizes to 0.
+        new_scale = np.repeat(per_channel[:, :1], groups * mg_new, axis=1)
+        new_scale[:, out_map] = per_channel
+        new[...] = new_scale[1].reshape(-1, *([1] * (new.ndim - 1))).astype(weight.dtype)
+    elif conv.weight_q is not None:
+        new[...] = conv.weight_q.params.zero_point.reshape(()).astype(weight.dtype)
+    if groups == 1 and conv.group == 1:
+        # Dense: output row out_map[r] reads the input channels in_map. Both maps are usually the identity on
+        # a prefix: then a block copy, 10x cheaper than scattering each element of a 1370x380 weight.
+        if _is_prefix(out_map) and _is_prefix(in_map):
+            new[:len(out_map), :len(in_map)] = weight
+        else:
+            new[np.ix_(out_map, in_map)] = weight
+    else:
+        rows = np.arange(conv.c_out)
+        cols = in_map[((rows // conv.mg) * conv.cg)[:, None] + np.arange(conv.cg)[None, :]]
+        local = cols - ((out_map // mg_new) * cg_new)[:, None]
+        assert ((local >= 0) & (local < cg_new)).all(), "input layout does not fit the conv's groups"
+        new[np.broadcast_to(out_map[:, None], local.shape), local] = weight
+    return _from_canonical(new, conv.transpose, groups, cg_new, mg_new), new_scale

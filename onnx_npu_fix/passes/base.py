@@ -87,6 +87,10 @@ class Plan:
     action: str
     state: Any = None
     """What :meth:`Pass.rewrite` needs to apply it (the pass's own plan object), if anything."""
+    leaves: frozenset[str] = frozenset()
+    """Constraints (by name) still violated on ``nodes`` once the plan is applied: a plan can touch a node
+    without fixing every constraint on it (align-channels carrying padding across a Concat whose inputs then
+    still miss --concat-align). ``--check`` then names no pass for that violation."""
 
 
 @dataclass
@@ -105,6 +109,11 @@ class Found:
     def planned(self) -> set[str]:
         """The names of every node some plan fixes."""
         return {name for plan in self.plans for name in plan.nodes}
+
+    def left_violated(self) -> set[tuple[str, str]]:
+        """(node, constraint) for every constraint a plan leaves violated on a node it touches."""
+        return {(node, constraint) for plan in self.plans if plan.leaves for node in plan.nodes
+                for constraint in plan.leaves}
 
     def reason(self, node: str) -> str | None:
         """Why the pass leaves ``node`` alone, if it said."""
