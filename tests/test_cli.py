@@ -194,16 +194,15 @@ def test_external_data_model_round_trips_and_reruns(tmp_path, fixture_path, monk
 
 @pytest.mark.parametrize("fixture", ["tcn.onnx", "tcn_causal.onnx", "unet.onnx", "lraspp.onnx", "dilated2d.onnx",
                                      "torch_convtasnet.onnx", "torch_unet.onnx"])
-def test_check_raw_fixture_fails_and_its_fixed_output_passes(tmp_path, fixture_path, fixture):
+def test_check_raw_fixture_fails_and_its_fixed_output_passes(fixture_path, fixed_fixture, fixture):
     constraints = ["--max-dilation", "4", "--align", "8"]
     shape = ["--input-shape", "mix:1,4000"] if fixture == "torch_convtasnet.onnx" else []
     raw = invoke(fixture_path(fixture), "--check", *constraints, *shape)
     assert raw.exit_code == 1
     assert "-> fixed by" in raw.output
-    out = tmp_path / "fixed.onnx"
-    fixed = invoke(fixture_path(fixture), "-o", out, *constraints, *shape, "-q")
-    assert fixed.exit_code == 0, fixed.output
-    again = invoke(out, "--check", *constraints)
+    fixed = fixed_fixture(fixture, *constraints, *shape)  # the same run test_real_models checks
+    assert fixed.result.exit_code == 0, fixed.result.output
+    again = invoke(fixed.out, "--check", *constraints)
     assert again.exit_code == 0, again.output
     assert "no violations" in again.output
 
