@@ -145,8 +145,8 @@ def test_minimum_pins_are_the_declared_floors():
     text = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
     pins = module.floors(text)
     names = [p.split("==")[0] for p in pins]
-    assert names == ["onnx", "onnxruntime", "numpy", "click", "tomli", "pytest", "hypothesis", "onnx-graphsurgeon",
-                     "matplotlib"]
+    assert names == ["onnx", "onnxruntime", "numpy", "click", "tomli", "pytest", "pytest-xdist", "hypothesis",
+                     "onnx-graphsurgeon", "matplotlib"]
     assert "onnxruntime==1.19" in pins  # 1.16-1.18 compute valid models wrongly
     assert "tomli==2.0; python_version < '3.11'" in pins
     with pytest.raises(SystemExit, match="no '>=' floor"):
