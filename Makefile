@@ -23,13 +23,16 @@ run: install
 	$(VENV)/bin/npufix fixtures/tcn.onnx -o build/tcn_fixed.onnx --max-dilation 4 --align 8 \
 		--report build/tcn_report.json
 
-## make test: install, then run the test suite (the CI profile; vendor toolchains and slow tests excluded)
+## make test: install, then run the test suite on TEST_WORKERS processes (pytest-xdist; the CI profile: vendor
+## toolchains excluded). Each file's tests stay in one worker, so a module's shared fixtures are built once.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -m "not vendor and not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not vendor"
 
-## make test-min: the test suite with every dependency at its declared floor (keeps the floors in pyproject true)
+## make test-min: the test suite with every dependency at its declared floor (keeps the floors in pyproject true);
+## in one process: pytest 7.0 with xdist's workers logs KeyboardInterrupt warnings at shutdown
 test-min: $(STAMP_MIN)
-	$(VENV_MIN)/bin/python -m pytest -q -p no:cacheprovider -m "not vendor and not slow"
+	$(VENV_MIN)/bin/python -m pytest -q -p no:cacheprovider -m "not vendor"
 
 $(STAMP_MIN): pyproject.toml .ci/min_requirements.py
 	$(PYTHON) -m venv $(VENV_MIN)

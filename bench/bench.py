@@ -4,6 +4,7 @@
     python bench/bench.py --quick          # small models, a smoke test in ~10 s (writes nothing)
     python bench/bench.py --only tcn,unet  # some models only
     python bench/bench.py --profile --only chain100k   # also cProfile one npufix run and print the top functions
+    python bench/bench.py --rows check     # only the --check row (9,000 nodes; rows: models, sram, check)
 
 This is a script, not a test. It builds its models (numpy + onnx.helper, seeded) into a scratch directory
 (``build/bench`` by default, reused by later runs when the size parameters have not changed), then for each model
@@ -16,7 +17,8 @@ times, every step in a fresh subprocess and all in the same run, interleaved per
   (e) onnxruntime latency (default session options, i.e. ORT_ENABLE_ALL) of the fixed model over the original's.
 
 Every time is the whole process's wall time (interpreter start and imports included, as a CI step pays them);
-peak RSS comes from the kernel's rusage of that one child (``os.wait4``). The figures are medians over
+peak RSS comes from the kernel's rusage of that one child (``os.wait4``), which is started by a small launcher
+process so that the benchmark's own memory does not count as the child's. The figures are medians over
 ``--repeat`` runs (default 3; ``--repeat-huge``, default 1, for the 100k-node and the >2 GB models).
 """
 
@@ -356,6 +358,22 @@ def build_external(path: str, *, layers: int, channels: int, pixels: int = 4, se
     b.save(path, [_io("input", shape)], [_io("output", shape)], "external")
 
 
+def build_residual(path: str, *, blocks: int, channels: int = 20, size: int = 8, seed: int = 16) -> None:
+    """``blocks`` x (Conv 3x3 channels->channels -> Relu -> Add of the block's input): 3 nodes per block, and
+    channel counts that are not multiples of 8, so ``--check`` finds an alignment violation at every Conv (and
+    align-channels has a plan for each). The weights are small (the residual sum stays finite over 3,000 blocks)."""
+    b = Builder(seed)
+    x = "input"
+    for i in range(blocks):
+        y = b.conv(x, channels, channels, (3, 3), f"b{i}.conv", pads=[1, 1, 1, 1],
+                   weight=b.weight((channels, channels, 3, 3), channels * 9, 1e-3))
+        y = b.node("Relu", [y], f"b{i}.relu")
+        x = b.node("Add", [x, y], f"b{i}.add")
+    b.nodes[-1].output[0] = "output"
+    shape = (1, channels, size, size)
+    b.save(path, [_io("input", shape)], [_io("output", shape)], "residual")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The benchmark cases
 # ----------------------------------------------------------------------------------------------------------------
@@ -396,6 +414,11 @@ CASES: tuple[Case, ...] = (
          dict(layers=9, channels=8192), dict(layers=3, channels=512),
          huge=True),
 )
+
+
+# The --check row's model: not a row of the table above (it is only checked, never fixed).
+CHECK_CASE = Case("residual9k", "9,000-node residual chain, 20 channels", build_residual,
+                  dict(blocks=3000), dict(blocks=300), latency=False)
 
 
 def model_size(path: str) -> int:
@@ -443,31 +466,66 @@ class Run:
     returncode: int | None
     status: str  # ok | exit N | timeout | killed (RSS > limit)
     stderr: str
+    cpu_seconds: float = 0.0  # user + system time of the child (rusage): less sensitive to a loaded machine
+
+
+# The measured command runs as the child of this small launcher, not of the benchmark: a process's peak RSS
+# (rusage) starts from the resident set of the process it was forked from, so a child forked from the benchmark
+# (numpy, onnx and the models it built in memory) would report the benchmark's memory as its own. The launcher
+# holds no model (~10 MB) and reports the child's wall time, peak RSS, CPU time and exit status as its last stderr
+# line.
+LAUNCHER = """
+import json, os, sys, time
+t0 = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execvp(sys.argv[1], sys.argv[1:])
+    finally:
+        os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+figures = {"seconds": time.perf_counter() - t0, "peak_rss": usage.ru_maxrss * 1024,
+           "cpu_seconds": usage.ru_utime + usage.ru_stime, "code": os.waitstatus_to_exitcode(status)}
+sys.stderr.write("\\n" + MARK + json.dumps(figures) + "\\n")
+"""
+LAUNCHED = "bench-launcher: "
+LAUNCHER = LAUNCHER.replace("MARK", repr(LAUNCHED))
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and its children (the launcher and the measured process)."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            pids = [pid, *map(int, f.read().split())]
+    except OSError:
+        pids = [pid]
+    for one in pids:
+        try:
+            with open(f"/proc/{one}/status") as f:
+                total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
+        except OSError:
+            pass
+    return total
 
 
 def run_child(cmd: Sequence[str], *, timeout: float, rss_limit: int, cwd: str | None = None) -> Run:
-    """Run ``cmd``; wall time, peak RSS (``os.wait4`` rusage), and a watchdog for the timeout and RSS limit."""
+    """Run ``cmd`` from the launcher; its wall time, peak RSS (``os.wait4`` rusage) and exit code, and a watchdog
+    for the timeout and RSS limit."""
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(list(cmd), stdout=subprocess.DEVNULL, stderr=err, cwd=cwd,
-                                start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, *cmd], stdout=subprocess.DEVNULL, stderr=err,
+                                cwd=cwd, start_new_session=True)
         verdict: list[str] = []
         done = threading.Event()
 
         def watchdog() -> None:
-            status = f"/proc/{proc.pid}/status"
             while not done.wait(0.2):
                 reason = None
                 if time.perf_counter() - t0 > timeout:
                     reason = "timeout"
-                else:
-                    try:
-                        with open(status) as f:
-                            rss = next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
-                    except OSError:
-                        rss = 0
-                    if rss > rss_limit:
-                        reason = f"killed (RSS > {rss_limit / GIB:.0f} GiB)"
+                elif _tree_rss(proc.pid) > rss_limit:
+                    reason = f"killed (RSS > {rss_limit / GIB:.0f} GiB)"
                 if reason:
                     verdict.append(reason)
                     try:
@@ -478,16 +536,20 @@ def run_child(cmd: Sequence[str], *, timeout: float, rss_limit: int, cwd: str | 
 
         thread = threading.Thread(target=watchdog, daemon=True)
         thread.start()
-        _, wait_status, usage = os.wait4(proc.pid, 0)
+        proc.wait()
         seconds = time.perf_counter() - t0
         done.set()
         thread.join()
-        proc.returncode = os.waitstatus_to_exitcode(wait_status)
         err.seek(0)
         stderr = err.read().decode("utf-8", "replace")
-    code = proc.returncode
+    head, _, last = stderr.rstrip("\n").rpartition("\n" + LAUNCHED)
+    figures = json.loads(last) if last.startswith("{") and not verdict else {}
+    if figures:
+        stderr = head
+    code = figures.get("code", proc.returncode)
     status = verdict[0] if verdict else ("ok" if code == 0 else f"exit {code}")
-    return Run(seconds, usage.ru_maxrss * 1024, code, status, stderr)
+    return Run(figures.get("seconds", seconds), figures.get("peak_rss", 0), code, status, stderr,
+               figures.get("cpu_seconds", 0.0))
 
 
 FLOOR = """
@@ -675,6 +737,49 @@ def profile_npufix(case: Case, path: str, out_dir: str, args: argparse.Namespace
     stats.sort_stats("tottime").print_stats(15)
 
 
+LOAD_ONLY = "import sys, onnx\nonnx.load(sys.argv[1])\n"
+IMPORT_ONLY = "import onnx_npu_fix.cli\n"
+
+
+def check_row(args: argparse.Namespace) -> str:
+    """``npufix --check`` on the 9,000-node unaligned model next to the I/O floor: whole-process wall times of
+    (a) ``onnx.load`` + ``onnx.save``, a load-only process, the npufix import alone and ``npufix MODEL --check``
+    (the default constraints, so every Conv is an align-channels finding), each from the launcher, interleaved,
+    medians of ``--repeat`` runs after one untimed round; peak RSS is the largest of the runs."""
+    path, stamp = ensure_model(CHECK_CASE, args.quick, args.workdir)
+    floor_out = os.path.join(args.workdir, "out", "check-floor.onnx")
+    os.makedirs(os.path.dirname(floor_out), exist_ok=True)
+    py = sys.executable
+    steps = {"load+save": [py, "-c", FLOOR, path, floor_out, "0"], "load": [py, "-c", LOAD_ONLY, path],
+             "import": [py, "-c", IMPORT_ONLY], "check": [py, "-m", "onnx_npu_fix", path, "--check"]}
+    runs: dict[str, list[Run]] = {k: [] for k in steps}
+    _warm_cache(path)
+    _log(f"{CHECK_CASE.name}: {stamp['size'] / MIB:.0f} MiB, {stamp['nodes']} nodes, {args.repeat} run(s) of "
+         f"{', '.join(steps)}")
+    for i in range(args.repeat + (0 if args.quick else 1)):
+        for key, cmd in steps.items():
+            run = run_child(cmd, timeout=args.step_timeout, rss_limit=args.rss_limit)
+            _log(f"  {key} #{i}: {run.seconds:6.2f} s ({run.cpu_seconds:5.2f} s CPU)  RSS {run.peak_rss / MIB:5.0f} "
+                 f"MiB  {run.status}")
+            if i or args.quick:
+                runs[key].append(run)
+    _remove(floor_out)
+    seconds = {k: _median(v) for k, v in runs.items()}
+    cpu = {k: statistics.median(r.cpu_seconds for r in v) for k, v in runs.items()}
+    peak = {k: max(r.peak_rss for r in v) for k, v in runs.items()}
+    lines = [
+        "| model | nodes | size | (a) load+save | load only | npufix import | npufix --check | check/a | "
+        "check/a (CPU time) | peak RSS load only | peak RSS --check | check/load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| {CHECK_CASE.name} ({CHECK_CASE.title}) | {stamp['nodes']:,} | {stamp['size'] / 1e6:.1f} MB | "
+        f"{_cell(runs['load+save'])} | {_cell(runs['load'])} | {_cell(runs['import'])} | {_cell(runs['check'])} | "
+        f"{_ratio(seconds['check'], seconds['load+save'])} | {_ratio(cpu['check'], cpu['load+save'])} | "
+        f"{peak['load'] / MIB:.0f} MiB | "
+        f"{peak['check'] / MIB:.0f} MiB | {_ratio(peak['check'], peak['load'])} |",
+    ]
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Output
 # ----------------------------------------------------------------------------------------------------------------
@@ -854,20 +959,24 @@ def _log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+ROWS = ("models", "sram", "check")
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     names = [c.name for c in CASES]
     parser.add_argument("--quick", action="store_true", help="small models: a smoke test in about a minute")
-    parser.add_argument("--only", help=f"comma-separated subset of {', '.join(names)}")
+    parser.add_argument("--only", help=f"comma-separated subset of {', '.join(names)} (implies --rows models)")
+    parser.add_argument("--rows", help=f"comma-separated subset of {', '.join(ROWS)}: the per-model table, the SRAM "
+                        "row, the --check row (default: all; with --only: models)")
     parser.add_argument("--repeat", type=int, default=None, help="runs per step (default 5; 1 with --quick)")
     parser.add_argument("--repeat-huge", type=int, default=1,
                         help="runs per step for the 100k-node and the >2 GB models (default 1)")
     parser.add_argument("--workdir", default=os.path.join(ROOT, "build", "bench"),
                         help="scratch directory for the models and outputs (default build/bench)")
     parser.add_argument("--results", help="write the Markdown report here (default: bench/results.md for a "
-                        "full run of all models; nothing for --quick or --only)")
+                        "full run of all models; nothing for --quick, --only or --rows)")
     parser.add_argument("--onnxsim-timeout", type=float, default=300, help="seconds (default 300)")
     parser.add_argument("--onnxsim-check", type=int, default=0,
                         help="onnxsim's check_n argument (default 0, onnxsim's own default)")
@@ -880,28 +989,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", nargs="?", const="c", choices=["b", "c"],
                         help="also run npufix (c, or b) under cProfile per model and print the top functions")
     parser.add_argument("--keep-outputs", action="store_true", help="keep the fixed models in the workdir")
-    parser.add_argument("--sram-row", action="store_true",
-                        help="only time the schedule search and the split on a ~1k-node U-Net (in-process)")
+    parser.add_argument("--sram-row", action="store_true", help="the same as --rows sram")
     parser.add_argument("--_latency", nargs=2, metavar=("ORIGINAL", "FIXED"), help=argparse.SUPPRESS)
+    return parser
+
+
+def _chosen(parser: argparse.ArgumentParser, given: str | None, known: Sequence[str], what: str) -> list[str]:
+    chosen = [n.strip() for n in given.split(",") if n.strip()] if given else list(known)
+    unknown = sorted(set(chosen) - set(known))
+    if unknown:
+        parser.error(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(known)}")
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser()
     args = parser.parse_args(argv)
     if args._latency:
         _latency_main(*args._latency, args.latency_runs)
         return 0
     args.argv = argv
-    if args.sram_row:
-        os.makedirs(args.workdir, exist_ok=True)
-        print(sram_row(os.path.abspath(args.workdir), args.quick))
-        return 0
+    rows = _chosen(parser, "sram" if args.sram_row else args.rows or ("models" if args.only else None), ROWS, "row(s)")
+    chosen = _chosen(parser, args.only, [c.name for c in CASES], "model(s)") if "models" in rows else []
     if args.repeat is None:
         args.repeat = 1 if args.quick else 5  # sub-second steps vary by 30% run to run on a shared machine
     args.rss_limit = int(args.rss_limit * GIB)
     if args.quick:
         args.latency_runs = min(args.latency_runs, 5)
-    chosen = names if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
-    unknown = sorted(set(chosen) - set(names))
-    if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(names)}")
-    if not args.no_onnxsim:
+    if chosen and not args.no_onnxsim:
         try:
             import onnxsim  # noqa: F401
         except ImportError:
@@ -919,25 +1035,30 @@ def main(argv: list[str] | None = None) -> int:
     compileall.compile_dir(os.path.join(ROOT, "onnx_npu_fix"), quiet=1)
     started = time.perf_counter()
     args.load_at_start = os.getloadavg()[0]
-    info = machine_info()
-    results = []
-    for case in CASES:
-        if case.name in chosen:
-            results.append(run_case(case, args))
-    sram = sram_row(args.workdir, args.quick) if not args.only else None
+    info = machine_info() if chosen else {}
+    results = [run_case(case, args) for case in CASES if case.name in chosen]
+    extra = {"sram": sram_row(args.workdir, args.quick) if "sram" in rows else "",
+             "check": check_row(args) if "check" in rows else ""}
     seconds = time.perf_counter() - started
-    text = report(results, info, args, seconds)
-    if sram:
-        text += "\n\n## Fitting SRAM (in-process, medians of 3; `--sram-row` runs only this)\n\n" + sram
+    text = report(results, info, args, seconds) if chosen else ""
+    if extra["sram"]:
+        text += "\n\n## Fitting SRAM (in-process, medians of 3; `--rows sram` runs only this)\n\n" + extra["sram"]
+    if extra["check"]:
+        text += ("\n\n## --check on 9,000 nodes (whole processes; `--rows check` runs only this)\n\n" + extra["check"]
+                 + "\n\nTarget (issue 20): check/a ≤ 1.5 and check/load ≤ 1.5.")
     if args.no_onnxsim:
         text = text.replace("| not run |", "| not installed |")
-    print(table(results).replace("| not run |", "| not installed |") if args.no_onnxsim else table(results))
+    if chosen:
+        print(table(results).replace("| not run |", "| not installed |") if args.no_onnxsim else table(results))
+    for key in ("sram", "check"):
+        if extra[key]:
+            print(extra[key])
     target = args.results
-    if target is None and not args.quick and not args.only:
+    if target is None and not args.quick and not args.only and not args.rows and not args.sram_row:
         target = os.path.join(HERE, "results.md")
     if target:
         with open(target, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+            f.write(text.lstrip("\n") + "\n")
         _log(f"wrote {target}")
     return 0
 

@@ -67,17 +67,15 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Run]:
-    """One CLI run per case, shared by the tests (a run costs a few onnxruntime sessions)."""
-    out_dir = tmp_path_factory.mktemp("real")
+def runs(fixed_fixture) -> dict[str, Run]:
+    """One CLI run per case, shared by the tests (a run costs a few onnxruntime sessions; conftest's
+    fixed_fixture shares it with test_cli too)."""
     done: dict[str, Run] = {}
     for key, case in CASES.items():
-        src = os.path.join(FIXTURES, case.fixture)
-        out, report = out_dir / f"{key}.onnx", out_dir / f"{key}.json"
-        result = invoke(src, "-o", out, *CONSTRAINTS, *case.args, "--report", report, "-v")
-        fixed = onnx.load(out) if out.exists() else None
-        done[key] = Run(case, onnx.load(src), fixed, str(out), result,
-                        json.loads(report.read_text()) if report.exists() else {})
+        fix = fixed_fixture(case.fixture, *CONSTRAINTS, *case.args)
+        fixed = onnx.load(fix.out) if fix.out.exists() else None
+        done[key] = Run(case, onnx.load(os.path.join(FIXTURES, case.fixture)), fixed, str(fix.out), fix.result,
+                        fix.report)
     return done
 
 
