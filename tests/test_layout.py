@@ -231,3 +231,21 @@ def test_layout_parser_reads_nesting_and_summaries():
     assert listed == {"pkg/": "", "pkg/a.py": "one", "pkg/sub/": "two", "pkg/sub/b.py": "three more of three",
                       "pkg/whole/": "many files; x.py is the helper", "docs/": ""}
     assert _summarised(listed) == {"pkg/whole/", "docs/"}
+
+
+# --- the shape of the code ----------------------------------------------------------------------------------------
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_library_function_is_longer_than_80_lines():
+    """A function a reader can hold in view: ``def`` line to last line, docstring included (the house rule; ruff's
+    C901 in pyproject bounds the branching)."""
+    long = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {node.name}: {lines} lines")
+    assert long == [], "\n".join(long)
