@@ -360,9 +360,11 @@ def _dilations(node: onnx.NodeProto) -> list[int]:
     return [int(d) for d in (get_attr(node, "dilations") or [])]
 
 
-def _read_conv(index: GraphIndex, node: onnx.NodeProto) -> _Conv:
+def _read_conv(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> _Conv:
     w_name = node.input[1] if len(node.input) > 1 else ""
-    weight = index.const_value(w_name) if w_name else None
+    # Weight values are only read for a conv over the limit (its dead taps): a lift needs none.
+    over = not _within_limit(_dilations(node), options)
+    weight = index.const_value(w_name) if w_name and over else None
     try:
         geo: ConvGeometry | None = conv_geometry(index, node)
     except ValueError:  # no kernel_shape and no weight shape
@@ -372,7 +374,7 @@ def _read_conv(index: GraphIndex, node: onnx.NodeProto) -> _Conv:
     return _Conv(
         node=node, dilations=_dilations(node), x_shape=index.shape(node.input[0]),
         w_shape=index.static_shape(w_name) if w_name else None, out_shape=index.static_shape(node.output[0]),
-        geo=geo, weight=weight, weights=_Source("const") if weight is not None else _weight_source(index, w_name),
+        geo=geo, weight=weight, weights=_weight_source(index, w_name),
         bias=_weight_source(index, node.input[2]) if len(node.input) > 2 else None,
         dq_input=dq is not None, zero_point=zero_point, q_output=_quantized_output(index, node) is not None,
         data_type=index.elem_type(dq.input[0] if dq is not None else node.input[0]),
@@ -469,7 +471,7 @@ def _find_lifts(index: GraphIndex, options: FixOptions, found: Found, convs: dic
         shape = index.shape(node.input[0])
         if shape is None or len(shape) != 3:
             continue
-        conv = _read_conv(index, node)
+        conv = _read_conv(index, node, options)
         try:
             plan = _plan_lift(conv, options)
         except _Skip as skip:
@@ -487,7 +489,7 @@ def _find_trims(index: GraphIndex, options: FixOptions, found: Found, convs: dic
         conv = convs.get(node.output[0])
         if _within_limit(conv.dilations if conv is not None else _dilations(node), options):
             continue
-        conv = convs[node.output[0]] = conv or _read_conv(index, node)
+        conv = convs[node.output[0]] = conv or _read_conv(index, node, options)
         trim = _plan_trim(conv)
         if isinstance(trim, Rejection):
             found.rejections.append(trim)
@@ -516,7 +518,7 @@ def _find_splits(index: GraphIndex, options: FixOptions, found: Found, convs: di
                 f"dilated-conv", blocking=True))
             continue
         try:
-            found.plans.append(_plan(conv or _read_conv(index, node), options, opset, index.graph_inputs))
+            found.plans.append(_plan(conv or _read_conv(index, node, options), options, opset, index.graph_inputs))
         except _Skip as skip:
             found.rejections.append(Rejection(node.name, node.op_type, str(skip), blocking=True))
             for plan in found.plans:  # its lift or trim is still made, but fixes nothing
@@ -1043,18 +1045,25 @@ def _weight_source(index: GraphIndex, name: str) -> _Source | None:
     """Where a weight/bias comes from: a constant, a DequantizeLinear of constants, or something dynamic."""
     if not name:
         return None
-    if index.const_value(name) is not None:
+    if _is_const(index, name):
         return _Source("const")
     producer = index.producer.get(name)
     if (producer is not None and producer.op_type == "DequantizeLinear"
             and is_default_domain(producer)
-            and all(index.const_value(i) is not None for i in producer.input if i)):
+            and all(_is_const(index, i) for i in producer.input if i)):
         xq = index.const_value(producer.input[0])
         scale = index.const_value(producer.input[1])
         axis = int(get_attr(producer, "axis", 1))
         return _Source("dq", blocked=bool(int(get_attr(producer, "block_size", 0) or 0)),
                        scale_size=int(scale.size), axis=axis + xq.ndim if axis < 0 else axis)
     return _Source("dynamic")
+
+
+def _is_const(index: GraphIndex, name: str) -> bool:
+    """Whether ``index.const_value(name)`` has a value, without decoding an initializer's data."""
+    if name in index.initializers:
+        return name not in index.overridable
+    return index.const_value(name) is not None
 
 
 def _check_weight(source: _Source | None, op: str, what: str) -> None:
