@@ -18,7 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import GraphIndex, conv_macs, get_attr, infer_shapes, shape_of_value_info
-from onnx_npu_fix.passes.dilated_conv import DilatedConvPass, block_size
+from onnx_npu_fix.passes.base import Found
+from onnx_npu_fix.passes.dilated_conv import DilatedConvPass, LiftPlan, SpaceToBatchPlan, TrimPlan, block_size
 from onnx_npu_fix.pipeline.scheduler import prepare, run_passes
 
 LAYOUTS = ("auto", "spatial", "channel", "batch")
@@ -839,3 +840,120 @@ def test_convtasnet_exports_take_the_bm1684x_forms(fixture_path, name, shape):
             assert all(c.op_type != "Reshape" for c in index.consumers_of(node.output[0])) or \
                 len(index.static_shape(node.input[0])) == 4
     assert "Concat" in ops(fixed) or "Pad" in ops(fixed)  # 999 frames: the remainder path ran
+
+
+# --- find only reads; rewrite applies exactly the plans it is given ----------------------------------------
+
+
+def _prepared(model):
+    """A copy named and shape-inferred, as the pass manager hands models to a pass."""
+    from onnx_npu_fix.ir.graph import name_unnamed_nodes
+
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    name_unnamed_nodes(work.graph)
+    infer_shapes(work)
+    return work
+
+
+def two_dilated_convs():
+    """x -> conv_a (dilation 8) -> conv_b (dilation 16), both depthwise on [1,4,40]: two independent plans."""
+    rng = np.random.default_rng(11)
+    inits = [numpy_helper.from_array(rng.integers(-3, 4, (4, 1, 3)).astype(np.float32), n) for n in ("wa", "wb")]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], name="conv_a", group=4, dilations=[8], pads=[8, 8]),
+             helper.make_node("Conv", ["a", "wb"], ["y"], name="conv_b", group=4, dilations=[16], pads=[16, 16])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 40])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+
+
+FIND_MODELS = {
+    "two-convs": (two_dilated_convs, dict(max_dilation=4)),
+    "lift-trim-split": (lambda: single_conv((1, 4, 10), (4, 1, 5), dilations=(6,), pads=(12, 12), group=4),
+                        dict(max_dilation=4, lift_conv1d=True)),
+    "qdq-lifted": (qdq_model, dict(max_dilation=2, lift_conv1d=True, remainder_pad="pad4d")),
+    "aspp-trim": (lambda: single_conv((1, 6, 8, 8), (5, 6, 3, 3), dilations=(12, 12), pads=(12, 12, 12, 12)),
+                  dict(max_dilation=4)),
+    "refused": (aspp_like, dict(max_dilation=31, s2b_layouts=("spatial",))),
+}
+
+
+@pytest.mark.parametrize("name", FIND_MODELS)
+def test_find_leaves_the_model_byte_identical(name):
+    build, options = FIND_MODELS[name]
+    model = _prepared(build())
+    before = model.SerializeToString()
+    found = DilatedConvPass().find(model, FixOptions(**options))
+    assert model.SerializeToString() == before
+    assert found.plans or found.rejections
+    assert found.after is None and found.state is None  # no scratch copy, no untyped state
+    # rewrite(find()) is what run does: the same model and result as a run on another copy.
+    again = _prepared(build())
+    expected = DilatedConvPass().run(again, FixOptions(**options))
+    result = DilatedConvPass().rewrite(model, FixOptions(**options), found)
+    assert model.SerializeToString() == again.SerializeToString()
+    assert [c.to_json() for c in result.changes] == [c.to_json() for c in expected.changes]
+
+
+def test_find_plans_lift_trim_and_split_in_order_on_the_conv_each_leaves():
+    model = _prepared(FIND_MODELS["lift-trim-split"][0]())
+    found = DilatedConvPass().find(model, FixOptions(max_dilation=4, lift_conv1d=True))
+    lift, trim, split = found.plans
+    assert isinstance(lift, LiftPlan) and isinstance(trim, TrimPlan) and isinstance(split, SpaceToBatchPlan)
+    assert [p.nodes for p in found.plans] == [("conv",)] * 3 and not found.rejections
+    assert not lift.lifted and trim.lifted and split.lifted  # the trim and split were made on the 4-D conv
+    assert trim.new == {"kernel_shape": [1, 3], "dilations": [1, 6], "pads": [0, 6, 0, 6]}
+    assert trim.weight.shape == (4, 1, 1, 3)
+    assert split.old_dilations == [1, 6] and split.new_dilations() == [1, 3] and split.layout == "spatial"
+
+
+def test_rewrite_applies_only_the_plans_it_is_given():
+    original = _prepared(two_dilated_convs())
+    options = FixOptions(max_dilation=4)
+    found = DilatedConvPass().find(original, options)
+    assert found.planned() == {"conv_a", "conv_b"}
+    only_a = Found([p for p in found.plans if p.nodes == ("conv_a",)], found.rejections)
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(original)
+    result = DilatedConvPass().rewrite(fixed, options, only_a)
+    assert [c.node for c in result.changes] == ["conv_a"]
+    convs = {n.name: n for n in conv_nodes(fixed)}
+    assert get_attr(convs["conv_a"], "dilations") == [4, 1]  # spatial layout: [D/k, 1] with k = 2
+    assert convs["conv_b"] == next(n for n in original.graph.node if n.name == "conv_b")  # untouched
+    assert result.metrics["convs_rewritten"] == 1
+    assert_bit_exact(original, fixed)
+
+
+def test_rewrite_applies_a_trim_without_the_split_planned_after_it():
+    original = _prepared(single_conv((1, 4, 10), (4, 1, 5), dilations=(6,), pads=(12, 12), group=4))
+    options = FixOptions(max_dilation=4)
+    found = DilatedConvPass().find(original, options)
+    assert [type(p) for p in found.plans] == [TrimPlan, SpaceToBatchPlan]
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(original)
+    result = DilatedConvPass().rewrite(fixed, options, Found(found.plans[:1]))
+    assert [c.action for c in result.changes] == ["trim dead taps"] and ops(fixed) == ["Conv"]
+    assert get_attr(fixed.graph.node[0], "kernel_shape") == [3] and max_dilation_of(fixed) == 6
+    assert_bit_exact(original, fixed)
+
+
+def test_a_split_planned_on_a_lifted_conv_needs_its_lift():
+    original = _prepared(conv_model([1, 4, 40], [4, 1, 3], group=4, dilations=[8], pads=[8, 8]))
+    options = FixOptions(max_dilation=4, lift_conv1d=True)
+    found = DilatedConvPass().find(original, options)
+    without_lift = Found([p for p in found.plans if not isinstance(p, LiftPlan)])
+    with pytest.raises(ValueError, match="LiftPlan"):
+        DilatedConvPass().rewrite(original, options, without_lift)
+
+
+def test_a_trim_whose_split_is_refused_fixes_nothing():
+    # Dead taps go (taps 0 and 4 only read padding) but the 3x3 remainder at dilation 6 needs a Transpose.
+    original = _prepared(single_conv((1, 4, 10, 10), (4, 1, 5, 5), dilations=(6, 6), pads=(12, 12, 12, 12),
+                                     group=4))
+    options = FixOptions(max_dilation=4, forbidden_ops=("Transpose",))
+    found = DilatedConvPass().find(original, options)
+    (trim,) = found.plans
+    assert isinstance(trim, TrimPlan) and trim.nodes == () and "conv" not in found.planned()
+    assert "Transpose" in found.reason("conv")
+    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=4, forbidden_ops=("Transpose",))
+    assert [c.action for c in result.changes] == ["trim dead taps"] and max_dilation_of(fixed) == 6
+    assert_bit_exact(original, fixed)

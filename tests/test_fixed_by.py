@@ -197,6 +197,15 @@ def test_dilated_conv_refusals_are_not_promised(model):
     assert not _agree(model, "dilated-conv", "conv", "dilation", max_dilation=4)[0]
 
 
+def test_dilated_conv_trimming_a_conv_it_then_refuses_to_split_is_not_a_fix():
+    # Taps 0 and 4 only read padding and go; the 3x3 rest keeps dilation 6, and its split needs a Transpose.
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[12] * 4, dilations=[6, 6], group=4)]
+    model = _model(nodes, [_vi("x", [1, 4, 10, 10])], [_vi("y", None)], [_c("w", np.ones((4, 1, 5, 5)))])
+    claimed, message = _agree(model, "dilated-conv", "conv", "dilation", max_dilation=4,
+                              forbidden_ops=("Transpose",))
+    assert not claimed and "Transpose, which the target forbids" in message
+
+
 # --- resize-nearest ----------------------------------------------------------------------------------
 
 

@@ -98,13 +98,21 @@ Left alone with a blocking Rejection: a non-static input shape (the reason names
 unknown kernel, stride with no usable k, opset < 11, layouts whose needed ops are forbidden, channel layout
 with non-constant weights when batch is not possible, and ConvTranspose with a dilation above the limit
 (not rewritten by this pass).
+
+Find, then rewrite. :meth:`DilatedConvPass.find` decides everything without editing the model: the 1-D lifts
+(:class:`LiftPlan`), the dead-tap trims (:class:`TrimPlan`) and each space-to-batch (:class:`SpaceToBatchPlan`:
+layout, k per axis, every emitted op with its shape and constants), and why each refused conv is refused. A
+decision that depends on an earlier edit (the split of a lifted or trimmed conv) is made on find's own record of
+the conv as that edit leaves it (:class:`_Conv`), not on an edited copy of the model.
+:meth:`DilatedConvPass.rewrite` applies the plans it is given — lifts, then trims, then splits — and decides
+nothing.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -116,21 +124,19 @@ from onnx_npu_fix.ir.graph import (
     ConvGeometry,
     GraphEditor,
     GraphIndex,
+    Shape,
     conv_geometry,
     conv_macs,
     format_shape,
     get_attr,
-    infer_shapes,
-    node_macs,
     opset_version,
     private_initializer,
     set_attr,
 )
 from onnx_npu_fix.ir.ops import is_default_domain
 from onnx_npu_fix.ir.qdq import qoperator_reason
-from onnx_npu_fix.passes.base import Change, PassResult, Rejection, ScratchFindPass
+from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 
-LAYOUTS = ("auto", "spatial", "channel", "batch")
 _MIN_OPSET = 11  # Pad with a pads input, Slice with steps
 _WEIGHT_GROWTH_WARNING = 16 << 20  # bytes of tiled weights above which the report suggests the batch layout
 _MOVABLE_QTYPES = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
@@ -152,6 +158,10 @@ def dilation_ok(d: int, max_dilation: int | None, allowed: Sequence[int] | None)
     return allowed is None or d in allowed
 
 
+def _within_limit(dilations: Sequence[int], options: FixOptions) -> bool:
+    return all(dilation_ok(d, options.max_dilation, options.allowed_dilations) for d in dilations)
+
+
 def block_size(dilation: int, *, max_dilation: int | None, allowed: Sequence[int] | None = None,
                stride: int = 1) -> int | None:
     """The smallest divisor k of ``dilation`` with dilation/k acceptable and ``stride % k == 0 or
@@ -164,7 +174,7 @@ def block_size(dilation: int, *, max_dilation: int | None, allowed: Sequence[int
     return None
 
 
-# --- plan --------------------------------------------------------------------------------------------
+# --- the plans -----------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -230,269 +240,322 @@ class _Step:
     op: str
     tag: str
     shape: list[int]
-    consts: list[Any] = field(default_factory=list)  # np.ndarray -> new initializer, str -> existing tensor
+    consts: list[np.ndarray] = field(default_factory=list)  # each becomes a new initializer
     attrs: dict[str, Any] = field(default_factory=dict)
     data_slot: int = 0  # where the current tensor goes among the inputs (Concat [zeros, x, zeros]: 1)
 
 
-@dataclass
-class _QIn:
-    dq: onnx.NodeProto  # per-tensor DequantizeLinear feeding the conv input
-    zero_point: np.ndarray | None
+@dataclass(kw_only=True)
+class ConvPlan(Plan):
+    """An edit of one Conv. ``nodes`` names the conv when the pass leaves it within the dilation limit (or lifts a
+    conv that has none) and is empty for a lift or trim of a conv whose space-to-batch is then refused: that edit
+    is made, but the conv keeps its violation (``--check`` gives the refusal's reason)."""
+
+    output: str
+    """The conv's output in the model find read: it names the conv (node names may be empty or repeat)."""
+    lifted: bool = False
+    """Made on the conv as its :class:`LiftPlan` leaves it: applies only together with that plan."""
 
 
-@dataclass
-class _Plan:
-    node: onnx.NodeProto
+@dataclass(kw_only=True)
+class TrimPlan(ConvPlan):
+    """Drop the kernel taps that only read zero padding: the live taps' weights, attributes old -> new."""
+
+    weight: np.ndarray
+    old: dict[str, list[int]]
+    new: dict[str, list[int]]
+    macs: list[int]  # before, after
+
+
+@dataclass(kw_only=True)
+class ReplacePlan(ConvPlan):
+    """Replace the conv by ``pre`` ops -> a new Conv -> ``post`` ops (a lift or a space-to-batch)."""
+
     layout: str
-    splits: list[_Split]
-    reset_axes: dict[int, int]  # kernel-1 axes whose dilation is only reset: axis -> new dilation
     pre: list[_Step]
     post: list[_Step]
     conv_attrs: dict[str, Any]
-    conv_shape: list[int]
     weight_op: str  # "keep" | "reshape" | "tile"
     weight_shape: list[int]
     tile: int
-    q_in: _QIn | None
-    q_out: onnx.NodeProto | None
+    dq_input: bool  # the input-side ops run on the quantized tensor, before a copy of the conv's DequantizeLinear
+    q_output: bool  # the output-side ops run after a copy of the conv's QuantizeLinear
+
+
+@dataclass(kw_only=True)
+class LiftPlan(ReplacePlan):
+    """Run a 1-D Conv as a 4-D one (``lift_conv1d``): Reshape [B,C,1,L] -> Conv -> Reshape [B,M,O]."""
+
+
+@dataclass(kw_only=True)
+class SpaceToBatchPlan(ReplacePlan):
+    """The phase split of a conv over the limit (or only the reset of kernel-1 axes' dilations)."""
+
+    splits: list[_Split]
+    reset_axes: dict[int, int]  # kernel-1 axes whose dilation is only reset: axis -> new dilation
+    old_dilations: list[int]
     macs_before: int
     macs_after: int
     warning: str | None = None
+
+    def new_dilations(self) -> list[int]:
+        dilations = list(self.old_dilations)
+        for axis, d in self.reset_axes.items():
+            dilations[axis] = d
+        for s in self.splits:
+            dilations[s.axis] = s.new_dilation
+        return dilations
+
+
+# --- find's record of a conv -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where a weight or bias comes from."""
+
+    kind: str  # "const" | "dq" (a DequantizeLinear of constants) | "dynamic"
+    blocked: bool = False  # dq: blocked quantization
+    scale_size: int = 1  # dq: elements of the scale
+    axis: int = 1  # dq: the quantized axis, non-negative
+
+
+@dataclass
+class _Conv:
+    """A Conv as planning reads it: from the graph (:func:`_read_conv`), or as this pass's earlier plans leave it
+    (:func:`_lifted`, :func:`_trimmed`) — find's own record instead of an edited copy of the model."""
+
+    node: onnx.NodeProto  # in the model find reads: name, op, inputs and outputs
+    dilations: list[int]  # the attribute ([] when absent)
+    x_shape: Shape | None  # the input's recorded shape (symbolic dims kept, for the message)
+    w_shape: tuple[int, ...] | None
+    out_shape: tuple[int, ...] | None
+    geo: ConvGeometry | None  # None when the kernel is unknown
+    weight: np.ndarray | None  # constant weights
+    weights: _Source | None
+    bias: _Source | None
+    dq_input: bool  # the input comes from a per-tensor 8-bit DequantizeLinear (:func:`_quantized_input`)
+    zero_point: np.ndarray | None  # that DequantizeLinear's zero point
+    q_output: bool  # the only reader is a per-tensor QuantizeLinear (:func:`_quantized_output`)
+    data_type: int  # of the tensor the input-side ops read (the quantized one with dq_input)
+    kernel_attr: bool  # the node spells out kernel_shape
+    lifted: bool = False
+
+    @property
+    def in_shape(self) -> tuple[int, ...] | None:
+        shape = self.x_shape
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return None
+        return tuple(shape)
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates, as :func:`~onnx_npu_fix.ir.graph.node_macs` counts them (0 if unknown)."""
+        if self.w_shape is None or self.out_shape is None:
+            return 0
+        return int(np.prod(self.out_shape, dtype=np.int64)) * int(np.prod(self.w_shape[1:], dtype=np.int64))
+
+
+def _dilations(node: onnx.NodeProto) -> list[int]:
+    return [int(d) for d in (get_attr(node, "dilations") or [])]
+
+
+def _read_conv(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> _Conv:
+    w_name = node.input[1] if len(node.input) > 1 else ""
+    # Weight values are only read for a conv over the limit (its dead taps): a lift needs none.
+    over = not _within_limit(_dilations(node), options)
+    weight = index.const_value(w_name) if w_name and over else None
+    try:
+        geo: ConvGeometry | None = conv_geometry(index, node)
+    except ValueError:  # no kernel_shape and no weight shape
+        geo = None
+    dq = _quantized_input(index, node)
+    zero_point = index.const_value(dq.input[2]) if dq is not None and len(dq.input) > 2 and dq.input[2] else None
+    return _Conv(
+        node=node, dilations=_dilations(node), x_shape=index.shape(node.input[0]),
+        w_shape=index.static_shape(w_name) if w_name else None, out_shape=index.static_shape(node.output[0]),
+        geo=geo, weight=weight, weights=_weight_source(index, w_name),
+        bias=_weight_source(index, node.input[2]) if len(node.input) > 2 else None,
+        dq_input=dq is not None, zero_point=zero_point, q_output=_quantized_output(index, node) is not None,
+        data_type=index.elem_type(dq.input[0] if dq is not None else node.input[0]),
+        kernel_attr=get_attr(node, "kernel_shape") is not None)
+
+
+def _geometry(attrs: dict[str, Any]) -> ConvGeometry:
+    """The geometry of a Conv with these attributes (explicit pads): what the rewritten node will read as."""
+    return ConvGeometry(helper.make_node("Conv", [], [], **attrs), attrs["kernel_shape"])
+
+
+def _lifted(conv: _Conv, plan: LiftPlan) -> _Conv:
+    """``conv`` as ``plan`` leaves it: the 4-D conv between the two Reshapes (its DQ/Q copies, if any, keep the
+    quantized pattern, so the QDQ facts stay)."""
+    assert conv.in_shape is not None and conv.w_shape is not None and conv.geo is not None
+    batch, _, length = conv.in_shape
+    out_len = conv.geo.output_length(0, length)
+    weight = None if conv.weight is None else conv.weight.reshape(plan.weight_shape)
+    return replace(conv, dilations=list(plan.conv_attrs["dilations"]), x_shape=(batch, conv.in_shape[1], 1, length),
+                   w_shape=tuple(plan.weight_shape), out_shape=(batch, conv.w_shape[0], 1, out_len),
+                   geo=_geometry(plan.conv_attrs), weight=weight, kernel_attr=True, lifted=True)
+
+
+def _trimmed(conv: _Conv, plan: TrimPlan) -> _Conv:
+    """``conv`` as ``plan`` leaves it: the live taps, new pads, auto_pad gone."""
+    assert conv.geo is not None
+    attrs = {**plan.new, "strides": conv.geo.strides, "group": conv.geo.group}
+    return replace(conv, dilations=list(plan.new["dilations"]), w_shape=tuple(plan.weight.shape),
+                   geo=_geometry(attrs), weight=plan.weight, kernel_attr=True)
 
 
 # --- the pass ----------------------------------------------------------------------------------------
 
 
-class DilatedConvPass(ScratchFindPass):
-    """Dilated Conv via space-to-batch. ``find`` rewrites a scratch copy (:class:`ScratchFindPass`): the 1-D lift
-    and the dead-tap trim rewrite the graph before the space-to-batch plans are made on their result."""
+class DilatedConvPass(Pass):
+    """Dilated Conv via space-to-batch (module docstring). ``find`` plans the 1-D lifts, the dead-tap trims and
+    the splits, each on its record of the conv as the plans before leave it; ``rewrite`` applies them in order."""
     name = "dilated-conv"
     summary = "rewrite Conv with dilation > --max-dilation by an exact space-to-batch (Pad/Reshape/Slice)"
     exact = True
 
-    def apply(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
-        result = PassResult()
-        if options.max_dilation is None and options.allowed_dilations is None and not options.lift_conv1d:
-            return result
-        if options.s2b_layout not in LAYOUTS:
-            raise ValueError(f"s2b_layout must be one of {', '.join(LAYOUTS)}, not {options.s2b_layout!r}")
-        if options.remainder_pad not in REMAINDER_PAD_FORMS:
-            raise ValueError(f"remainder_pad must be one of {', '.join(REMAINDER_PAD_FORMS)}, "
-                             f"not {options.remainder_pad!r}")
+    def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
+        found = Found()
+        limited = options.max_dilation is not None or options.allowed_dilations is not None
+        if not limited and not options.lift_conv1d:
+            return found
         index = GraphIndex(model)
-        opset = opset_version(model)
-        macs_before = conv_macs(model, index)
-        emitted: set[str] = set()  # names of the Reshape nodes this pass emits (merged at the end)
-        if options.lift_conv1d and _lift_conv1d(index, model, options, result, emitted):
-            infer_shapes(model)  # the lifted convs' new tensors need shapes for the phase split
-            index = GraphIndex(model)  # the 1-D convs are 4-D now; dilations are checked on the lifted ones
-        if options.max_dilation is None and options.allowed_dilations is None:
-            _merge_reshape_chains(model, emitted)
+        convs: dict[str, _Conv] = {}  # conv output -> the conv as the plans so far leave it
+        if options.lift_conv1d:
+            _find_lifts(index, options, found, convs)
+        if limited:
+            _find_trims(index, options, found, convs)
+            _find_splits(index, options, found, convs)
+        return found
+
+    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
+        result = PassResult(rejections=list(found.rejections))
+        if not found.plans:
             return result
-        if _trim_dead_taps(index, model, options, result):
-            index = GraphIndex(model)  # weight shapes changed; the rest of the pass sees the trimmed convs
-
-        # --- find (read-only) ---
-        plans: list[_Plan] = []
-        for node in model.graph.node:
-            if node.op_type in ("QLinearConv", "ConvInteger"):
-                dilations = [int(d) for d in (get_attr(node, "dilations") or [])]
-                if not all(dilation_ok(d, options.max_dilation, options.allowed_dilations) for d in dilations):
-                    result.rejections.append(Rejection(node.name, node.op_type, qoperator_reason(node), True))
-                continue
-            if not is_default_domain(node) or node.op_type not in ("Conv", "ConvTranspose"):
-                continue
-            dilations = [int(d) for d in (get_attr(node, "dilations") or [])]
-            if all(dilation_ok(d, options.max_dilation, options.allowed_dilations) for d in dilations):
-                continue
-            if node.op_type == "ConvTranspose":
-                result.rejections.append(Rejection(
-                    node.name, node.op_type, f"ConvTranspose dilations {dilations} are not rewritten by "
-                    f"dilated-conv", blocking=True))
-                continue
-            try:
-                plans.append(_plan(index, node, options, opset))
-            except _Skip as skip:
-                result.rejections.append(Rejection(node.name, node.op_type, str(skip), blocking=True))
-
-        # --- rewrite ---
-        editor = GraphEditor(index)
-        rewritten_readers = _count_dq_readers(plans)
-        weight_bytes_added = 0
-        nodes_added = 0
-        macs_after = macs_before
-        for plan in plans:
-            added, added_bytes = _replace(index, editor, plan, rewritten_readers, emitted)
-            node = plan.node
-            weight_bytes_added += added_bytes
-            nodes_added += added
-            macs_after += plan.macs_after - plan.macs_before
-            geo_old = [int(d) for d in get_attr(node, "dilations")]
-            new_dil = list(geo_old)
-            for a, d in plan.reset_axes.items():
-                new_dil[a] = d
-            for sp in plan.splits:
-                new_dil[sp.axis] = sp.new_dilation
-            detail: dict[str, Any] = {
-                "k": {f"axis{2 + s.axis}": s.k for s in plan.splits},
-                "layout": plan.layout,
-                "nodes_added": added,
-                "macs": [plan.macs_before, plan.macs_after],
-            }
-            if any(s.stride > 1 for s in plan.splits):
-                detail["strides"] = {f"axis{2 + s.axis}": [s.stride, s.new_stride] for s in plan.splits}
-            if plan.reset_axes:
-                detail["dilation_reset_kernel1"] = {f"axis{2 + a}": d for a, d in plan.reset_axes.items()}
-            if plan.tile > 1:
-                detail["weight_tiling"] = plan.tile
-                detail["weight_bytes_added"] = added_bytes
-                if added_bytes > _WEIGHT_GROWTH_WARNING and plan.layout == "channel":
-                    result.warnings.append(
-                        f"{node.name}: the channel layout tiles its weights {plan.tile}x "
-                        f"(+{added_bytes / 2**20:.1f} MiB); --s2b-layout batch tiles nothing where the NPU "
-                        f"accepts batch > 1")
-            if plan.q_in is not None or plan.q_out is not None:
-                detail["qdq"] = {"input_moved_before_dq": plan.q_in is not None,
-                                 "output_moved_after_q": plan.q_out is not None}
-            action = "space-to-batch" if plan.splits else "dilation reset (kernel 1)"
-            result.changes.append(Change(node.name, "Conv", action, old={"dilations": geo_old},
-                                         new={"dilations": new_dil}, detail=detail))
-            if plan.warning:
-                result.warnings.append(plan.warning)
-        editor.commit()
+        index = GraphIndex(model)
+        macs_before = conv_macs(model, index)
+        lifted: dict[str, str] = {}  # a lifted conv's output in the model find read -> the 4-D conv's output
+        emitted: set[str] = set()  # names of the Reshape nodes this pass emits (merged at the end)
+        lifts = [plan for plan in found.plans if isinstance(plan, LiftPlan)]
+        if lifts:
+            _apply_lifts(index, lifts, result, lifted, emitted)
+            index = GraphIndex(model)  # the 1-D convs are 4-D now
+        trims = [plan for plan in found.plans if isinstance(plan, TrimPlan)]
+        if trims:
+            _apply_trims(index, trims, result, lifted)
+            index = GraphIndex(model)  # weight shapes changed
+        splits = [plan for plan in found.plans if isinstance(plan, SpaceToBatchPlan)]
+        totals = _apply_splits(index, splits, result, lifted, emitted)
         _merge_reshape_chains(model, emitted)  # the lift's Reshapes and the phase split's become one each
-        if plans or result.changes:
+        if options.max_dilation is not None or options.allowed_dilations is not None:
             result.metrics.update({
                 "conv_macs_before": macs_before,
-                "conv_macs_after": macs_after,
-                "convs_rewritten": len(plans),
-                "nodes_added": nodes_added,
-                "weight_bytes_added": weight_bytes_added,
+                "conv_macs_after": macs_before + totals["macs_added"],
+                "convs_rewritten": len(splits),
+                "nodes_added": totals["nodes_added"],
+                "weight_bytes_added": totals["weight_bytes_added"],
             })
         return result
 
 
-def _count_dq_readers(plans: list[_Plan]) -> dict[str, int]:
-    """Per input DequantizeLinear output: how many of the planned convs read it (moved before a copy)."""
-    readers: dict[str, int] = {}
-    for plan in plans:
-        if plan.q_in is not None:
-            name = plan.q_in.dq.output[0]
-            readers[name] = readers.get(name, 0) + 1
-    return readers
+# --- find ----------------------------------------------------------------------------------------------
 
 
-def _replace(index: GraphIndex, editor: GraphEditor, plan: _Plan, rewritten_readers: dict[str, int],
-             emitted: set[str]) -> tuple[int, int]:
-    """Replace ``plan.node`` by its rewrite; returns (nodes added, weight bytes added)."""
-    new_nodes, added_bytes = _rewrite(index, editor, plan)
-    editor.replace(plan.node, new_nodes)
-    emitted.update(n.name for n in new_nodes if n.op_type == "Reshape")
-    added = len(new_nodes) - 1
-    if plan.q_out is not None:
-        editor.remove(plan.q_out)  # its copy sits right after the new conv
-        added -= 1
-    if plan.q_in is not None:
-        dq_out = plan.q_in.dq.output[0]
-        if (dq_out not in index.output_set
-                and rewritten_readers[dq_out] == len(index.consumers_of(dq_out))):
-            # Every reader now goes through its own copy: drop the original once.
-            editor.remove(plan.q_in.dq)
-            rewritten_readers[dq_out] = -1
-            added -= 1
-    return added, added_bytes
-
-
-def _merge_reshape_chains(model: onnx.ModelProto, emitted: set[str]) -> bool:
-    """Reshape(Reshape(x, s1), s2) = Reshape(x, s2): merge chains of Reshapes this pass emitted (the lift's
-    view and the phase split's), when the inner one has no other reader and is no graph output."""
-    if not emitted:
-        return False
-    index = GraphIndex(model)
-    editor = GraphEditor(index)
-    dropped_shapes: set[str] = set()
-    for node in model.graph.node:
-        if node.op_type != "Reshape" or node.name not in emitted:
-            continue
-        inner = index.producer.get(node.input[0])
-        while (inner is not None and inner.op_type == "Reshape" and inner.name in emitted
-               and inner.output[0] not in index.output_set and len(index.consumers_of(inner.output[0])) == 1):
-            node.input[0] = inner.input[0]
-            editor.remove(inner)
-            dropped_shapes.add(inner.input[1])
-            inner = index.producer.get(node.input[0])
-    editor.commit()
-    if dropped_shapes:
-        still_read = {name for n in model.graph.node for name in n.input}
-        keep = [t for t in model.graph.initializer if t.name not in dropped_shapes - still_read]
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(keep)
-    return bool(dropped_shapes)
-
-
-# --- lifting 1-D convs to 4-D ----------------------------------------------------------------------------
-
-
-def _lift_conv1d(index: GraphIndex, model: onnx.ModelProto, options: FixOptions, result: PassResult,
-                 emitted: set[str]) -> bool:
-    """Run every 1-D Conv as a 4-D one (``lift_conv1d``): x [B,C,L] -> Reshape [B,C,1,L] -> Conv with kernel
-    [1,K], dilation [1,D], stride [1,s], pads [0,pb,0,pe] -> [B,M,1,O] -> Reshape [B,M,O]. The 4-D conv reads
-    the same samples with the same weights (reshaped [M,C/g,K] -> [M,C/g,1,K]): exact."""
-    plans: list[_Plan] = []
-    for node in model.graph.node:
+def _find_lifts(index: GraphIndex, options: FixOptions, found: Found, convs: dict[str, _Conv]) -> None:
+    """A :class:`LiftPlan` for every 1-D Conv (``lift_conv1d``), or why not."""
+    for node in index.graph.node:
         if not is_default_domain(node) or node.op_type != "Conv" or len(node.input) < 2:
             continue
         shape = index.shape(node.input[0])
         if shape is None or len(shape) != 3:
             continue
+        conv = _read_conv(index, node, options)
         try:
-            plans.append(_plan_lift(index, node, options))
+            plan = _plan_lift(conv, options)
         except _Skip as skip:
-            result.rejections.append(Rejection(node.name, node.op_type, f"not lifted to 4-D: {skip}"))
-    if not plans:
-        return False
-    editor = GraphEditor(index)
-    readers = _count_dq_readers(plans)
-    for plan in plans:
-        added, _ = _replace(index, editor, plan, readers, emitted)
-        old = {a: plan.conv_attrs[a][1:] for a in ("kernel_shape", "dilations", "strides")}
-        result.changes.append(Change(plan.node.name, "Conv", "lift 1-D conv to 4-D", old=old,
-                                     new={a: plan.conv_attrs[a] for a in old},
-                                     detail={"nodes_added": added, "layout": "lift",
-                                             "why": "lift_conv1d: the target compiles 4-D convs only "
-                                                    "(Reshape [B,C,L] -> [B,C,1,L] around it)"}))
-    editor.commit()
-    return True
+            found.rejections.append(Rejection(node.name, node.op_type, f"not lifted to 4-D: {skip}"))
+            continue
+        found.plans.append(plan)
+        convs[node.output[0]] = _lifted(conv, plan)
 
 
-def _plan_lift(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> _Plan:
-    in_shape = index.static_shape(node.input[0])
-    w_shape = index.static_shape(node.input[1])
+def _find_trims(index: GraphIndex, options: FixOptions, found: Found, convs: dict[str, _Conv]) -> None:
+    """A :class:`TrimPlan` for every conv over the limit with dead taps (module docstring)."""
+    for node in index.graph.node:
+        if not is_default_domain(node) or node.op_type != "Conv" or len(node.input) < 2:
+            continue
+        conv = convs.get(node.output[0])
+        if _within_limit(conv.dilations if conv is not None else _dilations(node), options):
+            continue
+        conv = convs[node.output[0]] = conv or _read_conv(index, node, options)
+        trim = _plan_trim(conv)
+        if isinstance(trim, Rejection):
+            found.rejections.append(trim)
+        elif trim is not None:
+            found.plans.append(trim)
+            convs[node.output[0]] = _trimmed(conv, trim)
+
+
+def _find_splits(index: GraphIndex, options: FixOptions, found: Found, convs: dict[str, _Conv]) -> None:
+    """A :class:`SpaceToBatchPlan` for every conv still over the limit, or a blocking Rejection."""
+    opset = opset_version(index.model)
+    for node in index.graph.node:
+        if node.op_type in ("QLinearConv", "ConvInteger"):
+            if not _within_limit(_dilations(node), options):
+                found.rejections.append(Rejection(node.name, node.op_type, qoperator_reason(node), True))
+            continue
+        if not is_default_domain(node) or node.op_type not in ("Conv", "ConvTranspose"):
+            continue
+        conv = convs.get(node.output[0])
+        dilations = conv.dilations if conv is not None else _dilations(node)
+        if _within_limit(dilations, options):
+            continue
+        if node.op_type == "ConvTranspose":
+            found.rejections.append(Rejection(
+                node.name, node.op_type, f"ConvTranspose dilations {dilations} are not rewritten by "
+                f"dilated-conv", blocking=True))
+            continue
+        try:
+            found.plans.append(_plan(conv or _read_conv(index, node, options), options, opset, index.graph_inputs))
+        except _Skip as skip:
+            found.rejections.append(Rejection(node.name, node.op_type, str(skip), blocking=True))
+            for plan in found.plans:  # its lift or trim is still made, but fixes nothing
+                if isinstance(plan, ConvPlan) and plan.output == node.output[0]:
+                    plan.nodes = ()
+
+
+# --- lifting 1-D convs to 4-D ----------------------------------------------------------------------------
+
+
+def _plan_lift(conv: _Conv, options: FixOptions) -> LiftPlan:
+    """x [B,C,L] -> Reshape [B,C,1,L] -> Conv with kernel [1,K], dilation [1,D], stride [1,s], pads [0,pb,0,pe]
+    -> [B,M,1,O] -> Reshape [B,M,O]. The 4-D conv reads the same samples with the same weights (reshaped
+    [M,C/g,K] -> [M,C/g,1,K]): exact."""
+    node = conv.node
+    in_shape, w_shape, geo = conv.in_shape, conv.w_shape, conv.geo
     if in_shape is None:
         raise _Skip(f"input '{node.input[0]}' has no static shape; freeze it with --input-shape")
     if w_shape is None or len(w_shape) != 3:
         raise _Skip("weight shape unknown")
-    geo = conv_geometry(index, node)
+    assert geo is not None  # the weight shape gives the kernel
     if not geo.resolved:
         raise _Skip(f"auto_pad {geo.auto_pad} could not be resolved")
     if "Reshape" in options.forbidden_ops:
         raise _Skip("needs Reshape, which the target forbids")
-    _check_weight(_weight_source(index, node.input[1]), "reshape", "weights")
+    _check_weight(conv.weights, "reshape", "weights")
     batch, channels, length = in_shape
     out_len = geo.output_length(0, length)
     view, final = [batch, channels, 1, length], [batch, w_shape[0], out_len]
     begin, end = geo.pad_pair(0)
     attrs = {"kernel_shape": [1, geo.kernel[0]], "dilations": [1, geo.dilations[0]],
              "strides": [1, geo.strides[0]], "pads": [0, begin, 0, end], "group": geo.group}
-    macs = node_macs(index, node) or 0
-    q_in, q_out = _quantized_input(index, node), _quantized_output(index, node)
-    return _Plan(node=node, layout="lift", splits=[], reset_axes={},
-                 pre=[_Step("Reshape", "lift_in", view, [np.array(view, np.int64)])],
-                 post=[_Step("Reshape", "lift_out", final, [np.array(final, np.int64)])],
-                 conv_attrs=attrs, conv_shape=[batch, w_shape[0], 1, out_len], weight_op="reshape",
-                 weight_shape=[w_shape[0], w_shape[1], 1, geo.kernel[0]], tile=1, q_in=q_in, q_out=q_out,
-                 macs_before=macs, macs_after=macs)
+    return LiftPlan(nodes=(node.name,), action="lift 1-D conv to 4-D", output=node.output[0], layout="lift",
+                    pre=[_Step("Reshape", "lift_in", view, [np.array(view, np.int64)])],
+                    post=[_Step("Reshape", "lift_out", final, [np.array(final, np.int64)])],
+                    conv_attrs=attrs, weight_op="reshape", weight_shape=[w_shape[0], w_shape[1], 1, geo.kernel[0]],
+                    tile=1, dq_input=conv.dq_input, q_output=conv.q_output)
 
 
 # --- dead taps ---------------------------------------------------------------------------------------
@@ -509,97 +572,146 @@ def _live_taps(kernel: int, dilation: int, stride: int, begin: int, length: int,
     return live
 
 
-def _trim_dead_taps(index: GraphIndex, model: onnx.ModelProto, options: FixOptions, result: PassResult) -> bool:
-    """Drop kernel taps that only read zero padding from convs over the limit (module docstring)."""
-    editor = GraphEditor(index)
-    trimmed = False
-    for node in model.graph.node:
-        if not is_default_domain(node) or node.op_type != "Conv" or len(node.input) < 2:
+def _live_window(geo: ConvGeometry, in_shape: Sequence[int],
+                 ndim: int) -> tuple[list[slice], list[int], list[int]] | None:
+    """Per axis the live taps j0..j1 (as weight slices), the pads and dilations that keep every output reading
+    the same samples; None when no tap can go."""
+    n = geo.rank
+    slices: list[slice] = [slice(None)] * ndim
+    pads = list(geo.pads)
+    new_dil = list(geo.dilations)
+    for a in range(n):
+        length = in_shape[2 + a]
+        begin, end = geo.pad_pair(a)
+        live = _live_taps(geo.kernel[a], geo.dilations[a], geo.strides[a], begin,
+                          length, geo.output_length(a, length))
+        if not live or (live[0] == 0 and live[-1] == geo.kernel[a] - 1):
             continue
-        dilations = [int(d) for d in (get_attr(node, "dilations") or [])]
-        if all(dilation_ok(d, options.max_dilation, options.allowed_dilations) for d in dilations):
+        j0, j1 = live[0], live[-1]
+        new_begin = begin - j0 * geo.dilations[a]
+        new_end = end - (geo.kernel[a] - 1 - j1) * geo.dilations[a]
+        if new_begin < 0 or new_end < 0:
             continue
-        in_shape = index.static_shape(node.input[0])
-        weight = index.const_value(node.input[1])
-        if in_shape is None or weight is None:
-            continue
-        geo = conv_geometry(index, node)
-        if not geo.resolved:
-            continue
-        n = geo.rank
-        slices: list[slice] = [slice(None)] * weight.ndim
-        pads = list(geo.pads)
-        new_dil = list(geo.dilations)
-        for a in range(n):
-            length = in_shape[2 + a]
-            begin, end = geo.pad_pair(a)
-            live = _live_taps(geo.kernel[a], geo.dilations[a], geo.strides[a], begin,
-                              length, geo.output_length(a, length))
-            if not live or (live[0] == 0 and live[-1] == geo.kernel[a] - 1):
-                continue
-            j0, j1 = live[0], live[-1]
-            new_begin = begin - j0 * geo.dilations[a]
-            new_end = end - (geo.kernel[a] - 1 - j1) * geo.dilations[a]
-            if new_begin < 0 or new_end < 0:
-                continue
-            slices[2 + a] = slice(j0, j1 + 1)
-            pads[a], pads[a + n] = new_begin, new_end
-            if j1 == j0:
-                new_dil[a] = 1  # one tap left: the dilation means nothing
-        if all(sl == slice(None) for sl in slices):
-            continue
-        dropped = np.ones(weight.shape, bool)
-        dropped[tuple(slices)] = False
-        if np.issubdtype(weight.dtype, np.floating) and not np.isfinite(weight[dropped]).all():
-            # 0 * NaN is NaN: a tap with a non-finite weight is not dead even where it only reads padding.
-            result.rejections.append(Rejection(node.name, "Conv", "dead taps not trimmed: their weights hold NaN "
-                                               "or infinity, and 0 * NaN is not 0", False))
-            continue
-        new_weight = np.ascontiguousarray(weight[tuple(slices)])
-        macs_old = node_macs(index, node)
-        private_initializer(index, editor, node, 1, new_weight)
-        old = {"kernel_shape": list(geo.kernel), "dilations": list(geo.dilations), "pads": list(geo.pads)}
-        new = {"kernel_shape": list(new_weight.shape[2:]), "dilations": new_dil, "pads": pads}
-        set_attr(node, "auto_pad", None)
-        set_attr(node, "kernel_shape", new["kernel_shape"])
-        set_attr(node, "dilations", new_dil)
-        set_attr(node, "pads", pads)
-        macs_new = macs_old * int(np.prod(new_weight.shape[2:])) // max(1, int(np.prod(geo.kernel)))
-        result.changes.append(Change(node.name, "Conv", "trim dead taps", old=old, new=new,
-                                     detail={"macs": [macs_old, macs_new],
-                                             "why": "the dropped taps only ever read zero padding"}))
-        trimmed = True
-    editor.commit()
-    return trimmed
+        slices[2 + a] = slice(j0, j1 + 1)
+        pads[a], pads[a + n] = new_begin, new_end
+        if j1 == j0:
+            new_dil[a] = 1  # one tap left: the dilation means nothing
+    if all(sl == slice(None) for sl in slices):
+        return None
+    return slices, pads, new_dil
 
 
-# --- planning ----------------------------------------------------------------------------------------
+def _plan_trim(conv: _Conv) -> TrimPlan | Rejection | None:
+    """The dead-tap trim of a conv over the limit (module docstring); a Rejection when a dead tap's weight is
+    not finite; None when no tap can go."""
+    node, geo, weight, in_shape = conv.node, conv.geo, conv.weight, conv.in_shape
+    if in_shape is None or weight is None or geo is None or not geo.resolved:
+        return None
+    window = _live_window(geo, in_shape, weight.ndim)
+    if window is None:
+        return None
+    slices, pads, new_dil = window
+    dropped = np.ones(weight.shape, bool)
+    dropped[tuple(slices)] = False
+    if np.issubdtype(weight.dtype, np.floating) and not np.isfinite(weight[dropped]).all():
+        # 0 * NaN is NaN: a tap with a non-finite weight is not dead even where it only reads padding.
+        return Rejection(node.name, "Conv", "dead taps not trimmed: their weights hold NaN or infinity, and "
+                         "0 * NaN is not 0", False)
+    new_weight = np.ascontiguousarray(weight[tuple(slices)])
+    macs_old = conv.macs
+    macs_new = macs_old * int(np.prod(new_weight.shape[2:])) // max(1, int(np.prod(geo.kernel)))
+    return TrimPlan(nodes=(node.name,), action="trim dead taps", output=node.output[0], lifted=conv.lifted,
+                    weight=new_weight,
+                    old={"kernel_shape": list(geo.kernel), "dilations": list(geo.dilations), "pads": list(geo.pads)},
+                    new={"kernel_shape": list(new_weight.shape[2:]), "dilations": new_dil, "pads": pads},
+                    macs=[macs_old, macs_new])
 
 
-def _plan(index: GraphIndex, node: onnx.NodeProto, options: FixOptions, opset: int) -> _Plan:
-    x_name = node.input[0]
-    in_shape = index.static_shape(x_name)
+# --- planning the split --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Frame:
+    """One conv's space-to-batch facts, the same for every layout tried."""
+
+    conv: _Conv
+    geo: ConvGeometry
+    splits: list[_Split]
+    reset: dict[int, int]
+    in_shape: list[int]
+    w_shape: list[int]
+    out_lens: list[int]
+
+    @property
+    def phased(self) -> list[_Split]:
+        return [s for s in self.splits if s.phases > 1]
+
+
+@dataclass
+class _NewConv:
+    """The replacing Conv's attributes and shapes, as a layout sets them."""
+
+    kernel: list[int]
+    dilations: list[int]
+    strides: list[int]
+    begins: list[int]
+    ends: list[int]
+    group: int
+    shape: list[int] = field(default_factory=list)
+    weight_shape: list[int] = field(default_factory=list)
+
+
+def _plan(conv: _Conv, options: FixOptions, opset: int, graph_inputs: Sequence[str]) -> SpaceToBatchPlan:
+    in_shape, w_shape, geo = _checked_shapes(conv, opset, graph_inputs)
+    spatial_in = list(in_shape[2:])
+    out_lens = [geo.output_length(a, spatial_in[a]) for a in range(geo.rank)]
+    if min(out_lens) < 1:
+        raise _Skip(f"output length {out_lens} < 1: the Conv is invalid")
+    splits, reset = _splits(geo, spatial_in, out_lens, options)
+    frame = _Frame(conv, geo, splits, reset, list(in_shape), list(w_shape), out_lens)
+    phased = frame.phased
+    one_d = len(phased) == 1 and all(
+        spatial_in[a] == 1 and geo.kernel[a] == 1 and geo.pad_pair(a) == (0, 0)
+        for a in range(geo.rank) if a != phased[0].axis)
+    node = conv.node
+    candidates = _npu_layouts(node, _layouts(node, bool(phased), one_d, options), options,
+                              explicit=options.s2b_layout != "auto")
+    reasons = []
+    for layout, warning in candidates:
+        try:
+            plan = _plan_layout(frame, layout, options)
+        except _Skip as skip:
+            reasons.append(f"{layout}: {skip}")
+            continue
+        plan.warning = warning
+        return plan
+    raise _Skip("; ".join(reasons))
+
+
+def _checked_shapes(conv: _Conv, opset: int,
+                    graph_inputs: Sequence[str]) -> tuple[tuple[int, ...], tuple[int, ...], ConvGeometry]:
+    """The static input and weight shapes and the resolved geometry a split needs, or why it cannot be made."""
+    x_name = conv.node.input[0]
+    in_shape, w_shape, geo = conv.in_shape, conv.w_shape, conv.geo
     if in_shape is None:
-        shape = index.shape(x_name)
-        graph_inputs = ", ".join(index.graph_inputs) or "<input>"
-        raise _Skip(f"input '{x_name}' has no static shape ({format_shape(shape)}); the phase split needs "
-                    f"static lengths: freeze the graph inputs with --input-shape (inputs: {graph_inputs})")
-    w_shape = index.static_shape(node.input[1]) if len(node.input) > 1 else None
+        inputs = ", ".join(graph_inputs) or "<input>"
+        raise _Skip(f"input '{x_name}' has no static shape ({format_shape(conv.x_shape)}); the phase split needs "
+                    f"static lengths: freeze the graph inputs with --input-shape (inputs: {inputs})")
     if w_shape is None:
         raise _Skip("weight shape unknown")
     if len(in_shape) < 3 or len(w_shape) != len(in_shape):
         raise _Skip(f"unexpected ranks: input {list(in_shape)}, weight {list(w_shape)}")
     if opset < _MIN_OPSET:
         raise _Skip(f"opset {opset} < {_MIN_OPSET} (Pad needs its pads as an input); convert the model first")
-    geo = conv_geometry(index, node)
+    assert geo is not None  # the weight shape gives the kernel
     if not geo.resolved:
         raise _Skip(f"auto_pad {geo.auto_pad} could not be resolved")
-    n = geo.rank
-    spatial_in = list(in_shape[2:])
-    out_lens = [geo.output_length(a, spatial_in[a]) for a in range(n)]
-    if min(out_lens) < 1:
-        raise _Skip(f"output length {out_lens} < 1: the Conv is invalid")
+    return in_shape, w_shape, geo
 
+
+def _splits(geo: ConvGeometry, spatial_in: list[int], out_lens: list[int],
+            options: FixOptions) -> tuple[list[_Split], dict[int, int]]:
+    """The axes to cut into phases (with their k), and the kernel-1 axes whose dilation is only reset."""
     splits: list[_Split] = []
     reset: dict[int, int] = {}
     for a, d in enumerate(geo.dilations):
@@ -620,43 +732,28 @@ def _plan(index: GraphIndex, node: onnx.NodeProto, options: FixOptions, opset: i
         begin, end = geo.pad_pair(a)
         splits.append(_Split(axis=a, k=k, dilation=d, stride=geo.strides[a], kernel=geo.kernel[a],
                              length=spatial_in[a], pad_begin=begin, pad_end=end, out_len=out_lens[a]))
+    return splits, reset
 
-    phased = [s for s in splits if s.phases > 1]
-    one_d = len(phased) == 1 and all(
-        spatial_in[a] == 1 and geo.kernel[a] == 1 and geo.pad_pair(a) == (0, 0)
-        for a in range(n) if a != phased[0].axis)
-    weights = _weight_source(index, node.input[1])
-    bias = _weight_source(index, node.input[2]) if len(node.input) > 2 and node.input[2] else None
 
+def _layouts(node: onnx.NodeProto, phased: bool, one_d: bool,
+             options: FixOptions) -> list[tuple[str, str | None]]:
+    """The layouts to try in order, each with the warning its use gives (module docstring, ``s2b_layout``)."""
     if not phased:
-        candidates: list[tuple[str, str | None]] = [("direct", None)]
-    elif options.s2b_layout == "auto":
-        candidates = [("spatial", None)] if one_d else []
+        return [("direct", None)]
+    if options.s2b_layout == "auto":
+        candidates: list[tuple[str, str | None]] = [("spatial", None)] if one_d else []
         candidates.append(("channel", None))
         if not options.batch_one:
             candidates.append(("batch", None))
-    elif options.s2b_layout == "spatial" and not one_d:
-        candidates = [("channel", f"{node.name}: the spatial layout needs a 1-D conv (the other spatial "
-                                  f"axes of extent 1, kernel 1, no pads); used the channel layout (emits "
-                                  f"Transpose)")]
-    elif options.s2b_layout == "batch" and options.batch_one:
-        candidates = [("batch", f"{node.name}: the batch layout runs the conv with batch > 1 although the "
-                                f"target requires batch 1")]
-    else:
-        candidates = [(options.s2b_layout, None)]
-
-    candidates = _npu_layouts(node, candidates, options, explicit=options.s2b_layout != "auto")
-    reasons = []
-    for layout, warning in candidates:
-        try:
-            plan = _plan_layout(index, node, geo, layout, splits, reset, list(in_shape), list(w_shape),
-                                out_lens, weights, bias, options)
-        except _Skip as skip:
-            reasons.append(f"{layout}: {skip}")
-            continue
-        plan.warning = warning
-        return plan
-    raise _Skip("; ".join(reasons))
+        return candidates
+    if options.s2b_layout == "spatial" and not one_d:
+        return [("channel", f"{node.name}: the spatial layout needs a 1-D conv (the other spatial "
+                            f"axes of extent 1, kernel 1, no pads); used the channel layout (emits "
+                            f"Transpose)")]
+    if options.s2b_layout == "batch" and options.batch_one:
+        return [("batch", f"{node.name}: the batch layout runs the conv with batch > 1 although the "
+                          f"target requires batch 1")]
+    return [(options.s2b_layout, None)]
 
 
 def _npu_layouts(node: onnx.NodeProto, candidates: list[tuple[str, str | None]], options: FixOptions, *,
@@ -688,160 +785,192 @@ def _npu_layouts(node: onnx.NodeProto, candidates: list[tuple[str, str | None]],
                 f"move work from the NPU to the CPU; left as it is (--force-rewrite rewrites it anyway)")
 
 
-def _plan_layout(index: GraphIndex, node: onnx.NodeProto, geo: ConvGeometry, layout: str,
-                 splits: list[_Split], reset: dict[int, int], in_shape: list[int], w_shape: list[int],
-                 out_lens: list[int], weights: dict[str, Any] | None, bias: dict[str, Any] | None,
-                 options: FixOptions) -> _Plan:
-    n = geo.rank
-    batch, channels = in_shape[0], in_shape[1]
-    out_channels = w_shape[0]
-    tile = math.prod(s.phases for s in splits) if layout == "channel" else 1  # T = 1 for strided axes
-    q_in = _quantized_input(index, node)
-    q_out = _quantized_output(index, node)
-    pre: list[_Step] = []
+def _plan_layout(f: _Frame, layout: str, options: FixOptions) -> SpaceToBatchPlan:
+    """The split of ``f`` in one layout: input padding, phase split, the new Conv, phase merge, crop."""
+    tile = math.prod(s.phases for s in f.splits) if layout == "channel" else 1  # T = 1 for strided axes
+    pre, cur = _input_padding(f, options)
+    new = _split_conv(f)
+    pre.extend(_subsample(f, cur))
     post: list[_Step] = []
-    cur = list(in_shape)
+    if layout == "spatial":
+        _spatial_layout(f, new, pre, post)
+    elif layout in ("channel", "batch"):
+        _stacked_layout(f, layout, new, cur, pre, post, tile)
+    else:  # direct: no axis has more than one phase
+        new.shape = f.in_shape[:1] + f.w_shape[:1] + f.out_lens
+        new.weight_shape = list(f.w_shape)
+    post.extend(_crop(f))
+    return _finish(f, layout, new, pre, post, tile, options)
 
-    # One Pad for all split axes: the conv's begin pad plus whatever end padding q*k needs. Phase-split axes
-    # never need fewer samples than they have (q*k >= Lp there); subsampled axes (k | s) may, and their
-    # strided Slice below simply stops at q*k.
+
+def _input_padding(f: _Frame, options: FixOptions) -> tuple[list[_Step], list[int]]:
+    """One padding for all split axes: the conv's begin pad plus whatever end padding q*k needs, less the whole
+    blocks of k the new Conv pads itself. Phase-split axes never need fewer samples than they have (q*k >= Lp
+    there); subsampled axes (k | s) may, and their strided Slice simply stops at q*k. Returns the steps and the
+    padded shape."""
+    cur = list(f.in_shape)
     pads = [0] * (2 * len(cur))
-    for s in splits:
+    for s in f.splits:
         pads[2 + s.axis] = s.pad_begin - s.rows_begin * s.k
         pads[len(cur) + 2 + s.axis] = max(s.end_adjust, 0) - s.rows_end * s.k
         cur[2 + s.axis] = s.length + pads[2 + s.axis] + pads[len(cur) + 2 + s.axis]
         if s.phases > 1 and s.end_adjust < 0:  # pragma: no cover - excluded by the algebra above
             raise _Skip(f"internal: negative end padding on axis {2 + s.axis}")
-    if any(pads):
-        pad_value = None
-        if q_in is not None and q_in.zero_point is not None and q_in.zero_point.reshape(-1)[0] != 0:
-            pad_value = q_in.zero_point.reshape(())  # pads dequantize to exactly 0
-        data = q_in.dq.input[0] if q_in is not None else node.input[0]
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(index.elem_type(data)))
-        pre.extend(padding_steps(list(in_shape), pads, pad_value, dtype, options.remainder_pad))
+    if not any(pads):
+        return [], cur
+    conv = f.conv
+    pad_value = None
+    if conv.dq_input and conv.zero_point is not None and conv.zero_point.reshape(-1)[0] != 0:
+        pad_value = conv.zero_point.reshape(())  # pads dequantize to exactly 0
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(conv.data_type))
+    return padding_steps(list(f.in_shape), pads, pad_value, dtype, options.remainder_pad), cur
 
-    # New conv attributes: split axes lose their pads and take D/k and s/p.
-    kernel, dilations, strides = list(geo.kernel), list(geo.dilations), list(geo.strides)
-    begins, ends = list(geo.pads[:n]), list(geo.pads[n:])
-    for a, d in reset.items():
-        dilations[a] = d
-    for s in splits:
-        dilations[s.axis], strides[s.axis] = s.new_dilation, s.new_stride
-        begins[s.axis], ends[s.axis] = s.rows_begin, s.rows_end
-    group = geo.group
 
-    # k | stride: only phase 0 is read, so the split is a plain subsampling: one strided Slice, no phases.
-    strided = [s for s in splits if s.phases == 1]
-    if strided:
-        for s in strided:
-            cur[2 + s.axis] = s.q_data
-        pre.append(_Step("Slice", "subsample", list(cur), [
-            np.zeros(len(strided), np.int64), np.array([s.q_data * s.k for s in strided], np.int64),
-            np.array([2 + s.axis for s in strided], np.int64), np.array([s.k for s in strided], np.int64)]))
-    phased = [s for s in splits if s.phases > 1]
+def _split_conv(f: _Frame) -> _NewConv:
+    """The new Conv's attributes: split axes lose their pads and take D/k and s/p; kernel-1 axes' dilation reset."""
+    geo = f.geo
+    n = geo.rank
+    new = _NewConv(kernel=list(geo.kernel), dilations=list(geo.dilations), strides=list(geo.strides),
+                   begins=list(geo.pads[:n]), ends=list(geo.pads[n:]), group=geo.group)
+    for a, d in f.reset.items():
+        new.dilations[a] = d
+    for s in f.splits:
+        new.dilations[s.axis], new.strides[s.axis] = s.new_dilation, s.new_stride
+        new.begins[s.axis], new.ends[s.axis] = s.rows_begin, s.rows_end
+    return new
 
-    if layout == "spatial":
-        s = phased[0]
-        pre.append(_Step("Reshape", "phases", [batch, channels, s.q_data, s.k], [np.array(
-            [batch, channels, s.q_data, s.k], np.int64)]))
+
+def _subsample(f: _Frame, cur: list[int]) -> list[_Step]:
+    """k | stride: only phase 0 is read, so the split is a plain subsampling: one strided Slice, no phases."""
+    strided = [s for s in f.splits if s.phases == 1]
+    if not strided:
+        return []
+    for s in strided:
+        cur[2 + s.axis] = s.q_data
+    return [_Step("Slice", "subsample", list(cur), [
+        np.zeros(len(strided), np.int64), np.array([s.q_data * s.k for s in strided], np.int64),
+        np.array([2 + s.axis for s in strided], np.int64), np.array([s.k for s in strided], np.int64)])]
+
+
+def _spatial_layout(f: _Frame, new: _NewConv, pre: list[_Step], post: list[_Step]) -> None:
+    """Phases as a trailing axis the [K,1] kernel never mixes: no Transpose, no weight tiling."""
+    s = f.phased[0]
+    batch, channels, out_channels = f.in_shape[0], f.in_shape[1], f.w_shape[0]
+    pre.append(_Step("Reshape", "phases", [batch, channels, s.q_data, s.k], [np.array(
+        [batch, channels, s.q_data, s.k], np.int64)]))
+    if s.step > 1:
+        pre.append(_Step("Slice", "phase_step", [batch, channels, s.q_data, s.phases],
+                         _slice_consts(3, 0, s.k, s.step)))
+    new.kernel, new.dilations, new.strides = [s.kernel, 1], [s.new_dilation, 1], [s.new_stride, 1]
+    new.begins, new.ends = [s.rows_begin, 0], [s.rows_end, 0]
+    new.shape = [batch, out_channels, s.out_q, s.phases]
+    merged = [batch, out_channels] + [1] * f.geo.rank
+    merged[2 + s.axis] = s.out_q * s.phases
+    post.append(_Step("Reshape", "merge", merged, [np.array(merged, np.int64)]))
+    new.weight_shape = [f.w_shape[0], f.w_shape[1], s.kernel, 1]
+
+
+def _stacked_layout(f: _Frame, layout: str, new: _NewConv, cur: list[int], pre: list[_Step], post: list[_Step],
+                    tile: int) -> None:
+    """Phases stacked on the channel axis (groups and weights tiled) or the batch axis (nothing tiled)."""
+    batch = _phases_in(f, layout, cur, pre)
+    new.group = f.geo.group * tile
+    out_sp = list(f.out_lens)
+    for s in f.phased:
+        out_sp[s.axis] = s.out_q
+    new.shape = [batch, f.w_shape[0] * tile] + out_sp
+    _phases_out(f, layout, new.shape, post)
+    new.weight_shape = [f.w_shape[0] * tile] + list(f.w_shape[1:])
+
+
+def _phases_in(f: _Frame, layout: str, cur: list[int], pre: list[_Step]) -> int:
+    """Per split axis: Reshape [B, C*S<a*q, k, S>a] (-> Slice) -> Transpose(0,2,1,3) -> Reshape [B, T*C, ..., q,
+    ...] (the batch layout folds B into the second axis). Returns the conv's batch."""
+    cur_n, cur_c = f.in_shape[0], f.in_shape[1]
+    for s in f.phased:
+        sp = cur[2:]
+        a_dim = cur_c * math.prod(sp[:s.axis]) * s.q_data
+        z_dim = math.prod(sp[s.axis + 1:])
+        lead, mid = (cur_n, a_dim) if layout == "channel" else (1, cur_n * a_dim)
+        pre.append(_Step("Reshape", f"phases{2 + s.axis}", [lead, mid, s.k, z_dim],
+                         [np.array([lead, mid, s.k, z_dim], np.int64)]))
         if s.step > 1:
-            pre.append(_Step("Slice", "phase_step", [batch, channels, s.q_data, s.phases],
-                             _slice_consts(3, 0, s.k, s.step)))
-        kernel, dilations, strides = [s.kernel, 1], [s.new_dilation, 1], [s.new_stride, 1]
-        begins, ends = [s.rows_begin, 0], [s.rows_end, 0]
-        conv_shape = [batch, out_channels, s.out_q, s.phases]
-        merged = [batch, out_channels] + [1] * n
-        merged[2 + s.axis] = s.out_q * s.phases
-        post.append(_Step("Reshape", "merge", merged, [np.array(merged, np.int64)]))
-        new_w_shape = [w_shape[0], w_shape[1], s.kernel, 1]
-    elif layout in ("channel", "batch"):
-        cur_n, cur_c = batch, channels
-        for s in phased:
-            sp = cur[2:]
-            a_dim = cur_c * math.prod(sp[:s.axis]) * s.q_data
-            z_dim = math.prod(sp[s.axis + 1:])
-            lead, mid = (cur_n, a_dim) if layout == "channel" else (1, cur_n * a_dim)
-            pre.append(_Step("Reshape", f"phases{2 + s.axis}", [lead, mid, s.k, z_dim],
-                             [np.array([lead, mid, s.k, z_dim], np.int64)]))
-            if s.step > 1:
-                pre.append(_Step("Slice", f"phase_step{2 + s.axis}", [lead, mid, s.phases, z_dim],
-                                 _slice_consts(2, 0, s.k, s.step)))
-            if s.phases > 1:
-                pre.append(_Step("Transpose", f"phases_out{2 + s.axis}", [lead, s.phases, mid, z_dim],
-                                 attrs={"perm": [0, 2, 1, 3]}))
-            if layout == "channel":
-                cur_c *= s.phases
-            else:
-                cur_n *= s.phases
-            sp = list(sp)
-            sp[s.axis] = s.q_data
-            cur = [cur_n, cur_c] + sp
-            pre.append(_Step("Reshape", f"phases_to_{layout}{2 + s.axis}", list(cur),
-                             [np.array(cur, np.int64)]))
-        group = geo.group * tile
-        out_sp = list(out_lens)
-        for s in phased:
-            out_sp[s.axis] = s.out_q
-        conv_shape = [cur_n, out_channels * tile] + out_sp
-        cur = list(conv_shape)
-        for s in reversed(phased):
-            o_n, o_c, sp = cur[0], cur[1], cur[2:]
-            a_dim = (o_c // s.phases if layout == "channel" else o_c) * math.prod(sp[:s.axis]) * s.out_q
-            z_dim = math.prod(sp[s.axis + 1:])
-            lead, mid = (o_n, a_dim) if layout == "channel" else (1, (o_n // s.phases) * a_dim)
-            post.append(_Step("Reshape", f"phases_in{2 + s.axis}", [lead, s.phases, mid, z_dim],
-                              [np.array([lead, s.phases, mid, z_dim], np.int64)]))
-            post.append(_Step("Transpose", f"phases_back{2 + s.axis}", [lead, mid, s.phases, z_dim],
-                              attrs={"perm": [0, 2, 1, 3]}))
-            sp = list(sp)
-            sp[s.axis] = s.out_q * s.phases
-            cur = ([o_n, o_c // s.phases] if layout == "channel" else [o_n // s.phases, o_c]) + sp
-            post.append(_Step("Reshape", f"merge{2 + s.axis}", list(cur), [np.array(cur, np.int64)]))
-        new_w_shape = [w_shape[0] * tile] + list(w_shape[1:])
-    elif layout == "direct":
-        conv_shape = [batch, out_channels] + out_lens
-        new_w_shape = list(w_shape)
-    else:  # pragma: no cover - guarded by LAYOUTS
-        raise _Skip(f"unknown layout {layout}")
+            pre.append(_Step("Slice", f"phase_step{2 + s.axis}", [lead, mid, s.phases, z_dim],
+                             _slice_consts(2, 0, s.k, s.step)))
+        pre.append(_Step("Transpose", f"phases_out{2 + s.axis}", [lead, s.phases, mid, z_dim],
+                         attrs={"perm": [0, 2, 1, 3]}))
+        if layout == "channel":
+            cur_c *= s.phases
+        else:
+            cur_n *= s.phases
+        sp = list(sp)
+        sp[s.axis] = s.q_data
+        cur = [cur_n, cur_c] + sp
+        pre.append(_Step("Reshape", f"phases_to_{layout}{2 + s.axis}", list(cur), [np.array(cur, np.int64)]))
+    return cur_n
 
-    # Final crop to the original output lengths.
-    final = [batch, out_channels] + out_lens
-    crop_axes = [2 + s.axis for s in splits if s.out_q * s.phases != s.out_len]
-    if crop_axes:
-        post.append(_Step("Slice", "crop", final, [
-            np.zeros(len(crop_axes), np.int64), np.array([final[a] for a in crop_axes], np.int64),
-            np.array(crop_axes, np.int64), np.ones(len(crop_axes), np.int64)]))
 
-    weight_op = "tile" if tile > 1 else "reshape" if new_w_shape != list(w_shape) else "keep"
-    _check_weight(weights, weight_op, "weights")
-    _check_weight(bias, "tile" if weight_op == "tile" else "keep", "bias")
+def _phases_out(f: _Frame, layout: str, conv_shape: list[int], post: list[_Step]) -> None:
+    """The mirror image of :func:`_phases_in` after the Conv, last split axis first."""
+    cur = list(conv_shape)
+    for s in reversed(f.phased):
+        o_n, o_c, sp = cur[0], cur[1], cur[2:]
+        a_dim = (o_c // s.phases if layout == "channel" else o_c) * math.prod(sp[:s.axis]) * s.out_q
+        z_dim = math.prod(sp[s.axis + 1:])
+        lead, mid = (o_n, a_dim) if layout == "channel" else (1, (o_n // s.phases) * a_dim)
+        post.append(_Step("Reshape", f"phases_in{2 + s.axis}", [lead, s.phases, mid, z_dim],
+                          [np.array([lead, s.phases, mid, z_dim], np.int64)]))
+        post.append(_Step("Transpose", f"phases_back{2 + s.axis}", [lead, mid, s.phases, z_dim],
+                          attrs={"perm": [0, 2, 1, 3]}))
+        sp = list(sp)
+        sp[s.axis] = s.out_q * s.phases
+        cur = ([o_n, o_c // s.phases] if layout == "channel" else [o_n // s.phases, o_c]) + sp
+        post.append(_Step("Reshape", f"merge{2 + s.axis}", list(cur), [np.array(cur, np.int64)]))
 
-    pre, post = _merge_reshapes(pre, in_shape), _merge_reshapes(post, conv_shape)
-    emitted = {st.op for st in pre + post} | {"Conv"}
-    forbidden = sorted(emitted & set(options.forbidden_ops))
+
+def _crop(f: _Frame) -> list[_Step]:
+    """The final Slice back to the original output lengths, where the phases computed more."""
+    final = f.in_shape[:1] + f.w_shape[:1] + f.out_lens
+    crop_axes = [2 + s.axis for s in f.splits if s.out_q * s.phases != s.out_len]
+    if not crop_axes:
+        return []
+    return [_Step("Slice", "crop", final, [
+        np.zeros(len(crop_axes), np.int64), np.array([final[a] for a in crop_axes], np.int64),
+        np.array(crop_axes, np.int64), np.ones(len(crop_axes), np.int64)])]
+
+
+def _finish(f: _Frame, layout: str, new: _NewConv, pre: list[_Step], post: list[_Step], tile: int,
+            options: FixOptions) -> SpaceToBatchPlan:
+    """Check the weights and the target's forbidden ops, merge Reshapes, and make the plan."""
+    conv = f.conv
+    weight_op = "tile" if tile > 1 else "reshape" if new.weight_shape != f.w_shape else "keep"
+    _check_weight(conv.weights, weight_op, "weights")
+    _check_weight(conv.bias, "tile" if weight_op == "tile" else "keep", "bias")
+    pre, post = _merge_reshapes(pre, f.in_shape), _merge_reshapes(post, new.shape)
+    forbidden = sorted(({st.op for st in pre + post} | {"Conv"}) & set(options.forbidden_ops))
     if forbidden:
         raise _Skip(f"needs {', '.join(forbidden)}, which the target forbids")
-
-    conv_attrs: dict[str, Any] = {"dilations": dilations, "strides": strides, "pads": begins + ends,
-                                  "group": group}
-    if get_attr(node, "kernel_shape") is not None or layout == "spatial":
-        conv_attrs["kernel_shape"] = kernel
-    per_output = w_shape[1] * math.prod(geo.kernel)
-    macs_before = node_macs(index, node) or math.prod(final) * per_output
-    macs_after = math.prod(conv_shape) * per_output
-    return _Plan(node=node, layout=layout, splits=splits, reset_axes=reset, pre=pre, post=post,
-                 conv_attrs=conv_attrs, conv_shape=conv_shape, weight_op=weight_op,
-                 weight_shape=new_w_shape, tile=tile, q_in=q_in if pre else None,
-                 q_out=q_out if post else None, macs_before=macs_before, macs_after=macs_after)
-
-
-REMAINDER_PAD_FORMS = ("concat", "pad4d", "pad")
+    conv_attrs: dict[str, Any] = {"dilations": new.dilations, "strides": new.strides,
+                                  "pads": new.begins + new.ends, "group": new.group}
+    if conv.kernel_attr or layout == "spatial":
+        conv_attrs["kernel_shape"] = new.kernel
+    per_output = f.w_shape[1] * math.prod(f.geo.kernel)
+    final = f.in_shape[:1] + f.w_shape[:1] + f.out_lens
+    node = conv.node
+    return SpaceToBatchPlan(
+        nodes=(node.name,), action="space-to-batch" if f.splits else "dilation reset (kernel 1)",
+        output=node.output[0], lifted=conv.lifted, layout=layout, pre=pre, post=post, conv_attrs=conv_attrs,
+        weight_op=weight_op, weight_shape=new.weight_shape, tile=tile, dq_input=conv.dq_input and bool(pre),
+        q_output=conv.q_output and bool(post), splits=f.splits, reset_axes=f.reset,
+        old_dilations=list(conv.dilations), macs_before=conv.macs or math.prod(final) * per_output,
+        macs_after=math.prod(new.shape) * per_output)
 
 
 def padding_steps(shape: Sequence[int], pads: Sequence[int], value: np.ndarray | None, dtype: np.dtype,
                   form: str) -> list[_Step]:
     """The ops that zero-pad (or pad with ``value``, a quantized zero point) a tensor of ``shape`` by ``pads``
-    (ONNX order: all begins, then all ends), in the target's form (``remainder_pad``):
+    (ONNX order: all begins, then all ends), in the target's form (``remainder_pad``, one of
+    ``config.options.CHOICES``):
 
     - ``pad``:    one Pad of the tensor's own rank.
     - ``pad4d``:  a rank-3 tensor [B,C,L] is viewed as [B,C,1,L] around a 4-D Pad (the view's Reshapes merge with
@@ -853,7 +982,7 @@ def padding_steps(shape: Sequence[int], pads: Sequence[int], value: np.ndarray |
     begins, ends = list(pads[:rank]), list(pads[rank:])
     out_shape = [d + b + e for d, b, e in zip(shape, begins, ends)]
     if form == "pad" or (form == "pad4d" and rank >= 4):
-        consts: list[Any] = [np.array(pads, np.int64)]
+        consts = [np.array(pads, np.int64)]
         if value is not None:
             consts.append(value)
         return [_Step("Pad", "pad", out_shape, consts)]
@@ -868,15 +997,13 @@ def padding_steps(shape: Sequence[int], pads: Sequence[int], value: np.ndarray |
         return [_Step("Reshape", "pad_view", view, [np.array(view, np.int64)]),
                 _Step("Pad", "pad", padded_view, consts),
                 _Step("Reshape", "pad_unview", out_shape, [np.array(out_shape, np.int64)])]
-    if form != "concat":
-        raise ValueError(f"remainder_pad must be one of {', '.join(REMAINDER_PAD_FORMS)}, not {form!r}")
     fill = 0 if value is None else value.reshape(-1)[0]
     steps: list[_Step] = []
     cur = list(shape)
     for axis in range(rank):
         if not begins[axis] and not ends[axis]:
             continue
-        zeros: list[Any] = []
+        zeros: list[np.ndarray] = []
         for width in (begins[axis], ends[axis]):
             if width:
                 block = list(cur)
@@ -889,7 +1016,7 @@ def padding_steps(shape: Sequence[int], pads: Sequence[int], value: np.ndarray |
     return steps
 
 
-def _slice_consts(axis: int, start: int, end: int, step: int) -> list[Any]:
+def _slice_consts(axis: int, start: int, end: int, step: int) -> list[np.ndarray]:
     return [np.array([start], np.int64), np.array([end], np.int64), np.array([axis], np.int64),
             np.array([step], np.int64)]
 
@@ -914,43 +1041,50 @@ def _merge_reshapes(steps: list[_Step], start_shape: Sequence[int]) -> list[_Ste
 # --- weights and QDQ -----------------------------------------------------------------------------------
 
 
-def _weight_source(index: GraphIndex, name: str) -> dict[str, Any] | None:
+def _weight_source(index: GraphIndex, name: str) -> _Source | None:
     """Where a weight/bias comes from: a constant, a DequantizeLinear of constants, or something dynamic."""
     if not name:
         return None
-    if index.const_value(name) is not None:
-        return {"kind": "const", "name": name}
+    if _is_const(index, name):
+        return _Source("const")
     producer = index.producer.get(name)
     if (producer is not None and producer.op_type == "DequantizeLinear"
             and is_default_domain(producer)
-            and all(index.const_value(i) is not None for i in producer.input if i)):
+            and all(_is_const(index, i) for i in producer.input if i)):
         xq = index.const_value(producer.input[0])
         scale = index.const_value(producer.input[1])
         axis = int(get_attr(producer, "axis", 1))
-        return {"kind": "dq", "name": name, "dq": producer, "rank": xq.ndim, "scale_size": int(scale.size),
-                "axis": axis + xq.ndim if axis < 0 else axis}
-    return {"kind": "dynamic", "name": name}
+        return _Source("dq", blocked=bool(int(get_attr(producer, "block_size", 0) or 0)),
+                       scale_size=int(scale.size), axis=axis + xq.ndim if axis < 0 else axis)
+    return _Source("dynamic")
 
 
-def _check_weight(source: dict[str, Any] | None, op: str, what: str) -> None:
+def _is_const(index: GraphIndex, name: str) -> bool:
+    """Whether ``index.const_value(name)`` has a value, without decoding an initializer's data."""
+    if name in index.initializers:
+        return name not in index.overridable
+    return index.const_value(name) is not None
+
+
+def _check_weight(source: _Source | None, op: str, what: str) -> None:
     """Raise _Skip when ``op`` cannot be applied to the weight source (read-only check)."""
-    if source is None or op == "keep" or source["kind"] == "const":
+    if source is None or op == "keep" or source.kind == "const":
         return
-    if source["kind"] == "dynamic":
+    if source.kind == "dynamic":
         if op == "tile":
             raise _Skip(f"{what} are not constant and the channel layout tiles them")
         return  # a reshape of dynamic weights is emitted as a Reshape node
-    if int(get_attr(source["dq"], "block_size", 0) or 0):
+    if source.blocked:
         raise _Skip(f"{what} use blocked quantization, which the {op} would have to re-block")
-    if source["scale_size"] > 1:
-        if op == "reshape" and source["axis"] > 1:
-            raise _Skip(f"{what} are quantized along kernel axis {source['axis']}; the reshape would move it")
-        if op == "tile" and source["axis"] != 0:
-            raise _Skip(f"{what} are quantized along axis {source['axis']}, not the output-channel axis the "
+    if source.scale_size > 1:
+        if op == "reshape" and source.axis > 1:
+            raise _Skip(f"{what} are quantized along kernel axis {source.axis}; the reshape would move it")
+        if op == "tile" and source.axis != 0:
+            raise _Skip(f"{what} are quantized along axis {source.axis}, not the output-channel axis the "
                         f"channel layout tiles")
 
 
-def _quantized_input(index: GraphIndex, node: onnx.NodeProto) -> _QIn | None:
+def _quantized_input(index: GraphIndex, node: onnx.NodeProto) -> onnx.NodeProto | None:
     """The per-tensor 8-bit DequantizeLinear feeding the conv, if the input-side ops can move before it."""
     dq = index.producer.get(node.input[0])
     if dq is None or dq.op_type != "DequantizeLinear" or not is_default_domain(dq):
@@ -959,8 +1093,7 @@ def _quantized_input(index: GraphIndex, node: onnx.NodeProto) -> _QIn | None:
         return None
     if not _per_tensor(index, dq):
         return None
-    zp = index.const_value(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
-    return _QIn(dq=dq, zero_point=zp)
+    return dq
 
 
 def _per_tensor(index: GraphIndex, qnode: onnx.NodeProto) -> bool:
@@ -988,6 +1121,127 @@ def _quantized_output(index: GraphIndex, node: onnx.NodeProto) -> onnx.NodeProto
     return q
 
 
+# --- rewrite -------------------------------------------------------------------------------------------
+
+
+def _live_conv(index: GraphIndex, plan: ConvPlan, lifted: dict[str, str]) -> onnx.NodeProto:
+    """The conv ``plan`` edits, in the model as the plans applied before it left it."""
+    if plan.lifted != (plan.output in lifted):
+        raise ValueError(f"dilated-conv: the {plan.action} of the conv writing '{plan.output}' was planned on the "
+                         f"4-D conv its LiftPlan makes; apply that plan with it")
+    conv = index.producer.get(lifted.get(plan.output, plan.output))
+    if conv is None or conv.op_type != "Conv":
+        raise ValueError(f"dilated-conv: no Conv writes '{plan.output}': the plans were found on another model")
+    return conv
+
+
+def _apply_lifts(index: GraphIndex, plans: list[LiftPlan], result: PassResult, lifted: dict[str, str],
+                 emitted: set[str]) -> None:
+    editor = GraphEditor(index)
+    convs = [_live_conv(index, plan, lifted) for plan in plans]
+    readers = _count_dq_readers(plans, convs)
+    for plan, conv in zip(plans, convs):
+        added, _, lifted[plan.output] = _replace(index, editor, plan, conv, readers, emitted)
+        old = {a: plan.conv_attrs[a][1:] for a in ("kernel_shape", "dilations", "strides")}
+        result.changes.append(Change(conv.name, "Conv", "lift 1-D conv to 4-D", old=old,
+                                     new={a: plan.conv_attrs[a] for a in old},
+                                     detail={"nodes_added": added, "layout": "lift",
+                                             "why": "lift_conv1d: the target compiles 4-D convs only "
+                                                    "(Reshape [B,C,L] -> [B,C,1,L] around it)"}))
+    editor.commit()
+
+
+def _apply_trims(index: GraphIndex, plans: list[TrimPlan], result: PassResult, lifted: dict[str, str]) -> None:
+    editor = GraphEditor(index)
+    for plan in plans:
+        conv = _live_conv(index, plan, lifted)
+        private_initializer(index, editor, conv, 1, plan.weight)
+        set_attr(conv, "auto_pad", None)
+        set_attr(conv, "kernel_shape", plan.new["kernel_shape"])
+        set_attr(conv, "dilations", plan.new["dilations"])
+        set_attr(conv, "pads", plan.new["pads"])
+        result.changes.append(Change(conv.name, "Conv", "trim dead taps", old=plan.old, new=plan.new,
+                                     detail={"macs": plan.macs,
+                                             "why": "the dropped taps only ever read zero padding"}))
+    editor.commit()
+
+
+def _apply_splits(index: GraphIndex, plans: list[SpaceToBatchPlan], result: PassResult, lifted: dict[str, str],
+                  emitted: set[str]) -> dict[str, int]:
+    """Replace each planned conv by its split; returns the totals the metrics report."""
+    totals = {"macs_added": 0, "nodes_added": 0, "weight_bytes_added": 0}
+    editor = GraphEditor(index)
+    convs = [_live_conv(index, plan, lifted) for plan in plans]
+    readers = _count_dq_readers(plans, convs)
+    for plan, conv in zip(plans, convs):
+        added, added_bytes, _ = _replace(index, editor, plan, conv, readers, emitted)
+        totals["weight_bytes_added"] += added_bytes
+        totals["nodes_added"] += added
+        totals["macs_added"] += plan.macs_after - plan.macs_before
+        if plan.tile > 1 and added_bytes > _WEIGHT_GROWTH_WARNING and plan.layout == "channel":
+            result.warnings.append(
+                f"{conv.name}: the channel layout tiles its weights {plan.tile}x "
+                f"(+{added_bytes / 2**20:.1f} MiB); --s2b-layout batch tiles nothing where the NPU "
+                f"accepts batch > 1")
+        result.changes.append(Change(conv.name, "Conv", plan.action, old={"dilations": plan.old_dilations},
+                                     new={"dilations": plan.new_dilations()},
+                                     detail=_split_detail(plan, added, added_bytes)))
+        if plan.warning:
+            result.warnings.append(plan.warning)
+    editor.commit()
+    return totals
+
+
+def _split_detail(plan: SpaceToBatchPlan, nodes_added: int, weight_bytes_added: int) -> dict[str, Any]:
+    detail: dict[str, Any] = {
+        "k": {f"axis{2 + s.axis}": s.k for s in plan.splits},
+        "layout": plan.layout,
+        "nodes_added": nodes_added,
+        "macs": [plan.macs_before, plan.macs_after],
+    }
+    if any(s.stride > 1 for s in plan.splits):
+        detail["strides"] = {f"axis{2 + s.axis}": [s.stride, s.new_stride] for s in plan.splits}
+    if plan.reset_axes:
+        detail["dilation_reset_kernel1"] = {f"axis{2 + a}": d for a, d in plan.reset_axes.items()}
+    if plan.tile > 1:
+        detail["weight_tiling"] = plan.tile
+        detail["weight_bytes_added"] = weight_bytes_added
+    if plan.dq_input or plan.q_output:
+        detail["qdq"] = {"input_moved_before_dq": plan.dq_input, "output_moved_after_q": plan.q_output}
+    return detail
+
+
+def _count_dq_readers(plans: Sequence[ReplacePlan], convs: list[onnx.NodeProto]) -> dict[str, int]:
+    """Per input DequantizeLinear output: how many of the planned convs read it (moved before a copy)."""
+    readers: dict[str, int] = {}
+    for plan, conv in zip(plans, convs):
+        if plan.dq_input:
+            readers[conv.input[0]] = readers.get(conv.input[0], 0) + 1
+    return readers
+
+
+def _replace(index: GraphIndex, editor: GraphEditor, plan: ReplacePlan, conv: onnx.NodeProto,
+             readers: dict[str, int], emitted: set[str]) -> tuple[int, int, str]:
+    """Replace ``conv`` as ``plan`` says; returns (nodes added, weight bytes added, the new conv's output)."""
+    dq = index.producer[conv.input[0]] if plan.dq_input else None
+    q = index.single_consumer(conv.output[0]) if plan.q_output else None
+    new_nodes, added_bytes, conv_out = _rewrite(index, editor, plan, conv, dq, q)
+    editor.replace(conv, new_nodes)
+    emitted.update(n.name for n in new_nodes if n.op_type == "Reshape")
+    added = len(new_nodes) - 1
+    if q is not None:
+        editor.remove(q)  # its copy sits right after the new conv
+        added -= 1
+    if dq is not None:
+        dq_out = dq.output[0]
+        if dq_out not in index.output_set and readers[dq_out] == len(index.consumers_of(dq_out)):
+            # Every reader now goes through its own copy: drop the original once.
+            editor.remove(dq)
+            readers[dq_out] = -1
+            added -= 1
+    return added, added_bytes, conv_out
+
+
 def _transform(value: np.ndarray, op: str, shape: Sequence[int], tile: int) -> np.ndarray:
     if op == "reshape":
         return value.reshape(shape)
@@ -1005,25 +1259,30 @@ def _new_weight(index: GraphIndex, editor: GraphEditor, node: onnx.NodeProto, sl
         return name, [], 0
     source = _weight_source(index, name)
     assert source is not None
-    if source["kind"] == "const":
+    if source.kind == "const":
         value = index.const_value(name)
         new = _transform(value, op, shape, tile)
         private_initializer(index, editor, node, slot, new)  # rewires node.input[slot] if shared
         return node.input[slot], [], new.nbytes - value.nbytes
-    if source["kind"] == "dynamic":  # only "reshape" gets here (checked in planning)
+    if source.kind == "dynamic":  # only "reshape" gets here (checked in planning)
         node_name = index.unique_name(f"{base}/weight_2d")
         out = index.unique_name(f"{node_name}_out")
         shape_name = editor.add_initializer(f"{node_name}_shape", np.array(shape, np.int64))
         return out, [helper.make_node("Reshape", [name, shape_name], [out], name=node_name)], 0
+    return _new_dq_weight(index, editor, node, slot, op, shape, tile, base, source)
 
-    # DequantizeLinear weight: transform the quantized tensor (and per-output-channel scale/zero point when
-    # tiling); the conv keeps reading a DQ output.
-    dq = source["dq"]
+
+def _new_dq_weight(index: GraphIndex, editor: GraphEditor, node: onnx.NodeProto, slot: int, op: str,
+                   shape: Sequence[int], tile: int, base: str,
+                   source: _Source) -> tuple[str, list[onnx.NodeProto], int]:
+    """A DequantizeLinear weight: transform the quantized tensor (and a per-output-channel scale/zero point when
+    tiling); the conv keeps reading a DQ output — the DQ itself when the conv is its only reader, else a copy."""
+    dq = index.producer[node.input[slot]]
     xq = index.const_value(dq.input[0])
     new_inputs: dict[int, np.ndarray] = {0: _transform(xq, op, shape, tile)}
     attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
     if op == "reshape" and int(attrs.get("axis", 1)) < 0:
-        attrs["axis"] = source["axis"]  # a negative axis would point elsewhere after the rank changes
+        attrs["axis"] = source.axis  # a negative axis would point elsewhere after the rank changes
     added = new_inputs[0].nbytes - xq.nbytes
     if op == "tile":
         for i in (1, 2):
@@ -1032,8 +1291,7 @@ def _new_weight(index: GraphIndex, editor: GraphEditor, node: onnx.NodeProto, sl
                 if v.size > 1:  # per-channel along the output axis (a bias' only axis, a weight's axis 0)
                     new_inputs[i] = np.tile(v, tile)
                     added += new_inputs[i].nbytes - v.nbytes
-    private_dq = index.single_consumer(dq.output[0]) is node
-    if private_dq:
+    if index.single_consumer(dq.output[0]) is node:
         for i, v in new_inputs.items():
             private_initializer(index, editor, dq, i, v)
         if "axis" in attrs:
@@ -1048,9 +1306,10 @@ def _new_weight(index: GraphIndex, editor: GraphEditor, node: onnx.NodeProto, sl
     return out, [helper.make_node("DequantizeLinear", inputs, [out], name=node_name, **attrs)], added
 
 
-def _rewrite(index: GraphIndex, editor: GraphEditor, plan: _Plan) -> tuple[list[onnx.NodeProto], int]:
-    """The nodes that replace ``plan.node`` (pre-ops, conv, post-ops), and the weight bytes added."""
-    node = plan.node
+def _rewrite(index: GraphIndex, editor: GraphEditor, plan: ReplacePlan, node: onnx.NodeProto,
+             dq: onnx.NodeProto | None, q: onnx.NodeProto | None) -> tuple[list[onnx.NodeProto], int, str]:
+    """The nodes that replace ``node`` (pre-ops, conv, post-ops), the weight bytes added, the new conv's
+    output. ``dq`` / ``q``: the conv's DequantizeLinear / QuantizeLinear the moved ops go around (copies)."""
     base = node.name or node.output[0]
     nodes: list[onnx.NodeProto] = []
 
@@ -1062,31 +1321,29 @@ def _rewrite(index: GraphIndex, editor: GraphEditor, plan: _Plan) -> tuple[list[
                                                else "keep", [], plan.tile, base)
     nodes.extend(w_nodes + b_nodes)
 
-    cur = plan.q_in.dq.input[0] if plan.q_in is not None else node.input[0]
+    cur = dq.input[0] if dq is not None else node.input[0]
     cur = _emit(index, editor, plan.pre, cur, base, nodes, final=None)
-    if plan.q_in is not None:
-        dq = plan.q_in.dq
+    if dq is not None:
         dq_name = index.unique_name(f"{base}/dq_in")
         out = index.unique_name(f"{dq_name}_out")
         attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
         nodes.append(helper.make_node("DequantizeLinear", [cur, *dq.input[1:]], [out], name=dq_name, **attrs))
         cur = out
 
-    final_out = plan.q_out.output[0] if plan.q_out is not None else node.output[0]
-    conv_out = final_out if not plan.post and plan.q_out is None else index.unique_name(f"{base}/conv_out")
+    final_out = q.output[0] if q is not None else node.output[0]
+    conv_out = final_out if not plan.post and q is None else index.unique_name(f"{base}/conv_out")
     inputs = [cur, w_name] + ([b_name] if b_name else [])
     # The conv keeps its name: it is the same layer, and reports point at it.
     nodes.append(helper.make_node("Conv", inputs, [conv_out], name=node.name, **plan.conv_attrs))
     cur = conv_out
-    if plan.q_out is not None:
-        q = plan.q_out
+    if q is not None:
         q_name = q.name or index.unique_name(f"{base}/q_out")  # the original Q is removed: keep its name
         out = final_out if not plan.post else index.unique_name(f"{q_name}_out")
         attrs = {a.name: helper.get_attribute_value(a) for a in q.attribute}
         nodes.append(helper.make_node("QuantizeLinear", [cur, *q.input[1:]], [out], name=q_name, **attrs))
         cur = out
     _emit(index, editor, plan.post, cur, base, nodes, final=final_out)
-    return nodes, w_bytes + b_bytes
+    return nodes, w_bytes + b_bytes, conv_out
 
 
 _CONST_ROLES = {"Pad": ("pads", "value"), "Concat": ("zeros", "zeros"), "Reshape": ("shape",),
@@ -1098,10 +1355,36 @@ def _emit(index: GraphIndex, editor: GraphEditor, steps: list[_Step], cur: str, 
     for i, st in enumerate(steps):
         node_name = index.unique_name(f"{base}/{st.tag}")
         roles = _CONST_ROLES.get(st.op) or tuple(f"{st.op.lower()}{i}" for i in range(len(st.consts)))
-        inputs = [c if isinstance(c, str) else editor.add_initializer(f"{node_name}_{role}", c)
-                  for role, c in zip(roles, st.consts)]
+        inputs = [editor.add_initializer(f"{node_name}_{role}", c) for role, c in zip(roles, st.consts)]
         inputs.insert(st.data_slot, cur)
         out = final if (final is not None and i == len(steps) - 1) else index.unique_name(f"{node_name}_out")
         nodes.append(helper.make_node(st.op, inputs, [out], name=node_name, **st.attrs))
         cur = out
     return cur
+
+
+def _merge_reshape_chains(model: onnx.ModelProto, emitted: set[str]) -> bool:
+    """Reshape(Reshape(x, s1), s2) = Reshape(x, s2): merge chains of Reshapes this pass emitted (the lift's
+    view and the phase split's), when the inner one has no other reader and is no graph output."""
+    if not emitted:
+        return False
+    index = GraphIndex(model)
+    editor = GraphEditor(index)
+    dropped_shapes: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type != "Reshape" or node.name not in emitted:
+            continue
+        inner = index.producer.get(node.input[0])
+        while (inner is not None and inner.op_type == "Reshape" and inner.name in emitted
+               and inner.output[0] not in index.output_set and len(index.consumers_of(inner.output[0])) == 1):
+            node.input[0] = inner.input[0]
+            editor.remove(inner)
+            dropped_shapes.add(inner.input[1])
+            inner = index.producer.get(node.input[0])
+    editor.commit()
+    if dropped_shapes:
+        still_read = {name for n in model.graph.node for name in n.input}
+        keep = [t for t in model.graph.initializer if t.name not in dropped_shapes - still_read]
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(keep)
+    return bool(dropped_shapes)
