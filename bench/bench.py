@@ -695,6 +695,17 @@ def run_case(case: Case, args: argparse.Namespace) -> CaseResult:
         if os.path.exists(outs[key]):
             result.fixed_from = key
             break
+    _measure_latency(result, outs, args)
+    if args.profile:
+        profile_npufix(case, path, out_dir, args)
+    if not args.keep_outputs:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return result
+
+
+def _measure_latency(result: CaseResult, outs: dict[str, str], args: argparse.Namespace) -> None:
+    """(e): onnxruntime latency of the original and the fixed model, in a child process of its own."""
+    case, path, py = result.case, result.path, sys.executable
     if not case.latency and not args.latency_all:
         result.latency_status = "skipped"
     elif not result.fixed_from:
@@ -715,11 +726,6 @@ def run_case(case: Case, args: argparse.Namespace) -> CaseResult:
             except subprocess.TimeoutExpired:
                 result.latency_status = "timeout"
         _log(f"  {case.name} e: {result.latency_status} {json.dumps(result.latency) if result.latency else ''}")
-    if args.profile:
-        profile_npufix(case, path, out_dir, args)
-    if not args.keep_outputs:
-        shutil.rmtree(out_dir, ignore_errors=True)
-    return result
 
 
 def profile_npufix(case: Case, path: str, out_dir: str, args: argparse.Namespace) -> None:
