@@ -1,19 +1,30 @@
 """The contract between a pass and the pass manager.
 
-A pass is an object with ``name``, ``exact``, ``summary`` and ``run(model, options) -> PassResult``.
-``run`` edits the model in place (the manager keeps what it needs for rollback), never runs onnxruntime and
-never prints. A built-in pass splits it in two:
+A pass is an object with ``name``, ``summary``, ``exact``, ``keeps_shapes`` and
+``run(model, options) -> PassResult``. ``run`` edits the model in place (the manager keeps what it needs for
+rollback), never runs onnxruntime and never prints. A built-in pass splits it in two:
 
-* ``find(model, options) -> Found`` is read-only: :attr:`Found.plans` name the node(s) each edit would fix,
-  :attr:`Found.rejections` every candidate it leaves alone, with a reason. ``--check`` asks it which violations
-  the pass fixes (constraints.py), so the check's ``fixed_by`` cannot disagree with the pass.
-* ``rewrite(model, options, found) -> PassResult`` applies the plans and returns a :class:`Change` per edit.
+* ``find(model, options) -> Found`` only reads: :attr:`Found.plans` are the edits it would make, one typed plan
+  per edit (a subclass of :class:`Plan` per pass, naming the node(s) it fixes and holding everything the edit
+  needs); :attr:`Found.rejections` every candidate it leaves alone, with a reason; :attr:`Found.warnings` and
+  :attr:`Found.metrics` what finding measured for the report. ``--check`` asks it which violations the pass
+  fixes (constraints.py), so the check's ``fixed_by`` cannot disagree with the pass.
+* ``rewrite(model, options, found) -> PassResult`` applies exactly ``found.plans`` (found on this same model) —
+  no other edit, no candidate decided again — and returns a :class:`Change` per edit, with what finding
+  reported (:meth:`Found.report`).
 
 ``Pass.run`` is ``rewrite(model, options, find(model, options))``. A plugin pass may implement only ``run``: its
 ``find`` then says it does not know (``Found.known`` False) and ``--check`` names no pass for it.
-A pass whose later decisions depend on its earlier edits (so that finding cannot be cheaply separated from
-rewriting) derives from :class:`ScratchFindPass`: its ``find`` rewrites a copy of the model and reports what
-changed there.
+
+What a pass declares, the manager checks when it runs it (pipeline/scheduler.py): ``run`` returns a
+:class:`PassResult` and keeps the graph's input and output names; a ``keeps_shapes`` pass leaves every surviving
+tensor's recorded type and shape as it was; an ``exact`` pass is validated with the exact criterion unless its
+result says this run was not exact (``metrics["exact"]`` False, a change with ``detail["exact"]`` False, or
+``quantized_tolerance``), and is then measured alone like an approximate one. A pass that breaks one of these
+fails, named, like a pass that fails validation.
+
+:class:`ScratchFindPass` (a find that rewrites a copy) and :meth:`Found.from_result` remain for the passes not yet
+split into a read-only find.
 """
 
 from __future__ import annotations
@@ -81,12 +92,11 @@ class PassResult:
 
 @dataclass
 class Plan:
-    """One edit :meth:`Pass.find` would make: the node(s) it fixes and what it does to them."""
+    """One edit :meth:`Pass.find` would make: the node(s) it fixes and what it does to them. A pass subclasses it
+    with typed fields for what its rewrite needs to apply the edit."""
 
     nodes: tuple[str, ...]
     action: str
-    state: Any = None
-    """What :meth:`Pass.rewrite` needs to apply it (the pass's own plan object), if anything."""
 
 
 @dataclass
@@ -97,10 +107,18 @@ class Found:
     rejections: list[Rejection] = field(default_factory=list)
     known: bool = True
     """False for a pass that only implements ``run`` (plugins): nothing is known about what it would do."""
-    state: Any = None
-    """Pass-wide state :meth:`Pass.rewrite` reuses (e.g. the index the plans were made on)."""
+    warnings: list[str] = field(default_factory=list)
+    """What finding noticed for the report that is no rejection (e.g. a form it could not use)."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """Figures finding measured for the report (e.g. peaks before and after, nodes counted)."""
     after: onnx.ModelProto | None = None
     """The model as :meth:`Pass.rewrite` would leave it, when find made it (:class:`ScratchFindPass`)."""
+
+    def report(self) -> PassResult:
+        """A result holding what finding reported (rejections, warnings, metrics), for rewrite to add its
+        changes to."""
+        return PassResult(rejections=list(self.rejections), metrics=dict(self.metrics),
+                          warnings=list(self.warnings))
 
     def planned(self) -> set[str]:
         """The names of every node some plan fixes."""
