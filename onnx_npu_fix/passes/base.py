@@ -148,11 +148,14 @@ class Pass:
     name: ClassVar[str]
     summary: ClassVar[str]
     exact: ClassVar[bool] = True
-    """False for approximate rewrites: validated against ``--max-approx-error`` instead of rtol/atol."""
+    """False for approximate rewrites: validated against ``--max-approx-error`` instead of rtol/atol. A pass
+    declared exact whose result says a run was not (see the module docstring) is measured like an approximate
+    one for that run."""
     keeps_shapes: ClassVar[bool] = False
     """True when every tensor that survives the pass keeps its type and shape (removals and renames only, e.g.
     a BatchNorm folded into its Conv): the manager then reuses the recorded shapes instead of inferring them
-    again, unless the pass created a tensor without one. tests/test_pipeline.py checks the claim."""
+    again, unless the pass created a tensor without one. The manager checks the claim against the types on record
+    before the pass (a broken claim fails the pass); tests/test_pipeline.py checks it against fresh inference."""
 
     def may_change(self, model: onnx.ModelProto, options: FixOptions) -> bool:
         """A cheap read-only look: False when :meth:`run` surely changes nothing here. The manager asks an
