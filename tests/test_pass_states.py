@@ -24,7 +24,7 @@ from onnx_npu_fix.pipeline import validate as validate_module
 from onnx_npu_fix.pipeline.report import PassStatus
 from onnx_npu_fix.pipeline.scheduler import STATUS_OF, Outcome, RestoreKind, RestorePoint, prepare, run_passes
 
-_ADDED = {"ok": 0.0, "wrong": 100.0, "approx": 0.01, "far": 100.0, "sly": 0.01}
+_ADDED = {"ok": 0.0, "wrong": 100.0, "approx": 0.01, "far": 100.0, "sly": 0.01, "vague": 0.01, "none": 0.0}
 """What each scripted pass adds to the graph's output (0: an exact change)."""
 
 
@@ -34,8 +34,12 @@ class Scripted(Pass):
     ok      exact, correct (adds 0 to the output)       wrong   declared exact, adds 100: fails the tolerance
     approx  approximate, adds 0.01 (within the bound)   far     approximate, adds 100: fails the bound
     sly     declared exact, reports this run approximate (metrics "exact": False), adds 0.01
+    vague   declared exact, reports one change approximate (detail "exact": False), adds 0.01
     noop    changes nothing                             crash   raises
     shapes  makes the MatMul's shapes incompatible: strict shape inference fails after it
+    none    adds 0 and returns None instead of a PassResult
+    rename  renames the graph output (an exact change otherwise)
+    lies    declares keeps_shapes and records another shape for the MatMul's output (nothing else changes)
     """
 
     summary = "scripted test pass"
@@ -44,10 +48,19 @@ class Scripted(Pass):
         self.script = script
         self.name = f"{script}{index}"
         self.exact = script not in ("approx", "far")
+        self.keeps_shapes = script == "lies"
 
     def run(self, model, options):
         if self.script == "noop":
             return PassResult()
+        if self.script == "rename":
+            out = model.graph.output[0]
+            GraphIndex(model).producer[out.name].output[0] = out.name = "renamed"
+            return PassResult(changes=[Change("relu", "Relu", "renamed its output")])
+        if self.script == "lies":
+            recorded = next(vi for vi in model.graph.value_info if vi.name == "y")
+            recorded.CopyFrom(helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 5]))
+            return PassResult(changes=[Change("mm", "MatMul", "recorded a shape")])
         if self.script == "crash":
             raise RuntimeError("scripted crash")
         if self.script == "shapes":
@@ -63,10 +76,11 @@ class Scripted(Pass):
         constant = index.unique_name(f"{self.name}_c")
         model.graph.initializer.append(numpy_helper.from_array(np.array(_ADDED[self.script], np.float32), constant))
         model.graph.node.append(helper.make_node("Add", [before, constant], [out], name=self.name))
-        result = PassResult(changes=[Change(self.name, "Add", "added")])
+        result = PassResult(changes=[Change(self.name, "Add", "added",
+                                            detail={"exact": False} if self.script == "vague" else {})])
         if self.script == "sly":
             result.metrics["exact"] = False
-        return result
+        return None if self.script == "none" else result
 
 
 @pytest.fixture
@@ -111,6 +125,15 @@ TABLE = [
     ("ok far ok", {"keep_going": True}, [V, RB, V], [[], [], []], [("bytes", 1)]),
     # declared exact, approximate this run: the group is undone, each pass runs alone
     ("ok sly", {}, [V, V], [[], []], [("copy", 0)]),
+    ("ok vague", {}, [V, V], [[], []], [("copy", 0)]),
+    # a broken contract (no PassResult, graph output renamed, a keeps_shapes claim broken) fails the pass,
+    # whatever is validated: nothing downstream has to notice it
+    ("ok none", {}, [NV, F], [[], []], []),
+    ("ok none ok", {"keep_going": True}, [V, RB, V], [[], [], []], [("copy", 0), ("bytes", 1)]),
+    ("ok rename", {"validate": "none"}, [NV, F], [[], []], []),
+    ("ok rename ok", {"keep_going": True}, [V, RB, V], [[], [], []], [("copy", 0), ("bytes", 1)]),
+    ("ok lies", {"validate": "none"}, [NV, F], [[], []], []),
+    ("ok lies ok", {"keep_going": True}, [V, RB, V], [[], [], []], [("copy", 0), ("bytes", 1)]),
     # --validate final / none: nothing validated per pass, nothing replayed; --keep-going still rolls back
     ("ok wrong", {"validate": "final"}, [NV, NV], [[], []], []),
     ("ok crash ok", {"validate": "final"}, [NV, E], [[], []], []),
@@ -178,6 +201,22 @@ def test_above_two_gb_every_pass_is_validated_alone_from_a_copy(monkeypatch, res
     assert restores == restored
 
 
+@pytest.mark.parametrize(("script", "error"), [
+    ("none", "the pass returned NoneType, not a PassResult"),
+    ("rename", "the pass changed the graph outputs from [out] to [renamed]; a pass must keep the graph's input "
+               "and output names"),
+    ("lies", "the pass declares keeps_shapes but changed the recorded type of 'y' from float32[3, 4] to "
+             "float32[3, 5]"),
+])
+def test_a_broken_contract_is_a_failed_pass_that_names_it(script, error):
+    options = FixOptions(validate="none")
+    model = small_model()
+    prepare(model, options)
+    result = run_passes(model, options, [Scripted(script, 0)])
+    failed = result.report.failed_pass
+    assert failed is not None and failed.name == f"{script}0" and failed.error == error
+
+
 def test_strict_refuses_an_approximate_change_after_validating_the_group_before_it(restores):
     options = FixOptions(strict=True)
     model = small_model()
@@ -190,6 +229,10 @@ def test_strict_refuses_an_approximate_change_after_validating_the_group_before_
     prepare(model, options)
     with pytest.raises(StrictRefused, match="pass sly0"):
         run_passes(model, options, [Scripted("sly", 0)])
+    model = small_model()
+    prepare(model, options)
+    with pytest.raises(StrictRefused, match=r"pass vague0 would change 1 node\(s\) approximately \(vague0\)"):
+        run_passes(model, options, [Scripted("vague", 0)])
 
 
 def test_every_outcome_has_a_status_and_every_status_an_outcome():

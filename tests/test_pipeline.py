@@ -98,7 +98,20 @@ def test_default_order_is_one_tuple_and_registry_matches():
     assert names[:2] == ["fold-constants", "cleanup"]
     for cls in DEFAULT_ORDER:
         assert PASSES[cls.name] is cls
-        assert cls.__doc__ or sys.modules[cls.__module__].__doc__, f"{cls.name}: no docstring on the pass or its module"
+
+
+@pytest.mark.parametrize("cls", list(PASSES.values()), ids=lambda c: c.name)
+def test_each_pass_module_states_its_op_chain(cls):
+    """The pass's own module docstring (not the package's) names the pass on its first line and writes out a
+    before -> after chain of ONNX ops."""
+    import re
+
+    doc = sys.modules[cls.__module__].__doc__ or ""
+    assert cls.name in doc.split("\n", 1)[0], doc[:200]
+    onnx_ops = {schema.name for schema in onnx.defs.get_all_schemas()}
+    chains = [line for line in doc.splitlines()
+              if ("->" in line or "=>" in line) and onnx_ops & set(re.findall(r"\b[A-Z][A-Za-z]+\b", line))]
+    assert chains, f"{cls.__module__} states no op chain"
 
 
 def test_correct_pass_is_validated_and_reported():
@@ -543,3 +556,26 @@ def test_a_failure_before_any_change_is_undone_by_reading_the_input_again(tmp_pa
     result = api.fix(crashed, FixOptions(keep_going=True), [RenameRelu(), Crash()], source=path)
     assert [p.status for p in result.report.passes] == ["validated", "rolled back"]
     assert_equivalent(small_model(), crashed)
+
+
+def test_a_plugin_that_returns_no_result_is_a_failed_pass_with_exit_3(tmp_path):
+    """The manager checks the contract (a PassResult, the graph's I/O names kept): a plugin breaking it is a
+    failed pass that names it (exit 3), not an internal error (exit 5)."""
+    from click.testing import CliRunner
+
+    from onnx_npu_fix.cli import main
+
+    plugin = tmp_path / "forgetful.py"
+    plugin.write_text(
+        "from onnx_npu_fix.passes.base import Pass\n\n\n"
+        "class Forgetful(Pass):\n"
+        "    name = 'forgetful'\n"
+        "    summary = 'renames the graph output and returns nothing'\n\n"
+        "    def run(self, model, options):\n"
+        "        model.graph.node[-1].output[0] = model.graph.output[0].name = 'renamed'\n")
+    model, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(small_model(), model)
+    result = CliRunner().invoke(main, [str(model), "-o", str(out), "--plugin", str(plugin)], catch_exceptions=False)
+    assert result.exit_code == 3, result.output
+    assert "pass forgetful failed: the pass returned NoneType, not a PassResult" in result.output
+    assert not out.exists()

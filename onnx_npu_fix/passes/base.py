@@ -1,19 +1,31 @@
 """The contract between a pass and the pass manager.
 
-A pass is an object with ``name``, ``exact``, ``summary`` and ``run(model, options) -> PassResult``.
-``run`` edits the model in place (the manager keeps what it needs for rollback), never runs onnxruntime and
-never prints. A built-in pass splits it in two:
+A pass is an object with ``name``, ``summary``, ``exact``, ``keeps_shapes`` and
+``run(model, options) -> PassResult``. ``run`` edits the model in place (the manager keeps what it needs for
+rollback), never runs onnxruntime and never prints. A built-in pass splits it in two:
 
-* ``find(model, options) -> Found`` is read-only: :attr:`Found.plans` name the node(s) each edit would fix,
-  :attr:`Found.rejections` every candidate it leaves alone, with a reason. ``--check`` asks it which violations
-  the pass fixes (constraints.py), so the check's ``fixed_by`` cannot disagree with the pass.
-* ``rewrite(model, options, found) -> PassResult`` applies the plans and returns a :class:`Change` per edit.
+* ``find(model, options) -> Found`` only reads: :attr:`Found.plans` are the edits it would make, one typed plan
+  per edit (a subclass of :class:`Plan` per pass, naming the node(s) it fixes and holding everything the edit
+  needs); :attr:`Found.rejections` every candidate it leaves alone, with a reason; :attr:`Found.warnings` and
+  :attr:`Found.metrics` what finding measured for the report. ``--check`` asks it which violations the pass
+  fixes (constraints.py), so the check's ``fixed_by`` cannot disagree with the pass.
+* ``rewrite(model, options, found) -> PassResult`` applies exactly ``found.plans`` (found on this same model) —
+  no other edit, no candidate decided again — and returns a :class:`Change` per edit, with what finding
+  reported (:meth:`Found.report`).
 
 ``Pass.run`` is ``rewrite(model, options, find(model, options))``. A plugin pass may implement only ``run``: its
 ``find`` then says it does not know (``Found.known`` False) and ``--check`` names no pass for it.
-A pass whose later decisions depend on its earlier edits (so that finding cannot be cheaply separated from
-rewriting) derives from :class:`ScratchFindPass`: its ``find`` rewrites a copy of the model and reports what
-changed there.
+
+What a pass declares, the manager checks when it runs it (pipeline/scheduler.py): ``run`` returns a
+:class:`PassResult` and keeps the graph's input and output names; a ``keeps_shapes`` pass leaves every surviving
+tensor's recorded type and shape as it was; an ``exact`` pass is validated with the exact criterion unless its
+result says this run was not exact (``metrics["exact"]`` False, a change with ``detail["exact"]`` False, or
+``quantized_tolerance``), and is then measured alone like an approximate one. A pass that breaks one of these
+fails, named, like a pass that fails validation.
+
+A pass whose candidates only appear after its own edits (fold-constants: inlining an If exposes new folds)
+overrides ``run`` with rounds of find and rewrite, each round still finding read-only and applying exactly what
+it found.
 """
 
 from __future__ import annotations
@@ -81,13 +93,12 @@ class PassResult:
 
 @dataclass
 class Plan:
-    """One edit :meth:`Pass.find` would make: the node(s) it fixes and what it does to them."""
+    """One edit :meth:`Pass.find` would make: the node(s) it fixes and what it does to them. A pass subclasses it
+    with typed fields for what its rewrite needs to apply the edit."""
 
     nodes: tuple[str, ...]
     action: str
-    state: Any = None
-    """What :meth:`Pass.rewrite` needs to apply it (the pass's own plan object), if anything."""
-    leaves: frozenset[str] = frozenset()
+    leaves: frozenset[str] = field(default=frozenset(), kw_only=True)
     """Constraints (by name) still violated on ``nodes`` once the plan is applied: a plan can touch a node
     without fixing every constraint on it (align-channels carrying padding across a Concat whose inputs then
     still miss --concat-align). ``--check`` then names no pass for that violation."""
@@ -101,10 +112,16 @@ class Found:
     rejections: list[Rejection] = field(default_factory=list)
     known: bool = True
     """False for a pass that only implements ``run`` (plugins): nothing is known about what it would do."""
-    state: Any = None
-    """Pass-wide state :meth:`Pass.rewrite` reuses (e.g. the index the plans were made on)."""
-    after: onnx.ModelProto | None = None
-    """The model as :meth:`Pass.rewrite` would leave it, when find made it (:class:`ScratchFindPass`)."""
+    warnings: list[str] = field(default_factory=list)
+    """What finding noticed for the report that is no rejection (e.g. a form it could not use)."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """Figures finding measured for the report (e.g. peaks before and after, nodes counted)."""
+
+    def report(self) -> PassResult:
+        """A result holding what finding reported (rejections, warnings, metrics), for rewrite to add its
+        changes to."""
+        return PassResult(rejections=list(self.rejections), metrics=dict(self.metrics),
+                          warnings=list(self.warnings))
 
     def planned(self) -> set[str]:
         """The names of every node some plan fixes."""
@@ -123,13 +140,6 @@ class Found:
     def unknown(cls) -> Found:
         return cls(known=False)
 
-    @classmethod
-    def from_result(cls, result: PassResult) -> Found:
-        """The plans and rejections a run on a scratch copy showed: one plan per changed node."""
-        plans: dict[str, Plan] = {}
-        for change in result.changes:
-            plans.setdefault(change.node, Plan((change.node,), change.action))
-        return cls(list(plans.values()), list(result.rejections))
 
 
 class Pass:
@@ -139,11 +149,14 @@ class Pass:
     name: ClassVar[str]
     summary: ClassVar[str]
     exact: ClassVar[bool] = True
-    """False for approximate rewrites: validated against ``--max-approx-error`` instead of rtol/atol."""
+    """False for approximate rewrites: validated against ``--max-approx-error`` instead of rtol/atol. A pass
+    declared exact whose result says a run was not (see the module docstring) is measured like an approximate
+    one for that run."""
     keeps_shapes: ClassVar[bool] = False
     """True when every tensor that survives the pass keeps its type and shape (removals and renames only, e.g.
     a BatchNorm folded into its Conv): the manager then reuses the recorded shapes instead of inferring them
-    again, unless the pass created a tensor without one. tests/test_pipeline.py checks the claim."""
+    again, unless the pass created a tensor without one. The manager checks the claim against the types on record
+    before the pass (a broken claim fails the pass); tests/test_pipeline.py checks it against fresh inference."""
 
     def may_change(self, model: onnx.ModelProto, options: FixOptions) -> bool:
         """A cheap read-only look: False when :meth:`run` surely changes nothing here. The manager asks an
@@ -168,27 +181,3 @@ class Pass:
     def __repr__(self) -> str:
         return f"<pass {self.name}>"
 
-
-class ScratchFindPass(Pass):
-    """A pass whose finding and rewriting are interleaved (a later candidate depends on the edits made for an
-    earlier one). It implements :meth:`apply` — the whole pass, in place; :meth:`find` runs it on a copy of the
-    model and reports what changed there (one plan per changed node, the run's rejections), so the answer is the
-    rewrite's own by construction, at the cost of one model copy. :meth:`run` calls :meth:`apply` directly: the
-    same edits as ``rewrite(find())``, without the copy."""
-
-    def apply(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
-        scratch = onnx.ModelProto()
-        scratch.CopyFrom(model)
-        found = Found.from_result(self.apply(scratch, options))
-        found.after = scratch
-        return found
-
-    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
-        # apply is deterministic: on the model find copied it makes the edits find reported.
-        return self.apply(model, options)
-
-    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
-        return self.apply(model, options)

@@ -72,6 +72,7 @@ from onnx_npu_fix.ir.graph import (
     subgraphs,
 )
 from onnx_npu_fix.ir.ops import NUMPY_FLOAT_TYPES, is_default_domain
+from onnx_npu_fix.ir.qdq import QuantizedConst
 from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 
 _FLOAT_TYPES = NUMPY_FLOAT_TYPES  # the types the fold computes in
@@ -116,6 +117,36 @@ class _Lowering:
     why_not_folded: str
 
 
+@dataclass
+class BatchNormPlan(Plan):
+    """A fold-batchnorm plan. It holds the index of the model :meth:`FoldBatchNormPass.find` planned on: the
+    plan's nodes are that model's, and the rewrite edits it through that index (a second index would cost a
+    full walk of a 100k-node graph)."""
+
+    index: GraphIndex
+
+
+@dataclass
+class LayerFoldPlan(BatchNormPlan):
+    """Rules 1 and 2: the BN(s) folded into one layer's weights (``nodes``: the BNs)."""
+
+    edit: _LayerEdit
+
+
+@dataclass
+class LoweringPlan(BatchNormPlan):
+    """Rule 3: a BN lowered to Mul+Add or a 1x1 depthwise Conv."""
+
+    lowering: _Lowering
+
+
+@dataclass
+class QdqFoldPlan(BatchNormPlan):
+    """A BN after a QDQ conv folded into its weight scale."""
+
+    fold: _QdqFold
+
+
 class FoldBatchNormPass(Pass):
     """BatchNormalization folding. ``find`` is read-only: one plan per BN (folded into its producer or consumer,
     folded into a QDQ conv's scale, or lowered), a rejection for every BN it keeps; ``rewrite`` applies them."""
@@ -136,13 +167,8 @@ class FoldBatchNormPass(Pass):
         index = GraphIndex(model)
         opset = opset_version(model)
         blocking = not options.allow_batchnorm
-        if options.bn_standalone not in ("mul-add", "conv"):
-            result.warnings.append(
-                f"bn_standalone={options.bn_standalone!r} is not mul-add|conv; using mul-add")
-
         edits: dict[int, _LayerEdit] = {}
         lowerings: list[_Lowering] = []
-        bn_names: list[str] = []
         total = left = 0
         # The BNs' (a, b) are computed for all of them at once (per-BN numpy calls dominate at 33k BNs), so the
         # nodes that matter are listed first; the loop below then keeps the report in graph order.
@@ -161,7 +187,6 @@ class FoldBatchNormPass(Pass):
             if not _is_batchnorm(node):
                 continue
             total += 1
-            bn_names.append(node.name)
             affine, problem = affines[id(node)]
             if affine is None:
                 left += 1
@@ -184,24 +209,47 @@ class FoldBatchNormPass(Pass):
                 result.rejections.append(Rejection(node.name, node.op_type, f"{problem} ({why})", blocking))
                 continue
             lowerings.append(_Lowering(node, affine, rank, dtype, why))
-        plans = [Plan(tuple(bn.name for bn in (e.out_bn, e.inp_bn) if bn is not None), "fold", e)
-                 for e in edits.values()]
-        plans += [Plan((low.bn.name,), "lower", low) for low in lowerings]
-        plans += [Plan((fold.bn.name,), "fold into QDQ conv scale", fold) for fold in qdq_folds]
-        state = _Finding(index, result, edits, lowerings, qdq_folds, bn_names, total, left)
-        return Found(plans, list(result.rejections), state=state)
+        plans: list[Plan] = [
+            LayerFoldPlan(tuple(bn.name for bn in (e.out_bn, e.inp_bn) if bn is not None), "fold", index, e)
+            for e in edits.values()]
+        plans += [LoweringPlan((low.bn.name,), "lower", index, low) for low in lowerings]
+        plans += [QdqFoldPlan((fold.bn.name,), "fold into QDQ conv scale", index, fold) for fold in qdq_folds]
+        return Found(plans, result.rejections, warnings=result.warnings,
+                     metrics={"batchnorm_before": total, "batchnorm_after": left})
 
     def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
-        finding: _Finding = found.state
-        index, result, edits, lowerings, qdq_folds = (finding.index, finding.result, finding.edits,
-                                                      finding.lowerings, finding.qdq_folds)
-        bn_names, total, left = finding.bn_names, finding.total, finding.left
-        conv_mode = options.bn_standalone == "conv"
+        result = found.report()
+        edits = [p.edit for p in found.plans if isinstance(p, LayerFoldPlan)]
+        lowerings = [p.lowering for p in found.plans if isinstance(p, LoweringPlan)]
+        qdq_folds = [p.fold for p in found.plans if isinstance(p, QdqFoldPlan)]
+        before, after = result.metrics.pop("batchnorm_before"), result.metrics.pop("batchnorm_after")
+        if found.plans:
+            plan = found.plans[0]
+            assert isinstance(plan, BatchNormPlan)
+            self._apply(plan.index, edits, lowerings, qdq_folds, options, result)
+        folded = sum(1 for c in result.changes if c.action.startswith("folded"))
+        if qdq_folds:
+            result.metrics["qdq_folded"] = len(qdq_folds)
+        result.metrics.update({
+            "batchnorm_before": before,
+            "folded": folded,
+            "lowered": len(lowerings),
+            "batchnorm_after": after,
+        })
+        return result
 
-        # --- rewrite ----------------------------------------------------------------------------------
+    @staticmethod
+    def _apply(index: GraphIndex, edits: list[_LayerEdit], lowerings: list[_Lowering], qdq_folds: list[_QdqFold],
+               options: FixOptions, result: PassResult) -> None:
+        """Apply the plans through ``index`` and report their changes in graph order."""
+        # The changes are listed in the order of the BNs the float rules saw (a QDQ fold's first).
+        qdq_bns = {fold.bn.name for fold in qdq_folds}
+        order = {name: i for i, name in enumerate(
+            n.name for n in index.graph.node if _is_batchnorm(n) and n.name not in qdq_bns)}
+        conv_mode = options.bn_standalone == "conv"
         editor = GraphEditor(index)
-        batches = _ConvBatches(index, list(edits.values()))
-        for edit in edits.values():
+        batches = _ConvBatches(index, edits)
+        for edit in edits:
             result.changes.extend(_apply_fold(index, editor, edit, batches.take(edit)))
         for low in lowerings:
             result.changes.append(_lower(index, editor, low, conv_mode))
@@ -210,36 +258,10 @@ class FoldBatchNormPass(Pass):
         if qdq_folds:
             result.quantized_tolerance = True  # one rounding step fewer: exact within quantization steps
         editor.commit()
-        order = {name: i for i, name in enumerate(bn_names)}
-        result.changes.sort(key=lambda change: order.get(change.node, 0))  # graph order in the report
-
-        folded = sum(1 for c in result.changes if c.action.startswith("folded"))
-        if qdq_folds:
-            result.metrics["qdq_folded"] = len(qdq_folds)
-        result.metrics.update({
-            "batchnorm_before": total,
-            "folded": folded,
-            "lowered": len(lowerings),
-            "batchnorm_after": left,
-        })
-        return result
+        result.changes.sort(key=lambda change: order.get(change.node, 0))
 
 
 # --- the BN itself ----------------------------------------------------------------------------------
-
-
-@dataclass
-class _Finding:
-    """What find saw, for rewrite: the index it planned on and its plans in the order they are applied."""
-
-    index: GraphIndex
-    result: PassResult
-    edits: dict[int, _LayerEdit]
-    lowerings: list[_Lowering]
-    qdq_folds: list[Any]
-    bn_names: list[str]
-    total: int
-    left: int
 
 
 def _is_batchnorm(node: onnx.NodeProto) -> bool:
@@ -307,24 +329,31 @@ def _affines(index: GraphIndex, bns: list[onnx.NodeProto],
     return found
 
 
-def _bn_params(index: GraphIndex, bn: onnx.NodeProto, opset: int) -> tuple[_Params | None, str]:
-    """The parameters of an inference-mode BN, or None and the reason it must stay."""
+def _inference_form_problem(bn: onnx.NodeProto, inputs: list[str], outputs: list[str], opset: int) -> str | None:
+    """Why ``bn`` is not an inference-mode BN with its five inputs (None when it is)."""
     if opset < 7:
-        return None, (f"BatchNormalization at opset {opset} (is_test / consumed_inputs form) is not handled; "
-                      "convert the model to opset >= 9 first (onnx.version_converter)")
-    inputs, outputs = bn.input[:], bn.output[:]  # plain lists: each field access builds a Python object
+        return (f"BatchNormalization at opset {opset} (is_test / consumed_inputs form) is not handled; "
+                "convert the model to opset >= 9 first (onnx.version_converter)")
     if len(inputs) < 5 or not all(inputs[:5]):
-        return None, "it does not have its five inputs"
+        return "it does not have its five inputs"
     if get_attr(bn, "training_mode", 0):
-        return None, "training_mode=1: it normalises with batch statistics, which no constant map reproduces"
+        return "training_mode=1: it normalises with batch statistics, which no constant map reproduces"
     if opset < 14 and len(outputs) > 1:
         # Before opset 14 the output count selects the mode: extra outputs mean training (batch statistics),
         # which is also how onnxruntime reads it, even when nothing reads them.
-        return None, (f"it has training outputs {outputs[1:]}: before opset 14 that form normalises "
-                      "with batch statistics")
+        return f"it has training outputs {outputs[1:]}: before opset 14 that form normalises with batch statistics"
     extra = [o for o in outputs[1:] if o]
     if extra:
-        return None, f"it has running-statistics outputs {extra}, which only training mode defines"
+        return f"it has running-statistics outputs {extra}, which only training mode defines"
+    return None
+
+
+def _bn_params(index: GraphIndex, bn: onnx.NodeProto, opset: int) -> tuple[_Params | None, str]:
+    """The parameters of an inference-mode BN, or None and the reason it must stay."""
+    inputs, outputs = bn.input[:], bn.output[:]  # plain lists: each field access builds a Python object
+    problem = _inference_form_problem(bn, inputs, outputs, opset)
+    if problem is not None:
+        return None, problem
     raws = [_raw_float(index, name) for name in inputs[1:5]]
     params: list[np.ndarray] | None = None
     if None not in raws:
@@ -825,8 +854,8 @@ class _QdqFold:
     conv: onnx.NodeProto
     q1: onnx.NodeProto
     dq1: onnx.NodeProto
-    weight: Any  # qdq.QuantizedConst
-    bias: Any  # qdq.QuantizedConst | None
+    weight: QuantizedConst
+    bias: QuantizedConst | None
     x_scale: np.ndarray
     a: np.ndarray
     b: np.ndarray

@@ -18,12 +18,22 @@ tensors of unknown shape count as 0 bytes, and the pass says so in a warning.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import onnx
 
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import GraphIndex, format_bytes
-from onnx_npu_fix.ir.schedule import EXACT_MAX_NODES, order_plan
+from onnx_npu_fix.ir.schedule import EXACT_MAX_NODES, OrderPlan, order_plan
 from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan
+
+
+@dataclass
+class ReorderPlan(Plan):
+    """Store the nodes in ``schedule.order`` (positions in ``graph.node`` as find saw it), which lowers the
+    estimated peak from ``schedule.peak_before`` to ``schedule.peak_after``."""
+
+    schedule: OrderPlan
 
 
 class ReorderMemoryPass(Pass):
@@ -32,40 +42,43 @@ class ReorderMemoryPass(Pass):
     exact = True
 
     def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
-        """Read-only: the memory-aware order (one plan naming the graph) when it lowers the estimated peak."""
+        """Read-only: the memory-aware order (one plan naming the graph) when it lowers the estimated peak; the
+        peaks and the search's figures as metrics either way."""
         # Peaks scale with act_bytes uniformly; it only matters for the figures in the report.
-        plan = order_plan(GraphIndex(model), max(1, options.act_bytes), options.schedule_budget)
-        plans = [Plan((model.graph.name or "(graph)",), "reordered nodes", plan)] if plan.improves else []
-        return Found(plans, state=plan)
+        schedule = order_plan(GraphIndex(model), max(1, options.act_bytes), options.schedule_budget)
+        found = Found(metrics={
+            "peak_bytes_before": schedule.peak_before, "peak_bytes_after": schedule.peak_after,
+            "act_bytes": options.act_bytes, "lower_bound_bytes": schedule.lower_bound,
+            "optimal": schedule.optimal, "states_expanded": schedule.expanded})
+        if schedule.unknown:
+            found.warnings.append(f"{schedule.unknown} activation tensors have unknown shapes and count as 0 "
+                                  "bytes; the memory-aware order may not be the best")
+        if not schedule.optimal:
+            stopped = (f"stopped after {schedule.expanded} states (options.schedule_budget)" if schedule.expanded
+                       else f"did not run (above {EXACT_MAX_NODES} nodes, or a cycle)")
+            found.warnings.append(f"the exact schedule search {stopped}; the best order "
+                                  f"found peaks at {format_bytes(schedule.peak_after)}, no order is below "
+                                  f"{format_bytes(schedule.lower_bound)}")
+        if schedule.improves:
+            found.plans.append(ReorderPlan((model.graph.name or "(graph)",), "reordered nodes", schedule))
+        return found
 
     def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
-        result = PassResult()
+        result = found.report()
         graph = model.graph
-        plan = found.state
-        if plan.unknown:
-            result.warnings.append(f"{plan.unknown} activation tensors have unknown shapes and count as 0 "
-                                   "bytes; the memory-aware order may not be the best")
-        result.metrics.update({"peak_bytes_before": plan.peak_before, "peak_bytes_after": plan.peak_after,
-                               "act_bytes": options.act_bytes, "lower_bound_bytes": plan.lower_bound,
-                               "optimal": plan.optimal, "states_expanded": plan.expanded})
-        if not plan.optimal:
-            stopped = (f"stopped after {plan.expanded} states (options.schedule_budget)" if plan.expanded
-                       else f"did not run (above {EXACT_MAX_NODES} nodes, or a cycle)")
-            result.warnings.append(f"the exact schedule search {stopped}; the best order "
-                                   f"found peaks at {format_bytes(plan.peak_after)}, no order is below "
-                                   f"{format_bytes(plan.lower_bound)}")
-        if not found.plans:
-            return result
-        order, before, after = plan.order, plan.peak_before, plan.peak_after
-        moved = sum(1 for step, v in enumerate(order) if step != v)
-        reordered = [_detached(graph.node[v]) for v in order]
-        del graph.node[:]
-        graph.node.extend(reordered)
-        result.changes.append(Change(
-            graph.name or "(graph)", "(graph)", "reordered nodes", old=before, new=after,
-            detail={"nodes_moved": moved, "method": plan.method, "optimal": plan.optimal,
-                    "lower_bound_bytes": plan.lower_bound,
-                    "peak": f"{format_bytes(before)} -> {format_bytes(after)}"}))
+        for plan in found.plans:
+            assert isinstance(plan, ReorderPlan)
+            schedule = plan.schedule
+            order, before, after = schedule.order, schedule.peak_before, schedule.peak_after
+            moved = sum(1 for step, v in enumerate(order) if step != v)
+            reordered = [_detached(graph.node[v]) for v in order]
+            del graph.node[:]
+            graph.node.extend(reordered)
+            result.changes.append(Change(
+                graph.name or "(graph)", "(graph)", "reordered nodes", old=before, new=after,
+                detail={"nodes_moved": moved, "method": schedule.method, "optimal": schedule.optimal,
+                        "lower_bound_bytes": schedule.lower_bound,
+                        "peak": f"{format_bytes(before)} -> {format_bytes(after)}"}))
         return result
 
 

@@ -107,7 +107,6 @@ from onnx_npu_fix.ir.qdq import dequantizer_of, power_of_two_int8, quantize_new_
 from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 
 _RESIZE_OPS = ("Resize", "Upsample")
-_MODES = ("nearest", "exact")
 
 # Coordinate modes whose interpolation matrix this pass can build (spec formulas, checked against ORT).
 _MATRIX_COORDS = ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners", "half_pixel_symmetric")
@@ -424,9 +423,28 @@ def _read_site(index: GraphIndex, node: onnx.NodeProto, opset: int) -> _Site:
     if x_shape is not None:
         site.rank = len(x_shape)
     axes = get_attr(node, "axes")
+    scales_value = _read_scales(index, node, opset, site, axes)
+    if scales_value is not None:
+        if axes is not None:
+            if site.rank is None:
+                site.unknown = "rank unknown for the axes attribute"
+            else:
+                full = np.ones(site.rank, dtype=np.float32)
+                full[[a % site.rank for a in axes]] = scales_value
+                scales_value = full
+        site.scales = scales_value
+        site.rank = len(scales_value)
+    if site.unknown is None:
+        _derive_factors(site)
+    return site
+
+
+def _read_scales(index: GraphIndex, node: onnx.NodeProto, opset: int, site: _Site,
+                 axes: list[int] | None) -> np.ndarray | None:
+    """The node's constant scales (float32, as given: per axis of ``axes`` when set), or None — then the output
+    sizes go to ``site.out_shape`` when they are constant, or ``site.unknown`` says why nothing is known."""
     scales_value: np.ndarray | None = None
-    scales_name = ""
-    sizes_name = ""
+    scales_name = sizes_name = ""
     if node.op_type == "Upsample" and opset < 9:
         attr = get_attr(node, "scales")
         scales_value = None if attr is None else np.asarray(attr, dtype=np.float32)
@@ -445,46 +463,45 @@ def _read_site(index: GraphIndex, node: onnx.NodeProto, opset: int) -> _Site:
             scales_value = scales_value.astype(np.float32).ravel()
     if scales_value is None and site.unknown is None:
         if sizes_name:
-            site.sizes_given = True
-            policy = get_attr(node, "keep_aspect_ratio_policy", "stretch")
-            sizes = index.const_value(sizes_name)
-            if policy != "stretch":
-                site.unknown = f"keep_aspect_ratio_policy={policy} derives the scale from the sizes"
-            elif site.out_shape is None and sizes is not None and site.in_shape is not None:
-                full_sizes = list(site.in_shape)
-                for a, n in zip(axes if axes is not None else range(len(full_sizes)), sizes.ravel()):
-                    full_sizes[a % len(full_sizes)] = int(n)
-                site.out_shape = tuple(full_sizes)
+            _read_sizes(index, node, site, sizes_name, axes)
         else:
             site.unknown = "neither scales nor sizes is given"
-    if scales_value is not None:
-        if axes is not None:
-            if site.rank is None:
-                site.unknown = "rank unknown for the axes attribute"
-            else:
-                full = np.ones(site.rank, dtype=np.float32)
-                full[[a % site.rank for a in axes]] = scales_value
-                scales_value = full
-        site.scales = scales_value
-        site.rank = len(scales_value)
-    if site.unknown is None:
-        if site.in_shape is None:
-            site.unknown = "input shape is not static"
-        elif site.scales is not None:
-            site.factors = [float(s) for s in site.scales]
-            if site.out_shape is None:
-                # Same as onnxruntime: floor(in * scale) in float32.
-                site.out_shape = tuple(int(np.float32(s) * np.float32(n)) for s, n in zip(site.scales,
-                                                                                          site.in_shape))
-        elif site.out_shape is None:
-            site.unknown = "output shape is not static"
-        else:
-            site.factors = [float(np.float32(o) / np.float32(i)) if i else 1.0
-                            for o, i in zip(site.out_shape, site.in_shape)]
-        if site.unknown is None and site.in_shape is not None and site.out_shape is not None and (
-                len(site.in_shape) != len(site.out_shape) or len(site.factors) != len(site.in_shape)):
-            site.unknown = "rank of scales/sizes does not match the input"
-    return site
+    return scales_value
+
+
+def _read_sizes(index: GraphIndex, node: onnx.NodeProto, site: _Site, sizes_name: str,
+                axes: list[int] | None) -> None:
+    """A node that resizes by ``sizes``: the output shape they give when it is not on record."""
+    site.sizes_given = True
+    policy = get_attr(node, "keep_aspect_ratio_policy", "stretch")
+    sizes = index.const_value(sizes_name)
+    if policy != "stretch":
+        site.unknown = f"keep_aspect_ratio_policy={policy} derives the scale from the sizes"
+    elif site.out_shape is None and sizes is not None and site.in_shape is not None:
+        full_sizes = list(site.in_shape)
+        for a, n in zip(axes if axes is not None else range(len(full_sizes)), sizes.ravel()):
+            full_sizes[a % len(full_sizes)] = int(n)
+        site.out_shape = tuple(full_sizes)
+
+
+def _derive_factors(site: _Site) -> None:
+    """The per-axis factors (and the output shape the scales give), or ``site.unknown`` saying why not."""
+    if site.in_shape is None:
+        site.unknown = "input shape is not static"
+    elif site.scales is not None:
+        site.factors = [float(s) for s in site.scales]
+        if site.out_shape is None:
+            # Same as onnxruntime: floor(in * scale) in float32.
+            site.out_shape = tuple(int(np.float32(s) * np.float32(n)) for s, n in zip(site.scales,
+                                                                                      site.in_shape))
+    elif site.out_shape is None:
+        site.unknown = "output shape is not static"
+    else:
+        site.factors = [float(np.float32(o) / np.float32(i)) if i else 1.0
+                        for o, i in zip(site.out_shape, site.in_shape)]
+    if site.unknown is None and site.in_shape is not None and site.out_shape is not None and (
+            len(site.in_shape) != len(site.out_shape) or len(site.factors) != len(site.in_shape)):
+        site.unknown = "rank of scales/sizes does not match the input"
 
 
 def _equals_canonical(site: _Site, coord: str, nearest_mode: str) -> list[int] | None:
@@ -527,7 +544,9 @@ def _integer_sampling(site: _Site) -> bool:
 
 
 @dataclass
-class _Plan:
+class _Form:
+    """What one Resize / Upsample becomes."""
+
     site: _Site
     action: str
     """canonical | nearest | conv-transpose | matmul"""
@@ -543,23 +562,31 @@ class _Plan:
 
 
 @dataclass
-class _Finding:
-    """What find saw, for rewrite (index None: no Resize / Upsample to rewrite)."""
+class ResizePlan(Plan):
+    """One Resize / Upsample rewritten to ``form``. It holds the index of the model
+    :meth:`ResizeNearestPass.find` planned on: the site's node is that model's, and the rewrite edits it through
+    that index (a second index would cost a full walk of the graph)."""
 
-    result: PassResult
-    index: GraphIndex | None = None
-    plans: list[_Plan] = field(default_factory=list)
-    bump: bool = False
-    opset: int = 0
-    to_resize: int = 0
+    index: GraphIndex
+    form: _Form
+
+
+@dataclass
+class OpsetBumpPlan(Plan):
+    """Raise the default-domain opset ``old`` -> ``new`` so that ``upsamples`` Upsample nodes become Resize
+    (applied before the ResizePlans, which are planned at the new opset). ``nodes`` is empty: the model's."""
+
+    old: int
+    new: int
+    upsamples: int
 
 
 class ResizeNearestPass(Pass):
     """Linear / cubic Resize -> nearest (or exact ConvTranspose / MatMul forms); nearest -> canonical form.
 
-    ``find`` is read-only: one plan per Resize / Upsample it rewrites (its form: nearest, canonical, exact
-    ConvTranspose / MatMul) and whether the opset is raised, a rejection for every one it keeps; ``rewrite``
-    applies them."""
+    ``find`` is read-only: one :class:`ResizePlan` per Resize / Upsample it rewrites (its form: nearest,
+    canonical, exact ConvTranspose / MatMul) and an :class:`OpsetBumpPlan` when the opset is raised, a rejection
+    for every one it keeps; ``rewrite`` applies them."""
 
     name = "resize-nearest"
     summary = "every Resize/Upsample nearest: linear/cubic -> nearest (or exact forms), one canonical form"
@@ -569,35 +596,79 @@ class ResizeNearestPass(Pass):
         return any(node.op_type in _RESIZE_OPS for node in model.graph.node)
 
     def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
-        if options.resize_mode not in _MODES:
-            raise ValueError(f"resize_mode must be one of {', '.join(_MODES)}, not {options.resize_mode!r}")
-        result = PassResult(metrics={"exact": True, "approximate_nodes": [], "forms": {}})
-        # One cheap scan first: most graphs hold no Resize at all, and the index costs a full pass over them.
+        result = PassResult()  # collects the rejections and warnings of finding
+        candidates = self._candidates(model, options, result)
+        if not candidates:
+            return Found(rejections=result.rejections, warnings=result.warnings)
+        index = GraphIndex(model)
+        opset = opset_version(model)
+        upsamples = [n for n in candidates if n.op_type == "Upsample" and is_default_domain(n)]
+        bump_blockers = _bump_blockers(model, opset) if upsamples and opset < _BUMP_TARGET else []
+        bump_allowed = bool(upsamples) and opset < _BUMP_TARGET and not bump_blockers
+        forms = self._forms(index, candidates, _BUMP_TARGET if bump_allowed else opset, options, result)
+        # The bump is only worth it when some Upsample becomes a Resize (not when exact forms replace them all).
+        to_resize = [f.site.node for f in forms if f.site.node.op_type == "Upsample"
+                     and f.action in ("canonical", "nearest")]
+        bump = bump_allowed and bool(to_resize)
+        if bump_allowed and not bump:
+            for form in forms:
+                form.site.opset = opset
+        if opset < _BUMP_TARGET and not bump and bump_blockers:
+            replaced = {id(f.site.node) for f in forms if f.action in ("conv-transpose", "matmul")}
+            result.rejections.extend(Rejection(
+                node.name, "Upsample", f"kept as Upsample: Resize needs opset {_BUMP_TARGET} and raising opset "
+                f"{opset} is not provably safe ({'; '.join(bump_blockers)})")
+                for node in upsamples if id(node) not in replaced)
+        plans: list[Plan] = [OpsetBumpPlan((), "opset-bump", opset, _BUMP_TARGET, len(to_resize))] if bump else []
+        plans += [ResizePlan((f.site.node.name,), f.action, index, f) for f in forms]
+        return Found(plans, result.rejections, warnings=result.warnings)
+
+    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
+        result = found.report()
+        approximate: list[str] = []
+        counts: dict[str, int] = {}
+        result.metrics.update({"exact": True, "approximate_nodes": approximate, "forms": counts})
+        editor: GraphEditor | None = None
+        for plan in found.plans:
+            if isinstance(plan, OpsetBumpPlan):
+                _bump_opset(model, plan, result)
+                continue
+            assert isinstance(plan, ResizePlan)
+            form = plan.form
+            if editor is None:
+                editor = GraphEditor(plan.index)
+            if form.action in ("conv-transpose", "matmul") and dequantizer_of(plan.index, form.site.node.input[0]):
+                # Interpolation weights k/16 on a quantization grid land on exact half steps: the exact form's
+                # other summation order rounds those ties the other way (measured, not exact within k steps).
+                result.quantized_tolerance = True
+            result.changes.append(self._rewrite(form, editor))
+            counts[form.action] = counts.get(form.action, 0) + 1
+            if not form.exact:
+                approximate.append(form.site.name)
+        if editor is not None:
+            editor.commit()
+        result.metrics["exact"] = not approximate
+        return result
+
+    def _candidates(self, model: onnx.ModelProto, options: FixOptions, result: PassResult) -> list[onnx.NodeProto]:
+        """The Resize / Upsample nodes of the main graph; those inside subgraphs get a rejection. One cheap scan:
+        most graphs hold no Resize at all, and the index costs a full pass over them."""
         candidates: list[onnx.NodeProto] = []
         for node in model.graph.node:
             if node.op_type in _RESIZE_OPS:
                 candidates.append(node)
             if not may_hold_subgraphs(node):
                 continue  # no graph attribute possible: skip the attribute walk (100k nodes)
-            for attr in node.attribute:
-                if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-                    self._reject_in_subgraphs(node, options, result)
-                    break
-        if not candidates:
-            return Found(rejections=list(result.rejections), state=_Finding(result))
-        index = GraphIndex(model)
-        opset = opset_version(model)
+            if any(attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for attr in node.attribute):
+                self._reject_in_subgraphs(node, options, result)
+        return candidates
+
+    def _forms(self, index: GraphIndex, candidates: list[onnx.NodeProto], target_opset: int, options: FixOptions,
+               result: PassResult) -> list[_Form]:
+        """What each candidate becomes at ``target_opset``; a rejection for each one left as it is."""
         forbidden = set(options.forbidden_ops)
-
-        # --- find (read-only) -------------------------------------------------------------------------
-        upsamples = [n for n in candidates if n.op_type == "Upsample" and is_default_domain(n)]
-        bump_blockers: list[str] = []
-        if upsamples and opset < _BUMP_TARGET:
-            bump_blockers = _bump_blockers(model, opset)
-        bump_allowed = bool(upsamples) and opset < _BUMP_TARGET and not bump_blockers
-        target_opset = _BUMP_TARGET if bump_allowed else opset
-
-        plans: list[_Plan] = []
+        opset = opset_version(index.model)
+        forms: list[_Form] = []
         for node in candidates:
             if not is_default_domain(node):
                 if str(get_attr(node, "mode", "nearest")) != "nearest":
@@ -607,73 +678,19 @@ class ResizeNearestPass(Pass):
                 continue
             site = _read_site(index, node, opset)
             site.opset = target_opset
-            plan = self._plan(site, options, forbidden, result)
-            if plan is not None and _qdq_weights_problem(index, plan):
-                result.rejections.append(Rejection(node.name, node.op_type, _qdq_weights_problem(index, plan),
+            form = self._plan(site, options, forbidden, result)
+            problem = _qdq_weights_problem(index, form) if form is not None else ""
+            if problem:
+                result.rejections.append(Rejection(node.name, node.op_type, problem,
                                                    blocking=options.require_nearest_resize))
-                continue
-            if plan is not None:
-                plans.append(plan)
-        # The bump is only worth it when some Upsample becomes a Resize (not when exact forms replace them all).
-        to_resize = [p.site.node for p in plans if p.site.node.op_type == "Upsample"
-                     and p.action in ("canonical", "nearest")]
-        bump = bump_allowed and bool(to_resize)
-        if bump_allowed and not bump:
-            for plan in plans:
-                plan.site.opset = opset
-        if opset < _BUMP_TARGET and not bump:
-            replaced = {id(p.site.node) for p in plans if p.action in ("conv-transpose", "matmul")}
-            for node in upsamples:
-                if id(node) not in replaced and bump_blockers:
-                    result.rejections.append(Rejection(
-                        node.name, "Upsample",
-                        f"kept as Upsample: Resize needs opset {_BUMP_TARGET} and raising opset {opset} is not "
-                        f"provably safe ({'; '.join(bump_blockers)})"))
-        found = [Plan((p.site.node.name,), p.action, p) for p in plans]
-        return Found(found, list(result.rejections),
-                     state=_Finding(result, index, plans, bump, opset, len(to_resize)))
-
-    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
-        finding: _Finding = found.state
-        result, index, plans, bump, opset = finding.result, finding.index, finding.plans, finding.bump, finding.opset
-        if index is None:
-            return result
-        editor = GraphEditor(index)
-        forms: dict[str, int] = {}
-        approximate: list[str] = []
-        if bump:
-            old_ir = model.ir_version
-            for imp in model.opset_import:
-                if is_default_domain(imp):
-                    imp.version = _BUMP_TARGET
-            model.ir_version = max(model.ir_version, 5)
-            result.changes.append(Change(
-                "<model>", "opset_import", "opset-bump", old=opset, new=_BUMP_TARGET,
-                detail={"reason": "Upsample -> Resize needs opset 10; every other default-domain op keeps "
-                                  "its schema", "ir_version": [old_ir, model.ir_version]}))
-            result.warnings.append(f"default-domain opset raised {opset} -> {_BUMP_TARGET} to turn "
-                                   f"{finding.to_resize} Upsample node(s) into Resize")
-            result.metrics["opset"] = {"old": opset, "new": _BUMP_TARGET}
-        for plan in plans:
-            if plan.action in ("conv-transpose", "matmul") and dequantizer_of(index, plan.site.node.input[0]):
-                # Interpolation weights k/16 on a quantization grid land on exact half steps: the exact form's
-                # other summation order rounds those ties the other way (measured, not exact within k steps).
-                result.quantized_tolerance = True
-            change = self._rewrite(plan, editor)
-            result.changes.append(change)
-            forms[plan.action] = forms.get(plan.action, 0) + 1
-            if not plan.exact:
-                approximate.append(plan.site.name)
-        editor.commit()
-        result.metrics["exact"] = not approximate
-        result.metrics["approximate_nodes"] = approximate
-        result.metrics["forms"] = forms
-        return result
+            elif form is not None:
+                forms.append(form)
+        return forms
 
     # --- planning ---------------------------------------------------------------------------------------
 
     def _plan(self, site: _Site, options: FixOptions, forbidden: set[str],
-              result: PassResult) -> _Plan | None:
+              result: PassResult) -> _Form | None:
         node = site.node
         as_upsample = node.op_type == "Upsample" and site.opset < _BUMP_TARGET
         if site.mode == "nearest":
@@ -695,14 +712,14 @@ class ResizeNearestPass(Pass):
                                    f"converted to nearest (approximate)")
         return plan
 
-    def _plan_nearest(self, site: _Site, result: PassResult, as_upsample: bool) -> _Plan | None:
+    def _plan_nearest(self, site: _Site, result: PassResult, as_upsample: bool) -> _Form | None:
         node = site.node
         if as_upsample:
             return None  # Upsample nearest is already floor(i/s); only the opset bump could change it
         factors = _equals_canonical(site, site.coord, site.nearest_mode)
         if factors is None:
             if node.op_type == "Upsample":  # opset >= 10: Upsample is deprecated, write the same as Resize
-                return _Plan(site, "nearest", exact=True, coord=site.coord, nearest_mode=site.nearest_mode,
+                return _Form(site, "nearest", exact=True, coord=site.coord, nearest_mode=site.nearest_mode,
                              note="Upsample -> Resize")
             if site.opset >= 11:
                 reason = f"nearest Resize kept as is: {self._why_not_canonical(site)}"
@@ -713,7 +730,7 @@ class ResizeNearestPass(Pass):
         if (node.op_type == "Resize" and site.coord == "asymmetric" and site.nearest_mode == "floor"
                 and site.scales is not None and get_attr(node, "axes") is None):
             return None  # already canonical
-        return _Plan(site, "canonical", exact=True, factors=factors)
+        return _Form(site, "canonical", exact=True, factors=factors)
 
     def _why_not_canonical(self, site: _Site) -> str:
         if not site.known:
@@ -727,7 +744,7 @@ class ResizeNearestPass(Pass):
         return (f"coordinate_transformation_mode={site.coord} with nearest_mode={site.nearest_mode} is "
                 f"not floor(i/s) for these factors")
 
-    def _plan_approximate(self, site: _Site) -> _Plan:
+    def _plan_approximate(self, site: _Site) -> _Form:
         """Linear / cubic -> nearest at the sampling point's nearest input (module docstring)."""
         coord = site.coord
         # Before opset 11 nearest has no rounding attribute: floor(i/s) is the only nearest there is.
@@ -736,8 +753,8 @@ class ResizeNearestPass(Pass):
         reason = "sampling points are integers" if exact else self._approx_reason(site)
         factors = _equals_canonical(site, coord, nearest_mode) if site.opset >= 11 else None
         if factors is not None:
-            return _Plan(site, "nearest", exact=exact, factors=factors, note=reason)
-        return _Plan(site, "nearest", exact=exact, coord=coord, nearest_mode=nearest_mode, note=reason)
+            return _Form(site, "nearest", exact=exact, factors=factors, note=reason)
+        return _Form(site, "nearest", exact=exact, coord=coord, nearest_mode=nearest_mode, note=reason)
 
     def _approx_reason(self, site: _Site) -> str:
         if not site.known:
@@ -749,7 +766,7 @@ class ResizeNearestPass(Pass):
         return f"samples between input elements (factors {[round(f, 6) for f in site.factors]})"
 
     def _plan_exact(self, site: _Site, forbidden: set[str], options: FixOptions | None = None
-                    ) -> tuple[_Plan | None, str]:
+                    ) -> tuple[_Form | None, str]:
         """The exact form for a linear / cubic site, or None and why there is none."""
         if _integer_sampling(site):
             plan = self._plan_approximate(site)
@@ -768,35 +785,9 @@ class ResizeNearestPass(Pass):
         matrices = {a: site.matrix(a) for a in resized}
         rank = len(site.in_shape)
         why: list[str] = []
-        max_stride = options.max_convtranspose_stride if options is not None else None
-        if "ConvTranspose" in forbidden:
-            why.append("ConvTranspose is forbidden")
-        elif options is not None and not options.allow_convtranspose:
-            why.append("the target runs ConvTranspose on its CPU (allow_convtranspose = false)")
-        elif rank < 3 or any(a < 2 for a in resized):
-            why.append(f"axes {resized} are not all spatial")
-        else:
-            forms: dict[int, AxisConvTranspose] = {}
-            for a in resized:
-                form = self._conv_transpose_axis(site, a, matrices[a])
-                if form is None:
-                    why.append(f"axis {a} is not a transposed convolution")
-                    break
-                forms[a] = form
-            else:
-                stages = _split_stages(forms, max_stride)
-                if "Pad" in forbidden and any(f.edge != (0, 0) for f in forms.values()):
-                    why.append("the ConvTranspose form needs Pad, which is forbidden")
-                elif stages is None:
-                    why.append(f"stride {max(f.stride for f in forms.values())} exceeds max_convtranspose_stride "
-                               f"{max_stride} and the kernel does not factor into stages")
-                else:
-                    note = "depthwise ConvTranspose" + (
-                        f" in {len(stages)} stages (strides "
-                        f"{' x '.join(str(max(st for _, st in stage.values())) for stage in stages)}, "
-                        f"max_convtranspose_stride {max_stride})" if len(stages) > 1 else "")
-                    return _Plan(site, "conv-transpose", exact=True, axis_forms=forms, stages=stages,
-                                 note=note), ""
+        form = self._plan_conv_transpose(site, matrices, forbidden, options, why)
+        if form is not None:
+            return form, ""
         if "MatMul" in forbidden:
             why.append("MatMul is forbidden")
         elif any(a < rank - 2 for a in resized):
@@ -805,8 +796,44 @@ class ResizeNearestPass(Pass):
             why.append(f"an interpolation matrix would exceed {_MAX_MATMUL_ELEMENTS} elements")
         else:
             dense = {a: dense_matrix(matrices[a], site.out_shape[a], site.in_shape[a]) for a in resized}
-            return _Plan(site, "matmul", exact=True, matrices=dense, note="constant interpolation matrices"), ""
+            return _Form(site, "matmul", exact=True, matrices=dense, note="constant interpolation matrices"), ""
         return None, "; ".join(why)
+
+    def _plan_conv_transpose(self, site: _Site, matrices: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]],
+                             forbidden: set[str], options: FixOptions | None, why: list[str]) -> _Form | None:
+        """The depthwise ConvTranspose form of a linear / cubic site, or None with the reason added to ``why``."""
+        assert site.in_shape is not None
+        resized = list(matrices)
+        max_stride = options.max_convtranspose_stride if options is not None else None
+        if "ConvTranspose" in forbidden:
+            why.append("ConvTranspose is forbidden")
+            return None
+        if options is not None and not options.allow_convtranspose:
+            why.append("the target runs ConvTranspose on its CPU (allow_convtranspose = false)")
+            return None
+        if len(site.in_shape) < 3 or any(a < 2 for a in resized):
+            why.append(f"axes {resized} are not all spatial")
+            return None
+        forms: dict[int, AxisConvTranspose] = {}
+        for a in resized:
+            form = self._conv_transpose_axis(site, a, matrices[a])
+            if form is None:
+                why.append(f"axis {a} is not a transposed convolution")
+                return None
+            forms[a] = form
+        stages = _split_stages(forms, max_stride)
+        if "Pad" in forbidden and any(f.edge != (0, 0) for f in forms.values()):
+            why.append("the ConvTranspose form needs Pad, which is forbidden")
+            return None
+        if stages is None:
+            why.append(f"stride {max(f.stride for f in forms.values())} exceeds max_convtranspose_stride "
+                       f"{max_stride} and the kernel does not factor into stages")
+            return None
+        note = "depthwise ConvTranspose" + (
+            f" in {len(stages)} stages (strides "
+            f"{' x '.join(str(max(st for _, st in stage.values())) for stage in stages)}, "
+            f"max_convtranspose_stride {max_stride})" if len(stages) > 1 else "")
+        return _Form(site, "conv-transpose", exact=True, axis_forms=forms, stages=stages, note=note)
 
     @staticmethod
     def _conv_transpose_axis(site: _Site, axis: int, triplets: tuple[np.ndarray, ...]
@@ -836,7 +863,7 @@ class ResizeNearestPass(Pass):
 
     # --- rewriting ----------------------------------------------------------------------------------------
 
-    def _rewrite(self, plan: _Plan, editor: GraphEditor) -> Change:
+    def _rewrite(self, plan: _Form, editor: GraphEditor) -> Change:
         site = plan.site
         node = site.node
         old = site.describe()
@@ -854,11 +881,7 @@ class ResizeNearestPass(Pass):
                           else f"{node.op_type}->{new_node.op_type} ({action})")
             return Change(node.name, node.op_type, action, old=old, new=new, detail=detail)
         if plan.action == "conv-transpose":
-            nodes = self._conv_transpose_nodes(plan, editor)
-            nodes = wrap_moves(editor.index, editor, node.input[0], nodes)  # QDQ model: Pad -> Q -> DQ
-            if dequantizer_of(editor.index, node.input[0]):
-                nodes = [*quantize_new_weights(editor.index, editor, nodes), *nodes]  # int8 kernel, 2^-p scale
-            editor.replace(node, nodes)
+            nodes = _replace_quantized(editor, node, self._conv_transpose_nodes(plan, editor))
             new = {"ops": [n.op_type for n in nodes], "nodes": [n.name for n in nodes],
                    "axes": {a: {"kernel": [round(float(w), 6) for w in f.kernel], "stride": f.stride,
                                 "pads": list(f.pads), "edge_pad": list(f.edge)}
@@ -867,11 +890,7 @@ class ResizeNearestPass(Pass):
                 new["stages"] = [{a: st for a, (_, st) in stage.items()} for stage in plan.stages]
             return Change(node.name, node.op_type, f"{site.mode}->conv-transpose", old=old, new=new,
                           detail=detail)
-        nodes = self._matmul_nodes(plan, editor)
-        nodes = wrap_moves(editor.index, editor, node.input[0], nodes)  # QDQ model: moves -> Q -> DQ
-        if dequantizer_of(editor.index, node.input[0]):
-            nodes = [*quantize_new_weights(editor.index, editor, nodes), *nodes]  # int8 matrices, 2^-p scale
-        editor.replace(node, nodes)
+        nodes = _replace_quantized(editor, node, self._matmul_nodes(plan, editor))
         new = {"ops": [n.op_type for n in nodes], "nodes": [n.name for n in nodes],
                "matrices": {a: list(m.shape) for a, m in plan.matrices.items()}}
         return Change(node.name, node.op_type, f"{site.mode}->matmul", old=old, new=new, detail=detail)
@@ -887,7 +906,7 @@ class ResizeNearestPass(Pass):
             return [node.input[1]]  # roi is ignored outside tf_crop_and_resize
         return [editor.add_initializer(f"{node.name}_roi", np.zeros(0, dtype=np.float32))]
 
-    def _canonical_node(self, plan: _Plan, editor: GraphEditor) -> onnx.NodeProto:
+    def _canonical_node(self, plan: _Form, editor: GraphEditor) -> onnx.NodeProto:
         site = plan.site
         node = site.node
         assert plan.factors is not None and site.opset >= 10  # before 10 only Upsample exists; never planned
@@ -898,7 +917,7 @@ class ResizeNearestPass(Pass):
             attrs.update(coordinate_transformation_mode="asymmetric", nearest_mode="floor")
         return helper.make_node("Resize", inputs, list(node.output), name=node.name, **attrs)
 
-    def _nearest_node(self, plan: _Plan, editor: GraphEditor) -> onnx.NodeProto:
+    def _nearest_node(self, plan: _Form, editor: GraphEditor) -> onnx.NodeProto:
         """Same inputs, nearest mode with the plan's coordinate / rounding mode."""
         site = plan.site
         node = site.node
@@ -929,7 +948,7 @@ class ResizeNearestPass(Pass):
                 set_attr(new, attr, None)
         return new
 
-    def _conv_transpose_nodes(self, plan: _Plan, editor: GraphEditor) -> list[onnx.NodeProto]:
+    def _conv_transpose_nodes(self, plan: _Form, editor: GraphEditor) -> list[onnx.NodeProto]:
         site = plan.site
         node = site.node
         assert site.in_shape is not None
@@ -968,7 +987,7 @@ class ResizeNearestPass(Pass):
         return nodes
 
     @staticmethod
-    def _conv_transpose_stage_nodes(plan: _Plan, editor: GraphEditor, source: str, spatial: list[int],
+    def _conv_transpose_stage_nodes(plan: _Form, editor: GraphEditor, source: str, spatial: list[int],
                                     channels: int, dtype: Any) -> list[onnx.NodeProto]:
         """One depthwise ConvTranspose per stage; only the last one crops (the one-stage form's pads)."""
         node = plan.site.node
@@ -992,7 +1011,7 @@ class ResizeNearestPass(Pass):
             source = out
         return nodes
 
-    def _matmul_nodes(self, plan: _Plan, editor: GraphEditor) -> list[onnx.NodeProto]:
+    def _matmul_nodes(self, plan: _Form, editor: GraphEditor) -> list[onnx.NodeProto]:
         site = plan.site
         node = site.node
         assert site.in_shape is not None and site.out_shape is not None
@@ -1025,6 +1044,17 @@ class ResizeNearestPass(Pass):
         return nodes
 
 
+def _replace_quantized(editor: GraphEditor, node: onnx.NodeProto, nodes: list[onnx.NodeProto]
+                       ) -> list[onnx.NodeProto]:
+    """Replace ``node`` by an exact form's ``nodes``; on a quantized input the data moves (Pad, ...) stay on the
+    integer tensor (moves -> Q -> DQ) and the new weights become int8 with a 2^-p scale. The nodes written."""
+    nodes = wrap_moves(editor.index, editor, node.input[0], nodes)
+    if dequantizer_of(editor.index, node.input[0]):
+        nodes = [*quantize_new_weights(editor.index, editor, nodes), *nodes]
+    editor.replace(node, nodes)
+    return nodes
+
+
 def _split_stages(forms: dict[int, AxisConvTranspose], max_stride: int | None
                   ) -> list[dict[int, tuple[np.ndarray, int]]] | None:
     """Per-stage kernels and strides of every axis when some stride exceeds ``max_stride`` ([] when none
@@ -1043,7 +1073,7 @@ def _split_stages(forms: dict[int, AxisConvTranspose], max_stride: int | None
     return [{axis: (st[i] if i < len(st) else unit) for axis, st in per_axis.items()} for i in range(count)]
 
 
-def _describe_node(node: onnx.NodeProto, plan: _Plan) -> dict[str, Any]:
+def _describe_node(node: onnx.NodeProto, plan: _Form) -> dict[str, Any]:
     out: dict[str, Any] = {"op": node.op_type, "mode": "nearest"}
     if node.op_type == "Resize" and plan.site.opset >= 11:
         out["coordinate_transformation_mode"] = get_attr(node, "coordinate_transformation_mode", "half_pixel")
@@ -1051,6 +1081,22 @@ def _describe_node(node: onnx.NodeProto, plan: _Plan) -> dict[str, Any]:
     if plan.factors is not None and plan.site.opset >= 10:
         out["scales"] = [float(s) for s in plan.factors]
     return out
+
+
+def _bump_opset(model: onnx.ModelProto, plan: OpsetBumpPlan, result: PassResult) -> None:
+    """Raise the default-domain opset (and the IR version to one that has it), reported as a change."""
+    old_ir = model.ir_version
+    for imp in model.opset_import:
+        if is_default_domain(imp):
+            imp.version = plan.new
+    model.ir_version = max(model.ir_version, 5)
+    result.changes.append(Change(
+        "<model>", "opset_import", "opset-bump", old=plan.old, new=plan.new,
+        detail={"reason": "Upsample -> Resize needs opset 10; every other default-domain op keeps "
+                          "its schema", "ir_version": [old_ir, model.ir_version]}))
+    result.warnings.append(f"default-domain opset raised {plan.old} -> {plan.new} to turn "
+                           f"{plan.upsamples} Upsample node(s) into Resize")
+    result.metrics["opset"] = {"old": plan.old, "new": plan.new}
 
 
 def _bump_blockers(model: onnx.ModelProto, opset: int) -> list[str]:
@@ -1077,7 +1123,7 @@ def _bump_blockers(model: onnx.ModelProto, opset: int) -> list[str]:
     return sorted(blockers)
 
 
-def _qdq_weights_problem(index: GraphIndex, plan: _Plan) -> str:
+def _qdq_weights_problem(index: GraphIndex, plan: _Form) -> str:
     """On a quantized Resize input, an exact form is used only when its weights are exactly int8 with a
     power-of-two scale (qdq.power_of_two_int8), so the rewrite stays QDQ; else the reason ("" when fine)."""
     if plan.action not in ("conv-transpose", "matmul") or not dequantizer_of(index, plan.site.node.input[0]):

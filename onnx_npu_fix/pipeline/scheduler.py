@@ -1,7 +1,11 @@
 """The pass manager: runs passes in order, checks and validates them, rolls back or stops, and times it all.
 
-After every pass that changed the graph: strict shape inference (fresh shapes for the next pass; it also catches a
-pass that broke types or shapes), unless the pass declares ``keeps_shapes`` and left no tensor without a shape.
+After every pass, what it declares is checked (_Declared, as onnx_ir's pass infrastructure checks pre- and
+post-conditions): it returned a PassResult, kept the graph's input and output names, and, when it declares
+``keeps_shapes``, left every surviving tensor's recorded type and shape as it was; a pass that breaks one fails,
+named. After every pass that changed the graph: strict shape inference (fresh shapes for the next pass; it also
+catches a pass that broke types or shapes), unless the pass declares ``keeps_shapes`` and left no tensor without a
+shape.
 Then, with ``validate="each"`` (the default):
   1. onnx checker on the new model;
   2. onnxruntime on the run's seeded inputs, every graph output compared with the outputs of the model before;
@@ -24,6 +28,7 @@ may be measured). An original onnxruntime cannot run is an InputError, never a s
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import traceback
@@ -44,7 +49,7 @@ from onnx_npu_fix.ir.graph import (
     keep_inferred_shapes,
     remove_unused,
 )
-from onnx_npu_fix.passes.base import Change, Pass
+from onnx_npu_fix.passes.base import Change, Pass, PassResult
 from onnx_npu_fix.pipeline.report import EXACT_ALTERNATIVE, FixReport, PassRecord, PassStatus
 from onnx_npu_fix.pipeline.validate import (  # noqa: F401 - check_structure: public here before it moved to validate.py
     Comparison,
@@ -295,6 +300,7 @@ class _Run:
             self._take_point(i)
         record = PassRecord(name=pass_.name, exact=pass_.exact)
         self.report.passes.append(record)
+        declared = _Declared(pass_, self.model)
         t0 = time.perf_counter()
         try:
             result = pass_.run(self.model, self.options)
@@ -305,16 +311,13 @@ class _Run:
             self.report.warnings.append(f"pass {pass_.name} crashed:\n{traceback.format_exc()}")
             return self._fail(i, record, Outcome.ERROR, f"{type(exc).__name__}: {first_line(exc)}")
         record.seconds = time.perf_counter() - t0
-        record.changes, record.rejections = result.changes, result.rejections
-        record.metrics, record.warnings = result.metrics, result.warnings
-        if "exact" in result.metrics:  # a pass whose rewrites this run were all exact says so
-            record.exact = bool(result.metrics["exact"])
-        record.quantized_tolerance = result.quantized_tolerance
-        if record.quantized_tolerance:
-            # One rounding of a quantized model removed: each removed rounding is within a step, but the
-            # steps add up through the layers after it (5 at the QDQ U-Net's mask), so the output is not
-            # "exact within k steps". Measured alone, against --max-approx-error, steps reported.
-            record.exact = False
+        if not isinstance(result, PassResult):
+            return self._fail(i, record, Outcome.FAILED,
+                              f"the pass returned {type(result).__name__}, not a PassResult")
+        _take_result(record, result)
+        broken = declared.broken_io(self.model)
+        if broken is not None:
+            return self._fail(i, record, Outcome.FAILED, broken)
         if self.options.strict and result.changed and not record.exact:
             self._settle([record], Outcome.REFUSED_STRICT)
             raise StrictRefused(strict_message(record))
@@ -329,8 +332,8 @@ class _Run:
         for name in unused:
             record.changes.append(Change(name, "initializer", "removed unused initializer"))
         t1 = time.perf_counter()
-        problem = None
-        if not (pass_.keeps_shapes and keep_inferred_shapes(self.model.graph)):
+        problem = declared.broken_shapes(self.model)
+        if problem is None and not (pass_.keeps_shapes and keep_inferred_shapes(self.model.graph)):
             problem = refresh_shapes(self.model)
         record.validate_seconds = time.perf_counter() - t1
         if problem is not None:
@@ -339,7 +342,7 @@ class _Run:
             self.validator.accept(exact=record.exact)
             return self._settle([record], Outcome.NOT_VALIDATED)
         if not record.exact and self.group:
-            # Declared exact, but this run's rewrite was approximate: its error must not be measured against
+            # _Declared exact, but this run's rewrite was approximate: its error must not be measured against
             # exact passes' tolerance, nor theirs hidden under its bound. Undo the group; each runs alone.
             return self._replay(i)
         self.group.append(_Pending(i, record))
@@ -431,6 +434,82 @@ class _Run:
         pending = self.group.pop()
         assert verdict.problem is not None
         return self._fail(pending.index, pending.record, Outcome.FAILED, verdict.problem)
+
+
+def _take_result(record: PassRecord, result: PassResult) -> None:
+    """Copy ``result`` into ``record``, with whether this run's rewrite was exact: as the pass declares, unless
+    its result says otherwise — ``metrics["exact"]`` (a pass whose rewrites this run were all exact, or not, says
+    so), a change with ``detail["exact"]`` False, or ``quantized_tolerance``. A run that is not exact is measured
+    alone against ``--max-approx-error`` and refused by ``--strict``."""
+    record.changes, record.rejections = result.changes, result.rejections
+    record.metrics, record.warnings = result.metrics, result.warnings
+    if "exact" in result.metrics:
+        record.exact = bool(result.metrics["exact"])
+    if any(change.detail.get("exact") is False for change in result.changes):
+        record.exact = False
+    record.quantized_tolerance = result.quantized_tolerance
+    if record.quantized_tolerance:
+        # One rounding of a quantized model removed: each removed rounding is within a step, but the
+        # steps add up through the layers after it (5 at the QDQ U-Net's mask), so the output is not
+        # "exact within k steps". Measured alone, against --max-approx-error, steps reported.
+        record.exact = False
+
+
+class _Declared:
+    """What a pass promises about the graph, recorded before it runs and checked after it (as onnx_ir's pass
+    infrastructure checks its passes' pre/post-conditions): it keeps the graph's input and output names, and a
+    ``keeps_shapes`` pass leaves every surviving tensor's recorded type and shape as it was. Cheap: names and the
+    recorded types (no inference), the types only for a ``keeps_shapes`` pass."""
+
+    def __init__(self, pass_: Pass, model: onnx.ModelProto) -> None:
+        graph = model.graph
+        self.inputs = [i.name for i in graph.input]
+        self.outputs = [o.name for o in graph.output]
+        self.types = _recorded_types(graph) if pass_.keeps_shapes else None
+
+    def broken_io(self, model: onnx.ModelProto) -> str | None:
+        """Why the graph's inputs or outputs are not the ones it had (their names, in order), or None."""
+        graph = model.graph
+        for kind, before, after in (("inputs", self.inputs, [i.name for i in graph.input]),
+                                    ("outputs", self.outputs, [o.name for o in graph.output])):
+            if after != before:
+                return (f"the pass changed the graph {kind} from {_names(before)} to {_names(after)}; a pass "
+                        f"must keep the graph's input and output names")
+        return None
+
+    def broken_shapes(self, model: onnx.ModelProto) -> str | None:
+        """For a ``keeps_shapes`` pass: the first surviving tensor whose recorded type or shape it changed, or
+        None."""
+        if self.types is None:
+            return None
+        for name, after in _recorded_types(model.graph).items():
+            before = self.types.get(name)
+            if before is not None and before != after:
+                return (f"the pass declares keeps_shapes but changed the recorded type of '{name}' from "
+                        f"{_type_text(before)} to {_type_text(after)}")
+        return None
+
+
+def _recorded_types(graph: onnx.GraphProto) -> dict[str, bytes]:
+    """The type and shape on record (graph inputs, value_info, graph outputs) of every tensor, serialized: what
+    the next pass reads as the tensor's shape when the manager skips inference."""
+    return {vi.name: vi.type.SerializeToString() for vi in itertools.chain(graph.input, graph.value_info, graph.output)}
+
+
+def _type_text(serialized: bytes) -> str:
+    type_proto = onnx.TypeProto()
+    type_proto.ParseFromString(serialized)
+    if not type_proto.HasField("tensor_type"):
+        return str(type_proto).strip() or "(none)"
+    tensor = type_proto.tensor_type
+    dims = ([str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor.shape.dim]
+            if tensor.HasField("shape") else None)
+    elem = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name if tensor.elem_type else "?"
+    return f"{elem}[{', '.join(dims)}]" if dims is not None else f"{elem} (no shape)"
+
+
+def _names(names: Sequence[str]) -> str:
+    return "[" + ", ".join(names) + "]"
 
 
 def refresh_shapes(model: onnx.ModelProto) -> str | None:
