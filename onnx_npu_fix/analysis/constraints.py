@@ -435,7 +435,7 @@ def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphInde
             the_pass = PASSES[name]()
             try:
                 if the_pass.find_reads_stubs:
-                    with values_from(light, model):
+                    with values_from(light, model, index):
                         found = the_pass.find(light, options)
                 else:
                     full = _find_model(model, light) if full is None else full

@@ -344,7 +344,7 @@ class _Finder:
     and decide each plan from the layouts the earlier plans emit (kept in ``layout``, not in the model)."""
 
     def __init__(self, model: onnx.ModelProto, options: FixOptions) -> None:
-        self.index = GraphIndex(model)
+        self.index = GraphIndex.of(model)
         self.align = options.align
         self.align_io = options.align_io
         self.concat_align = options.concat_align
