@@ -43,7 +43,15 @@ from onnx_npu_fix.analysis.memory import (
 )
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.batch_axis import batch_tensors
-from onnx_npu_fix.ir.graph import GraphIndex, Shape, format_bytes, format_shape, get_attr, paused_gc
+from onnx_npu_fix.ir.graph import (
+    GraphIndex,
+    Shape,
+    format_bytes,
+    format_shape,
+    get_attr,
+    paused_gc,
+    values_from,
+)
 from onnx_npu_fix.ir.ops import CONTROL_FLOW_OPS, channels_follow_inputs, conv_channels, is_default_domain
 from onnx_npu_fix.ir.schedule import constant_names
 from onnx_npu_fix.passes.base import Found
@@ -379,7 +387,9 @@ def _static(shape: Shape | None) -> bool:
 
 def _find_model(model: onnx.ModelProto, light: onnx.ModelProto) -> onnx.ModelProto:
     """What the pass manager hands a pass (frozen input shapes, named nodes, inferred shapes: ``light``), with the
-    initializer data the light copy left out put back from ``model``: the passes' finds read weight values."""
+    initializer data the light copy left out put back from ``model``: for a find that reads weight values other
+    than through ``GraphIndex.const_value`` (``Pass.find_reads_stubs``), and for the rewrites of
+    :func:`_remaining_after`."""
     if light is model:
         return model
     full = onnx.ModelProto()
@@ -422,10 +432,14 @@ def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphInde
         name = violation.fixed_by
         assert name is not None
         if name not in answers:
-            if full is None:
-                full = _find_model(model, light)
+            the_pass = PASSES[name]()
             try:
-                found = PASSES[name]().find(full, options)
+                if the_pass.find_reads_stubs:
+                    with values_from(light, model, index):
+                        found = the_pass.find(light, options)
+                else:
+                    full = _find_model(model, light) if full is None else full
+                    found = the_pass.find(full, options)
                 answers[name] = (found.planned(), found, "")
                 left[name] = found.left_violated()
             except Exception as exc:  # noqa: BLE001 - a find that fails answers "not fixed", with why
@@ -433,7 +447,7 @@ def _ask_passes(model: onnx.ModelProto, light: onnx.ModelProto, index: GraphInde
         planned, found, failure = answers[name]
         if violation.constraint in _JUDGED_BY_RESULT and found is not None:
             if name not in remaining:
-                assert full is not None
+                full = _find_model(model, light) if full is None else full
                 remaining[name] = _remaining_after(name, full, options)
             if (violation.node, violation.constraint) not in remaining[name]:
                 continue

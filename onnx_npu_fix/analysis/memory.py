@@ -246,7 +246,7 @@ def estimate_index(index: GraphIndex, act_bytes: int = 1, sram_bytes: int | None
         worst = max(range(n), key=lambda v: (floors[v], -v))
         est.floor_bytes, est.floor_node, est.floor_op = floors[worst], lv.nodes[worst].name, lv.nodes[worst].op_type
     if reorder and n:
-        found = best_schedule(lv, search_budget)
+        found = best_schedule(lv, search_budget, stored_peak=None if given else peak)
         est.best_peak, est.best_lower_bound, est.best_optimal = found.peak, found.lower_bound, found.optimal
         if found.peak < peak:
             est.reordered_peak, est.reordered_method, est.reordered_order = found.peak, found.method, found.order

@@ -110,6 +110,13 @@ class GraphIndex:
         self._shape_cache: dict[str, Shape | None] = {}
         self._names: set[str] | None = None
 
+    @classmethod
+    def of(cls, model: onnx.ModelProto) -> GraphIndex:
+        """An index of ``model``: the one :func:`values_from` shares for it (a read-only caller on an unchanged
+        model: --check's, built already), else a new one."""
+        shared = _SHARED_INDEX.get(id(model))
+        return shared if shared is not None and shared.model is model else cls(model)
+
     def _map_edges(self, graph: onnx.GraphProto) -> None:
         producer, consumers = self.producer, self.consumers
         get = consumers.get
@@ -133,13 +140,23 @@ class GraphIndex:
 
     # constants -----------------------------------------------------------------------------------
     def const_value(self, name: str) -> np.ndarray | None:
-        """The value of ``name`` if it is an initializer (not overridable by a graph input) or a Constant."""
+        """The value of ``name`` if it is an initializer (not overridable by a graph input) or a Constant.
+        A shape-only stub's value comes from the model it was copied from, while :func:`values_from` says so."""
         if name in self.initializers and name not in self.overridable:
-            return numpy_helper.to_array(self.initializers[name])
+            tensor = self.initializers[name]
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                tensor = _VALUE_SOURCES.get(id(self.model), {}).get(name, tensor)
+            return numpy_helper.to_array(tensor)
         node = self.producer.get(name)
         if node is not None and node.op_type == "Constant" and is_default_domain(node):
             return constant_node_value(node)
         return None
+
+    def has_value(self, name: str) -> bool:
+        """Whether :meth:`const_value` of ``name`` is not None, without decoding an initializer's data."""
+        if name in self.initializers:
+            return name not in self.overridable
+        return self.const_value(name) is not None
 
     def is_const(self, name: str) -> bool:
         if name in self.initializers and name not in self.overridable:
@@ -649,6 +666,28 @@ def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     return copy
+
+
+_VALUE_SOURCES: dict[int, dict[str, onnx.TensorProto]] = {}
+"""Per shape-only copy (by id) while :func:`values_from` is open: the original initializers its stubs stand for."""
+_SHARED_INDEX: dict[int, GraphIndex] = {}
+"""Per shape-only copy (by id) while :func:`values_from` is open: the index its caller built (GraphIndex.of)."""
+
+
+@contextlib.contextmanager
+def values_from(light: onnx.ModelProto, model: onnx.ModelProto, index: GraphIndex | None = None) -> Iterator[None]:
+    """While open, :meth:`GraphIndex.const_value` over ``light`` (a :func:`shape_only_copy` of ``model``) decodes
+    a stub's value from ``model``'s initializer of the same name: a read-only look at values (a pass's find) then
+    needs no second, full copy of the weights (45 MB on a 9,000-node model). ``index`` (of ``light``, which must
+    not change meanwhile) is what :meth:`GraphIndex.of` answers for ``light``."""
+    _VALUE_SOURCES[id(light)] = {t.name: t for t in model.graph.initializer}
+    if index is not None:
+        _SHARED_INDEX[id(light)] = index
+    try:
+        yield
+    finally:
+        del _VALUE_SOURCES[id(light)]
+        _SHARED_INDEX.pop(id(light), None)
 
 
 def shape_only_copy(model: onnx.ModelProto, *, keep_value_info: bool = False) -> onnx.ModelProto:

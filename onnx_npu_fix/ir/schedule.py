@@ -438,9 +438,12 @@ def best_schedule(lv: Liveness, budget: int = DEFAULT_SEARCH_BUDGET, *, stored_p
     (the incumbent), then :func:`_exact_search` when the graph has at most EXACT_MAX_NODES nodes and the
     incumbent is above the largest node floor. The stored order wins ties."""
     n = len(lv.nodes)
+    lower = max(node_floors(lv), default=0)
+    if stored_peak is None:
+        stored_peak = peak_of(lv, list(range(n)))
+    if stored_peak <= lower:  # no order peaks below the floor and the stored one wins ties: no greedy to run
+        return SearchResult(list(range(n)), stored_peak, "stored", stored_peak, True, 0)
     order, peak, method = best_greedy_order(lv, stored_peak)
-    floors = node_floors(lv)
-    lower = max(floors, default=0)
     if n == 0 or peak <= lower:
         return SearchResult(order, peak, method, min(lower, peak), True, 0)
     if n > EXACT_MAX_NODES or budget <= 0 or _greedy(lv, "lifo") is None:

@@ -138,7 +138,6 @@ class _Conv:
     group: int
     c_in: int
     c_out: int
-    macs: int
     weight: np.ndarray | None = None
     bias: np.ndarray | None = None
     weight_q: QuantizedConst | None = None
@@ -257,6 +256,7 @@ class AlignChannelsPass(Pass):
     summary = ("pad Conv/ConvTranspose channel counts to a multiple of --align with zero filters, carry the "
                "padding through channel-local ops and slice it off where channels mix")
     exact = True
+    find_reads_stubs = True
 
     def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
         if options.align <= 1:
@@ -336,8 +336,7 @@ def _read_conv(index: GraphIndex, node: onnx.NodeProto, align: int) -> _Conv | s
         if bias_q is None or np.any(bias_q.params.zero_point != 0):
             return "" if aligned else ("bias is not constant (nor a DequantizeLinear of a constant with zero point "
                                        "0): cannot pad channels")
-    return _Conv(node, transpose, tuple(shape), group, c_in, c_out, _conv_macs(index, node), weight_q=weight_q,
-                 bias_q=bias_q)
+    return _Conv(node, transpose, tuple(shape), group, c_in, c_out, weight_q=weight_q, bias_q=bias_q)
 
 
 class _Finder:
@@ -345,7 +344,7 @@ class _Finder:
     and decide each plan from the layouts the earlier plans emit (kept in ``layout``, not in the model)."""
 
     def __init__(self, model: onnx.ModelProto, options: FixOptions) -> None:
-        self.index = GraphIndex(model)
+        self.index = GraphIndex.of(model)
         self.align = options.align
         self.align_io = options.align_io
         self.concat_align = options.concat_align
@@ -384,6 +383,8 @@ class _Finder:
         self._find_useful_and_requests()
 
     def _shape(self, name: str) -> tuple | None:
+        if name in self.index.initializers:
+            return tuple(self.index.initializers[name].dims)  # without decoding the data
         value = self.index.const_value(name)
         if value is not None:
             return value.shape
@@ -447,12 +448,12 @@ class _Finder:
         if node.op_type == "BatchNormalization":
             if int(get_attr(node, "training_mode", 0)) or any(o for o in node.output[1:]):
                 return None
-            if any(self.index.const_value(node.input[s]) is None for s in range(1, 5)):
+            if any(not self.index.has_value(node.input[s]) for s in range(1, 5)):
                 return None
             return _Carrier([0], consts=[(1, 0, 1.0), (2, 0, 0.0), (3, 0, 0.0), (4, 0, 1.0)])
         if float(get_attr(node, "epsilon", 1e-5)) <= 0.0:
             return None  # a constant pad channel would divide 0 by 0
-        if any(self.index.const_value(node.input[s]) is None for s in (1, 2)):
+        if any(not self.index.has_value(node.input[s]) for s in (1, 2)):
             return None
         return _Carrier([0], consts=[(1, 0, 1.0), (2, 0, 0.0)])
 
@@ -516,7 +517,7 @@ class _Finder:
             return _Carrier([0])
         if channels is None or dim != channels:
             return None
-        if self.index.const_value(node.input[1]) is None:
+        if not self.index.has_value(node.input[1]):
             return None  # a per-channel slope computed at run time cannot be padded here
         return _Carrier([0], consts=[(1, axis, 0.0)])
 
@@ -529,8 +530,7 @@ class _Finder:
         for slot, name in enumerate(node.input):
             if not name:
                 continue
-            value = self.index.const_value(name)
-            shape = value.shape if value is not None else self.index.shape(name)
+            shape = self._shape(name)
             if shape is None:
                 return None
             axis = len(shape) - rank + 1
@@ -538,7 +538,7 @@ class _Finder:
             if not isinstance(dim, int):
                 return None
             divisor = node.op_type == "Div" and slot == 1
-            if value is not None:
+            if self.index.has_value(name):
                 if dim == channels and channels != 1:
                     carrier.consts.append((slot, axis, 1.0 if divisor else 0.0))
                 continue
@@ -567,7 +567,7 @@ class _Finder:
                 if channels is None:
                     return None
                 carrier.in_channels[slot] = channels
-                if self.index.const_value(name) is None:
+                if not self.index.has_value(name):
                     carrier.slots.append(slot)
             return carrier if carrier.slots else None
         # Concat along time / space: every input needs the same channel layout (no broadcasting).
@@ -576,7 +576,7 @@ class _Finder:
             return None
         carrier = _Carrier([], rank=rank, channels=channels)
         for slot, name in enumerate(node.input):
-            if self.index.const_value(name) is not None:
+            if self.index.has_value(name):
                 carrier.consts.append((slot, 1, 0.0))
             else:
                 carrier.slots.append(slot)
@@ -827,8 +827,10 @@ class _Rewriter:
         self.conversions: dict[tuple[str, Layout], str] = {}
         self.int_consts: dict[tuple[int, ...], str] = {}
         self.inserted: dict[str, int] = {}
-        self.macs_before = sum(_conv_macs(self.index, n) for n in self.nodes
-                               if n.op_type in ("Conv", "ConvTranspose") and is_default_domain(n))
+        # Counted before any edit, and here rather than in find: --check never needs them.
+        self.macs = {id(n): _conv_macs(self.index, n) for n in self.nodes
+                     if n.op_type in ("Conv", "ConvTranspose") and is_default_domain(n)}
+        self.macs_before = sum(self.macs.values())
         self.extra_macs = 0
         self.extra_weight_bytes = 0
 
@@ -892,7 +894,7 @@ class _Rewriter:
             set_attr(node, "output_shape", [output_shape[0], p_out, *output_shape[2:]])
         if out_layout is not None:
             self._set_padded(node, 0, out_layout)
-        old_macs = conv.macs
+        old_macs = self.macs[id(node)]
         if conv.transpose:
             new_macs = old_macs // (conv.c_in * conv.mg) * (p_in * mg_new) if old_macs else 0
         else:

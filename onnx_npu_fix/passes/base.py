@@ -157,6 +157,9 @@ class Pass:
     a BatchNorm folded into its Conv): the manager then reuses the recorded shapes instead of inferring them
     again, unless the pass created a tensor without one. The manager checks the claim against the types on record
     before the pass (a broken claim fails the pass); tests/test_pipeline.py checks it against fresh inference."""
+    find_reads_stubs: ClassVar[bool] = False
+    """True when :meth:`find` reads initializer values only through ``GraphIndex.const_value``: ``--check`` may
+    then hand it its shape-only analysis copy under ``graph.values_from`` instead of a full copy of the weights."""
 
     def may_change(self, model: onnx.ModelProto, options: FixOptions) -> bool:
         """A cheap read-only look: False when :meth:`run` surely changes nothing here. The manager asks an

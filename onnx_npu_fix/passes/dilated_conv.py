@@ -1045,25 +1045,18 @@ def _weight_source(index: GraphIndex, name: str) -> _Source | None:
     """Where a weight/bias comes from: a constant, a DequantizeLinear of constants, or something dynamic."""
     if not name:
         return None
-    if _is_const(index, name):
+    if index.has_value(name):
         return _Source("const")
     producer = index.producer.get(name)
     if (producer is not None and producer.op_type == "DequantizeLinear"
             and is_default_domain(producer)
-            and all(_is_const(index, i) for i in producer.input if i)):
+            and all(index.has_value(i) for i in producer.input if i)):
         xq = index.const_value(producer.input[0])
         scale = index.const_value(producer.input[1])
         axis = int(get_attr(producer, "axis", 1))
         return _Source("dq", blocked=bool(int(get_attr(producer, "block_size", 0) or 0)),
                        scale_size=int(scale.size), axis=axis + xq.ndim if axis < 0 else axis)
     return _Source("dynamic")
-
-
-def _is_const(index: GraphIndex, name: str) -> bool:
-    """Whether ``index.const_value(name)`` has a value, without decoding an initializer's data."""
-    if name in index.initializers:
-        return name not in index.overridable
-    return index.const_value(name) is not None
 
 
 def _check_weight(source: _Source | None, op: str, what: str) -> None:
