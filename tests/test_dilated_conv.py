@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import GraphIndex, conv_macs, get_attr, infer_shapes, shape_of_value_info
+from onnx_npu_fix.ir.qdq import walk_non_qdq
 from onnx_npu_fix.passes.base import Found
 from onnx_npu_fix.passes.dilated_conv import DilatedConvPass, LiftPlan, SpaceToBatchPlan, TrimPlan, block_size
 from onnx_npu_fix.pipeline.scheduler import prepare, run_passes
@@ -432,6 +433,20 @@ def qdq_model(in_shape=(1, 4, 30), dilation=8, channels_out=4, group=4, bias_dq=
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
 
 
+def assert_no_integer_op(model: onnx.ModelProto, original: onnx.ModelProto) -> None:
+    """Canonical QDQ: no op but QuantizeLinear / DequantizeLinear reads or writes an integer activation, and every
+    float op's data input comes from a DequantizeLinear and its output goes to QuantizeLinear readers only."""
+    index = GraphIndex(model)
+    integer = {TensorProto.UINT8, TensorProto.INT8, TensorProto.UINT16, TensorProto.INT16}
+    for node in model.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        names = [n for n in (*node.input, *node.output) if n and not index.is_const(n)]
+        assert not [n for n in names if index.elem_type(n) in integer], f"{node.name} ({node.op_type})"
+    before = {p.split(" ")[0] for p in walk_non_qdq(original)}
+    assert [p for p in walk_non_qdq(model) if p.split(" ")[0] not in before] == []
+
+
 @pytest.mark.parametrize("remainder_pad", ["pad", "pad4d", "concat"])
 @pytest.mark.parametrize("bias_dq", [False, True], ids=["float-bias", "int32-bias"])
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -446,20 +461,21 @@ def test_qdq_pattern_survives(layout, bias_dq, remainder_pad):
     assert index.producer[conv.input[0]].op_type == "DequantizeLinear"
     assert index.producer[conv.input[1]].op_type == "DequantizeLinear"
     assert [n.op_type for n in index.consumers_of(conv.output[0])] == ["QuantizeLinear"]
-    # The moved Pad (or Concat with constant blocks) works on the uint8 tensor and pads with the zero point.
+    # The Pad (or Concat with constant blocks) is a canonical QDQ unit: DQ -> op (float zeros) -> Q, as every
+    # other inserted op; none reads or writes the uint8 tensor (Qualcomm HTP rejects a Concat on one).
     if remainder_pad == "concat":
-        concat = next(n for n in fixed.graph.node if n.op_type == "Concat")
+        pad = next(n for n in fixed.graph.node if n.op_type == "Concat")
         assert "Pad" not in ops(fixed)
-        blocks = [index.const_value(i) for i in concat.input if index.const_value(i) is not None]
-        assert blocks and all(b.dtype == np.uint8 and (b == 128).all() for b in blocks)
-        assert index.elem_type(concat.output[0]) == TensorProto.UINT8
+        blocks = [index.const_value(i) for i in pad.input if index.const_value(i) is not None]
+        assert blocks and all(b.dtype == np.float32 and (b == 0).all() for b in blocks)
     else:
         pad = next(n for n in fixed.graph.node if n.op_type == "Pad")
-        assert index.elem_type(pad.input[0]) == TensorProto.UINT8
-        assert index.const_value(pad.input[2]) == 128
+        assert len(pad.input) == 2  # zero padding: Q(0) is the zero point 128
         assert len(index.static_shape(pad.input[0])) == (3 if remainder_pad == "pad" else 4)
-    assert ops(fixed).count("QuantizeLinear") == 2
-    assert ops(fixed).count("DequantizeLinear") == ops(original).count("DequantizeLinear")
+    data = pad.input[1] if remainder_pad == "concat" and index.const_value(pad.input[0]) is not None else pad.input[0]
+    assert index.producer[data].op_type == "DequantizeLinear"
+    assert [n.op_type for n in index.consumers_of(pad.output[0])] == ["QuantizeLinear"]
+    assert_no_integer_op(fixed, original)
     assert result.changes[0].detail["qdq"] == {"input_moved_before_dq": True, "output_moved_after_q": True}
     if result.changes[0].detail["layout"] == "channel":
         # Per-channel scales tiled with the weights (k = 4); the bias' DQ too.

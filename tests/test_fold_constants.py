@@ -139,3 +139,30 @@ def test_rewrite_applies_only_the_plans_it_is_given():
     assert [c.node for c in result.changes] == ["shape"]
     assert ops(work) == ["Gather", "Unsqueeze", "Concat", "Reshape", "Relu"]
     assert_equivalent(model, work)
+
+
+def test_folded_pads_are_stored_typed_and_read_identically():
+    """A folded shape-like integer tensor (here a Pad's pads) is stored in ``int64_data``, not raw bytes: rknn-
+    toolkit2 2.5.0 writes into the pads it reads from raw bytes and crashes (issue 25). onnx reads the typed form
+    as the same values, onnxruntime computes the same outputs; a large integer result stays raw."""
+    begin = helper.make_tensor("begin", TensorProto.INT64, [4], [0, 0, 1, 2])
+    end = helper.make_tensor("end", TensorProto.INT64, [4], [0, 0, 3, 1])
+    big = numpy_helper.from_array(np.arange(100, dtype=np.int64), "big")
+    nodes = [helper.make_node("Concat", ["begin", "end"], ["pads"], name="cat", axis=0),
+             helper.make_node("Pad", ["x", "pads"], ["padded"], name="pad"),
+             helper.make_node("Relu", ["padded"], ["out"], name="relu"),
+             helper.make_node("Neg", ["big"], ["big_neg"], name="neg"),
+             helper.make_node("Gather", ["t", "big_neg"], ["picked"], name="gather")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5]),
+                                           helper.make_tensor_value_info("t", TensorProto.FLOAT, [200])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("picked", TensorProto.FLOAT, None)], [begin, end, big])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    fixed, _ = apply_pass(model, FoldConstantsPass(), large_tensor_bytes=1 << 20)
+    inits = {t.name: t for t in fixed.graph.initializer}
+    pads = inits["pads"]
+    assert not pads.raw_data and list(pads.int64_data) == [0, 0, 1, 2, 0, 0, 3, 1]
+    assert numpy_helper.to_array(pads).dtype == np.int64 and list(pads.dims) == [8]
+    assert inits["big_neg"].raw_data and not inits["big_neg"].int64_data  # 100 elements: not shape-like
+    assert np.array_equal(numpy_helper.to_array(inits["big_neg"]), -np.arange(100))
+    assert_equivalent(model, fixed)

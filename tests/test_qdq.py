@@ -541,3 +541,46 @@ def test_per_channel_weights_of_both_conv_kinds_are_padded_on_their_output_axis(
     assert q.shape[axis] == 16 and numpy_helper.to_array(index.initializers[dq_w.input[1]]).shape == (16,)
     assert numpy_helper.to_array(index.initializers[dq_b.input[0]]).tolist()[12:] == [0, 0, 0, 0]
     assert numpy_helper.to_array(index.initializers[dq_b.input[1]]).shape == (16,)
+
+
+# --- every emitted form stays canonical QDQ ---------------------------------------------------------------------
+
+_INTEGER = {TensorProto.UINT8, TensorProto.INT8, TensorProto.UINT16, TensorProto.INT16}
+
+# (quantized fixture, options): every form the passes emit on a quantized tensor — space-to-batch in each layout and
+# remainder form, the 1-D conv lift, align-channels' padding and slicing, the exact Resize forms.
+_FORMS = {
+    **{f"s2b-{layout}-{pad}": ("tcn-pc-u8", {"max_dilation": 2, "s2b_layout": layout, "remainder_pad": pad})
+       for layout in ("spatial", "channel", "batch") for pad in ("concat", "pad4d", "pad")},
+    "s2b-lift-i8": ("tcn-pt-i8-pre", {"max_dilation": 2, "lift_conv1d": True, "remainder_pad": "concat"}),
+    "s2b-convtasnet": ("torch_convtasnet-pc-u8", {"max_dilation": 4}),
+    "align-resize-exact": ("unet-pc-u8", {"align": 8, "resize_mode": "exact"}),
+}
+
+
+@pytest.mark.parametrize("form", [*_FORMS])
+def test_every_emitted_form_is_canonical_qdq(quantized, form):
+    """On models onnxruntime's quantize_static made, no op npufix emits reads or writes an integer activation
+    except QuantizeLinear / DequantizeLinear (Qualcomm HTP rejects a Concat on raw uint8 tensors: issue 25), every
+    inserted float op sits in a DQ -> op -> Q unit, and the outputs stay within one quantization step."""
+    name, options = _FORMS[form]
+    path = quantized(name)
+    original = onnx.load(path)
+    model, result, _ = _fix(path, skip=("fold-batchnorm",), **options)
+    assert result.ok and result.report.final is not None and result.report.final.passed
+    assert any(p.changes for p in result.report.passes if p.name in ("dilated-conv", "align-channels"))
+    index = GraphIndex(model)
+    kept = _node_names(original)
+    for node in model.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") or node.name in kept:
+            continue
+        names = [n for n in (*node.input, *node.output) if n and not index.is_const(n)]
+        assert not [n for n in names if index.elem_type(n) in _INTEGER], f"{node.name} ({node.op_type})"
+    before = {p.split(" ")[0] for p in walk_non_qdq(original)}
+    assert [p for p in walk_non_qdq(model) if p.split(" ")[0] not in before] == []
+    steps = [o for o in result.report.final.outputs if isinstance(o, QuantOutputDiff)]
+    assert steps
+    if options.get("resize_mode") == "exact":  # ties on the grid round the other way: declared, and measured
+        assert next(p for p in result.report.passes if p.name == "resize-nearest").quantized_tolerance
+    else:
+        assert all(o.max_steps <= 1 + 1e-5 for o in steps)

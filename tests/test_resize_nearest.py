@@ -694,3 +694,24 @@ def test_target_without_conv_transpose_gets_the_matmul_form():
                           coordinate_transformation_mode="half_pixel")
     fixed, result = apply_pass(model, ResizeNearestPass(), resize_mode="exact", allow_convtranspose=False)
     assert ops(fixed) == ["Resize"] and "allow_convtranspose = false" in result.warnings[0]
+
+
+@pytest.mark.parametrize("target, rewritten", [("bm1684x", False), ("rk3588", False), ("stm32n6", True)])
+def test_a_target_that_accepts_linear_resize_keeps_it(tmp_path, target, rewritten):
+    """Do no harm: bm1684x and the Rockchip profiles set ``require_nearest_resize = false`` (their compilers run
+    the bilinear Resize as it is), so ``--target`` there leaves it bilinear and the output equal to the input;
+    stm32n6 asks for nearest and still gets the (approximate) rewrite."""
+    from click.testing import CliRunner
+
+    from onnx_npu_fix.cli import main
+
+    model = unet_like()
+    src, out = tmp_path / "unet.onnx", tmp_path / "out.onnx"
+    onnx.save(model, src)
+    result = CliRunner().invoke(main, [str(src), "-o", str(out), "--target", target], catch_exceptions=False)
+    assert result.exit_code in (0, 1), result.output
+    fixed = onnx.load(out)
+    (resize,) = [n for n in fixed.graph.node if n.op_type == "Resize"]
+    assert (get_attr(resize, "mode") == "nearest") is rewritten, result.output
+    if not rewritten:
+        assert_equivalent(model, fixed)

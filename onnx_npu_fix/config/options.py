@@ -101,7 +101,8 @@ class FixOptions:
     allow_batchnorm: bool = False
     """Whether a BatchNormalization may remain (False: a violation fixed by fold-batchnorm)."""
     require_nearest_resize: bool = True
-    """Whether a non-nearest Resize/Upsample is a violation (fixed by resize-nearest)."""
+    """Whether a non-nearest Resize/Upsample is a violation (fixed by resize-nearest). False: the target runs
+    linear / cubic Resizes as they are, and resize-nearest leaves them alone (no lossy rewrite it does not need)."""
     max_kernel: int | None = None
     """Largest Conv kernel extent on any axis worth reporting (None: not checked)."""
     max_stride: int | None = None

@@ -65,13 +65,15 @@ A forced ``spatial`` on a genuinely 2-D conv is impossible at rank 4 without a T
 the innermost one of the innermost conv axis); that node falls back to ``channel`` with a warning, or is
 rejected when Transpose is forbidden.
 
-QDQ: when the Conv input comes from a per-tensor int8/uint8 DequantizeLinear, the input-side Pad (with the
-zero point as pad value) / Reshape / Slice / Transpose run on the quantized tensor before a copy of that DQ,
-and when the Conv's only consumer is a per-tensor QuantizeLinear, the output side runs after a copy of that
-Q: the DQ -> Conv -> Q pattern that quantized compilers fuse stays adjacent, and the moved ops are exact on
-integers (padding with the zero point dequantizes to 0). A weight (or bias) read through DequantizeLinear
-keeps its DQ: the quantized initializer is reshaped/tiled (and a per-output-channel scale/zero point tiled
-with it); a DQ also read elsewhere gets a private copy.
+QDQ: when the Conv input comes from a per-tensor int8/uint8 DequantizeLinear, every input-side op (Pad / Concat
+with zeros, Reshape, Slice, Transpose) is a canonical QDQ unit ``DQ -> op -> Q`` with that DQ's parameters, as
+onnxruntime's quantizer emits them, the last one's DQ feeding the Conv; when the Conv's only consumer is a
+per-tensor QuantizeLinear, the output-side ops are units with that Q's parameters, the last Q writing the old Q's
+output. So the DQ -> Conv -> Q pattern that quantized compilers fuse stays adjacent and no op but Q / DQ reads or
+writes an integer activation (Qualcomm HTP rejects a Concat on raw uint8 tensors, error 3110; issue 25).
+Exact: each op only moves values or fills zeros, and ``Q(DQ(q)) = q``, ``Q(0) = zp``. A weight (or bias) read
+through DequantizeLinear keeps its DQ: the quantized initializer is reshaped/tiled (and a per-output-channel
+scale/zero point tiled with it); a DQ also read elsewhere gets a private copy.
 
 Dead taps first. A tap j of an axis reads xp[o*s + j*D] for o = 0..O-1; when every one of those positions lies
 in the zero padding (D at least the input length: an ASPP conv with dilation 36 on an 8x8 map, a TCN block on
@@ -278,8 +280,8 @@ class ReplacePlan(ConvPlan):
     weight_op: str  # "keep" | "reshape" | "tile"
     weight_shape: list[int]
     tile: int
-    dq_input: bool  # the input-side ops run on the quantized tensor, before a copy of the conv's DequantizeLinear
-    q_output: bool  # the output-side ops run after a copy of the conv's QuantizeLinear
+    dq_input: bool  # the input-side ops are QDQ units on the grid of the conv's DequantizeLinear
+    q_output: bool  # the output-side ops are QDQ units on the grid of the conv's QuantizeLinear
 
 
 @dataclass(kw_only=True)
@@ -335,9 +337,8 @@ class _Conv:
     weights: _Source | None
     bias: _Source | None
     dq_input: bool  # the input comes from a per-tensor 8-bit DequantizeLinear (:func:`_quantized_input`)
-    zero_point: np.ndarray | None  # that DequantizeLinear's zero point
     q_output: bool  # the only reader is a per-tensor QuantizeLinear (:func:`_quantized_output`)
-    data_type: int  # of the tensor the input-side ops read (the quantized one with dq_input)
+    data_type: int  # of the tensor the input-side ops read (the float one, also with dq_input)
     kernel_attr: bool  # the node spells out kernel_shape
     lifted: bool = False
 
@@ -370,14 +371,13 @@ def _read_conv(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> 
     except ValueError:  # no kernel_shape and no weight shape
         geo = None
     dq = _quantized_input(index, node)
-    zero_point = index.const_value(dq.input[2]) if dq is not None and len(dq.input) > 2 and dq.input[2] else None
     return _Conv(
         node=node, dilations=_dilations(node), x_shape=index.shape(node.input[0]),
         w_shape=index.static_shape(w_name) if w_name else None, out_shape=index.static_shape(node.output[0]),
         geo=geo, weight=weight, weights=_weight_source(index, w_name),
         bias=_weight_source(index, node.input[2]) if len(node.input) > 2 else None,
-        dq_input=dq is not None, zero_point=zero_point, q_output=_quantized_output(index, node) is not None,
-        data_type=index.elem_type(dq.input[0] if dq is not None else node.input[0]),
+        dq_input=dq is not None, q_output=_quantized_output(index, node) is not None,
+        data_type=index.elem_type(node.input[0]) or onnx.TensorProto.FLOAT,
         kernel_attr=get_attr(node, "kernel_shape") is not None)
 
 
@@ -818,12 +818,9 @@ def _input_padding(f: _Frame, options: FixOptions) -> tuple[list[_Step], list[in
             raise _Skip(f"internal: negative end padding on axis {2 + s.axis}")
     if not any(pads):
         return [], cur
-    conv = f.conv
-    pad_value = None
-    if conv.dq_input and conv.zero_point is not None and conv.zero_point.reshape(-1)[0] != 0:
-        pad_value = conv.zero_point.reshape(())  # pads dequantize to exactly 0
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(conv.data_type))
-    return padding_steps(list(f.in_shape), pads, pad_value, dtype, options.remainder_pad), cur
+    # A quantized input is padded in float too, inside a QDQ unit: Q(0) = zp, so the zeros land on the grid.
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(f.conv.data_type))
+    return padding_steps(list(f.in_shape), pads, None, dtype, options.remainder_pad), cur
 
 
 def _split_conv(f: _Frame) -> _NewConv:
@@ -1314,14 +1311,16 @@ def _rewrite(index: GraphIndex, editor: GraphEditor, plan: ReplacePlan, node: on
                                                else "keep", [], plan.tile, base)
     nodes.extend(w_nodes + b_nodes)
 
-    cur = dq.input[0] if dq is not None else node.input[0]
-    cur = _emit(index, editor, plan.pre, cur, base, nodes, final=None)
+    cur = node.input[0]
+    grid_in: _Grid | None = None
     if dq is not None:
         dq_name = index.unique_name(f"{base}/dq_in")
-        out = index.unique_name(f"{dq_name}_out")
+        cur = index.unique_name(f"{dq_name}_out")
         attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
-        nodes.append(helper.make_node("DequantizeLinear", [cur, *dq.input[1:]], [out], name=dq_name, **attrs))
-        cur = out
+        nodes.append(helper.make_node("DequantizeLinear", [dq.input[0], *dq.input[1:]], [cur], name=dq_name,
+                                      **attrs))
+        grid_in = _input_grid(index, editor, dq, base)
+    cur = _emit(index, editor, plan.pre, cur, base, nodes, final=None, grid=grid_in)
 
     final_out = q.output[0] if q is not None else node.output[0]
     conv_out = final_out if not plan.post and q is None else index.unique_name(f"{base}/conv_out")
@@ -1329,14 +1328,44 @@ def _rewrite(index: GraphIndex, editor: GraphEditor, plan: ReplacePlan, node: on
     # The conv keeps its name: it is the same layer, and reports point at it.
     nodes.append(helper.make_node("Conv", inputs, [conv_out], name=node.name, **plan.conv_attrs))
     cur = conv_out
+    grid_out: _Grid | None = None
     if q is not None:
         q_name = q.name or index.unique_name(f"{base}/q_out")  # the original Q is removed: keep its name
         out = final_out if not plan.post else index.unique_name(f"{q_name}_out")
         attrs = {a.name: helper.get_attribute_value(a) for a in q.attribute}
         nodes.append(helper.make_node("QuantizeLinear", [cur, *q.input[1:]], [out], name=q_name, **attrs))
         cur = out
-    _emit(index, editor, plan.post, cur, base, nodes, final=final_out)
+        grid_out = _Grid(list(q.input[1:]), attrs)
+        if plan.post:  # back to float for the first unit
+            cur = _dequantize(index, cur, grid_out, f"{q_name}_dequantize", nodes)
+    _emit(index, editor, plan.post, cur, base, nodes, final=final_out, grid=grid_out)
     return nodes, w_bytes + b_bytes, conv_out
+
+
+@dataclass
+class _Grid:
+    """A per-tensor quantization grid the inserted ops' QDQ units use: Q / DQ inputs after the data (scale, zero
+    point) and the QuantizeLinear's attributes."""
+
+    params: list[str]
+    q_attrs: dict[str, Any]
+
+
+def _input_grid(index: GraphIndex, editor: GraphEditor, dq: onnx.NodeProto, base: str) -> _Grid:
+    """The grid of the conv's input DequantizeLinear. Its zero point is spelled out when the DQ omits it: a
+    QuantizeLinear without one writes uint8, which would not be an int8 tensor's type."""
+    params = list(dq.input[1:])
+    if len(params) < 2 or not params[1]:
+        dtype = helper.tensor_dtype_to_np_dtype(index.elem_type(dq.input[0]))
+        params = [params[0], editor.add_initializer(f"{base}/zero_point", np.zeros((), dtype))]
+    return _Grid(params, {})
+
+
+def _dequantize(index: GraphIndex, quantized: str, grid: _Grid, name: str, nodes: list[onnx.NodeProto]) -> str:
+    out = index.unique_name(f"{name}_out")
+    nodes.append(helper.make_node("DequantizeLinear", [quantized, *grid.params], [out],
+                                  name=index.unique_name(name)))
+    return out
 
 
 _CONST_ROLES = {"Pad": ("pads", "value"), "Concat": ("zeros", "zeros"), "Reshape": ("shape",),
@@ -1344,15 +1373,23 @@ _CONST_ROLES = {"Pad": ("pads", "value"), "Concat": ("zeros", "zeros"), "Reshape
 
 
 def _emit(index: GraphIndex, editor: GraphEditor, steps: list[_Step], cur: str, base: str,
-          nodes: list[onnx.NodeProto], final: str | None) -> str:
+          nodes: list[onnx.NodeProto], final: str | None, grid: _Grid | None = None) -> str:
+    """Emit ``steps`` on ``cur``; the last one writes ``final`` when given. With a ``grid`` (float ``cur`` on a
+    quantized tensor) every op is a QDQ unit: op -> Q, then -> DQ unless that Q writes ``final``."""
     for i, st in enumerate(steps):
         node_name = index.unique_name(f"{base}/{st.tag}")
         roles = _CONST_ROLES.get(st.op) or tuple(f"{st.op.lower()}{i}" for i in range(len(st.consts)))
         inputs = [editor.add_initializer(f"{node_name}_{role}", c) for role, c in zip(roles, st.consts)]
         inputs.insert(st.data_slot, cur)
-        out = final if (final is not None and i == len(steps) - 1) else index.unique_name(f"{node_name}_out")
+        last = final is not None and i == len(steps) - 1
+        out = final if last and grid is None else index.unique_name(f"{node_name}_out")
         nodes.append(helper.make_node(st.op, inputs, [out], name=node_name, **st.attrs))
         cur = out
+        if grid is not None:
+            quantized = final if last else index.unique_name(f"{node_name}_quantized")
+            nodes.append(helper.make_node("QuantizeLinear", [cur, *grid.params], [quantized],
+                                          name=index.unique_name(f"{node_name}_quantize"), **grid.q_attrs))
+            cur = quantized if last else _dequantize(index, quantized, grid, f"{node_name}_dequantize", nodes)
     return cur
 
 

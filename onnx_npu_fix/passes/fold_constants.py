@@ -163,7 +163,7 @@ class FoldConstantsPass(Pass):
         folds = [p for p in found.plans if isinstance(p, FoldNode)]
         if folds:
             drop_nodes(model, (p.node for p in folds))
-            model.graph.initializer.extend(tensor_from_array(np.asarray(value), out) for p in folds
+            model.graph.initializer.extend(folded_tensor(np.asarray(value), out) for p in folds
                                            for out, value in zip(p.node.output, p.values) if out)
             result.changes += [Change(p.node.name, p.node.op_type, "folded to constant",
                                       new=[list(np.shape(v)) for v in p.values]) for p in folds]
@@ -199,6 +199,23 @@ class FoldConstantsPass(Pass):
                 known[out] = value
             found.plans.append(FoldNode((node.name,), "folded to constant", node=node, values=list(values)))
         return known
+
+
+SHAPE_LIKE_ELEMENTS = 64
+"""Folded int64 / int32 tensors up to this many elements (pads, shapes, axes, starts) are stored typed."""
+
+
+def folded_tensor(value: np.ndarray, name: str) -> onnx.TensorProto:
+    """The initializer a folded value becomes: raw bytes, except a small int64 / int32 tensor (a shape-like one:
+    pads, shape, axes), which is stored in ``int64_data`` / ``int32_data``. Why: rknn-toolkit2 2.5.0 reads a
+    raw-bytes integer initializer as a read-only array and writes into it when it fuses a Pad into a Conv
+    (``ValueError: assignment destination is read-only``, issue 25); the typed field gives it a writable copy.
+    onnx and onnxruntime read both forms as the same values."""
+    value = np.asarray(value)
+    if value.dtype in (np.int64, np.int32) and value.size <= SHAPE_LIKE_ELEMENTS:
+        return helper.make_tensor(name, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape,
+                                  value.reshape(-1).tolist())
+    return tensor_from_array(value, name)
 
 
 def _evaluate(index: GraphIndex, node: onnx.NodeProto, known: dict[str, np.ndarray], opsets):

@@ -80,7 +80,8 @@ of 1.7 (sqrt(3): one pixel of four instead of their mean), 0.24 on a smooth fiel
 ``PassResult.metrics``: ``exact`` (True when every rewrite of this run is exact, so the pass manager may
 validate it at the exact tolerance), ``approximate_nodes`` (names), ``opset`` (when bumped), ``forms``
 (count per action). Every Resize / Upsample left non-nearest (only inside subgraphs or in a foreign domain)
-gets a Rejection, blocking when ``options.require_nearest_resize``.
+gets a Rejection, blocking when ``options.require_nearest_resize``. With ``require_nearest_resize`` off (a
+target that runs linear / cubic Resizes) those are kept as they are, with a non-blocking Rejection: do no harm.
 """
 
 from __future__ import annotations
@@ -698,6 +699,12 @@ class ResizeNearestPass(Pass):
         if site.mode not in ("linear", "cubic", "bilinear"):
             result.rejections.append(Rejection(node.name, node.op_type, f"unknown mode '{site.mode}'",
                                                blocking=options.require_nearest_resize))
+            return None
+        if not options.require_nearest_resize:
+            # Do no harm: the target runs linear / cubic Resizes as they are, so neither the lossy nearest form
+            # nor an exact replacement is wanted (bm1684x, Rockchip: rel L2 0.18 on DeepLabV3+ for nothing).
+            result.rejections.append(Rejection(node.name, node.op_type, f"{site.mode} kept: the target accepts it "
+                                               "(require_nearest_resize = false)", blocking=False))
             return None
         if site.mode == "bilinear":  # pre-opset-7 spelling of linear
             site.mode = "linear"
