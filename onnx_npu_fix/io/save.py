@@ -178,17 +178,25 @@ class AtomicDir:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait (blocked, not lost) while the body runs: the renames of a commit happen all or
-    none. Main thread on POSIX only; elsewhere a no-op (a signal is only delivered to the main thread)."""
-    hold = {signal.SIGINT, signal.SIGTERM}
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+    """SIGINT and SIGTERM wait while the body runs (the renames of a commit happen all or none), then reach the
+    handlers that were in place. Python-level handlers, not a thread's signal mask: the kernel may deliver a
+    process signal to any thread, and CPython runs its handler in the main thread regardless. Main thread only
+    (signal.signal's rule); elsewhere a no-op, since handlers run in the main thread anyway."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, hold)
+    pending: list[int] = []
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not None:  # None: a handler not installed from Python, left alone
+            previous[signum] = signal.signal(signum, lambda number, frame: pending.append(number))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in pending:
+            signal.raise_signal(signum)
 
 
 class Transaction:
