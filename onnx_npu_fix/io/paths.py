@@ -131,7 +131,7 @@ class WritePlan:
 
     def check(self) -> None:
         for i, (path, what, is_dir) in enumerate(self._writes):
-            others = [(p, w, d, "reads") for p, w in self._reads for d in (False,)]
+            others = [(p, w, False, "reads") for p, w in self._reads]
             others += [(p, w, d, "writes") for p, w, d in self._writes[:i]]
             for other, other_what, other_dir, verb in others:
                 clash = _same_file(path, other) or (is_dir and _inside(other, path)) or (
