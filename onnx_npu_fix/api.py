@@ -30,8 +30,8 @@ from onnx_npu_fix.analysis.plot import write_memory_plot
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import EXIT_OK, EXIT_PASS_FAILED, EXIT_VIOLATIONS, InputError, PassFailed, first_line
 from onnx_npu_fix.io.load import LoadedModel, load_model, read_model  # noqa: F401 - load_model: part of the API
-from onnx_npu_fix.io.paths import check_output_path, check_run_paths, check_split_dir
-from onnx_npu_fix.io.save import EarlyWrite, save_model, write_json
+from onnx_npu_fix.io.paths import WritePlan, check_output_path, check_run_paths, check_split_dir
+from onnx_npu_fix.io.save import EarlyWrite, Transaction, save_model, sha256_file, write_json
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, copy_model, infer_shapes
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
@@ -250,6 +250,8 @@ class _RunState:
     """The input has external data (and so will the output)."""
     read_digest: bytes | None = None
     """The SHA-256 of the bytes read (the reference hashed them): the record names what was processed."""
+    files: Transaction = field(default_factory=Transaction)
+    """Every file of the run, staged beside its destination; committed together at the end (:func:`_commit`)."""
 
 
 def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
@@ -272,13 +274,33 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
     job = _RunState(os.fspath(input_path), _fspath(output), options or FixOptions(), _fspath(report_path),
                _fspath(split_dir), _fspath(memory_plot), shapes, bool(report_path) or record, command)
     _check_fitting(job.options, job.input_path, check, job.split_dir, job.memory_plot)
-    if check:
-        outcome = _check_input(job)
-    else:
-        chosen = _plan_fix(job, passes)
-        outcome = _fix_and_write(job, chosen)
-    _record(job, outcome)
+    with job.files:  # any exception, KeyboardInterrupt and SIGTERM included, removes every staged file
+        if check:
+            _write_plan(job).check()
+            outcome = _check_input(job)
+        else:
+            chosen = _plan_fix(job, passes)
+            outcome = _fix_and_write(job, chosen)
+        _record(job, outcome)
+        _commit(job)
     return outcome
+
+
+def _write_plan(job: _RunState, external_files: Sequence[str] = ()) -> WritePlan:
+    """Every path the run reads and will write, in commit order (the split directory, the plot and its
+    sidecar, the output's external data and the output, the report): no two may be one file."""
+    plan = WritePlan().reads(job.input_path, "the input model")
+    for path in sorted(external_files):
+        plan.reads(path, "the input's external data")
+    if job.split_dir:
+        plan.writes(job.split_dir, "--split", directory=True)
+    if job.memory_plot:
+        plan.writes(job.memory_plot, "--memory-plot").writes(job.memory_plot + ".json", "the plot's sidecar")
+    if job.output:
+        plan.writes(job.output + ".data", "the output's external data").writes(job.output, "-o")
+    if job.report_path:
+        plan.writes(job.report_path, "--report")
+    return plan
 
 
 def _fspath(path: str | os.PathLike | None) -> str | None:
@@ -292,12 +314,13 @@ def _check_input(job: _RunState) -> RunOutcome:
     source = read_model(job.input_path)
     if job.report_path:
         check_run_paths(job.input_path, None, job.report_path, source.external_files)
+    _write_plan(job, source.external_files).check()
     checked = check_model(source.model, job.options, shapes=job.shapes)
     counted, others = split_requested(checked.violations, job.options)
     outcome = RunOutcome(EXIT_VIOLATIONS if counted else EXIT_OK, "check", job.input_path, checked=checked,
                          violations=counted, not_requested=others)
     if job.memory_plot:
-        _plot(outcome, source.model, job.memory_plot, job.options, prepared=False)
+        _plot(outcome, source.model, job, prepared=False)
     return outcome
 
 
@@ -310,12 +333,13 @@ def _plan_fix(job: _RunState, passes: Sequence[Pass] | None) -> list[Pass]:
     check_output_path(job.output, job.input_path)
     if job.report_path:
         check_run_paths(job.input_path, job.output, job.report_path)
+    _write_plan(job).check()
     return chosen
 
 
 def _fix_and_write(job: _RunState, chosen: list[Pass]) -> RunOutcome:
-    """Load → reference → fix → check the output → split / plot → commit; the output is written (early, while
-    the last validation runs, when it can) only if every step before succeeds."""
+    """Load → reference → fix → check the output → split / plot → stage the output (written early, while the
+    last validation runs, when it can); :func:`run` commits the staged files only if every step succeeds."""
     early = EarlyWrite(job.output)
     try:
         result = _load_and_fix(job, chosen, early)
@@ -326,9 +350,9 @@ def _fix_and_write(job: _RunState, chosen: list[Pass]) -> RunOutcome:
         _check_output(job, outcome)
         _split(job, outcome)
         if job.memory_plot and outcome.error is None:
-            _plot(outcome, result.model, job.memory_plot, job.options, prepared=True)
+            _plot(outcome, result.model, job, prepared=True)
         if outcome.error is None:
-            _commit(job, outcome, early)
+            _stage_output(job, outcome, early)
     finally:
         early.close()
     if outcome.error is None:
@@ -347,6 +371,7 @@ def _load_and_fix(job: _RunState, chosen: list[Pass], early: EarlyWrite) -> FixR
         check_output_path(job.output, job.input_path, protected=loaded.external_files)
         if job.report_path:
             check_run_paths(job.input_path, job.output, job.report_path, loaded.external_files)
+        _write_plan(job, loaded.external_files).check()
         job.external = bool(loaded.external_files)
         result = _fix_in_place(loaded.model, job.options, chosen, reference=reference,
                                on_serialized=None if job.external else early.start, source=job.input_path)
@@ -378,7 +403,7 @@ def _split(job: _RunState, outcome: RunOutcome) -> None:
     if not job.split_dir:
         return
     try:
-        outcome.split = split_model(outcome.result.model, job.split_dir, job.options)
+        outcome.split = split_model(outcome.result.model, job.split_dir, job.options, transaction=job.files)
     except PassFailed as exc:
         outcome.exit_code, outcome.error = exc.exit_code, f"split failed: {exc}; nothing written"
         return
@@ -389,14 +414,24 @@ def _split(job: _RunState, outcome: RunOutcome) -> None:
         outcome.checked.violations = [v for v in outcome.checked.violations if v.constraint != "sram"]
 
 
-def _commit(job: _RunState, outcome: RunOutcome, early: EarlyWrite) -> None:
-    """Write the output model (renaming the early write into place when it holds these bytes)."""
+def _stage_output(job: _RunState, outcome: RunOutcome, early: EarlyWrite) -> None:
+    """Stage the output model (the early write, when it holds these bytes)."""
     result = outcome.result
     try:
         save_model(result.model, job.output, external_data=job.external or None, serialized=result.serialized,
-                   early=early)
+                   early=early, transaction=job.files)
     except OSError as exc:
         raise InputError(f"cannot write {job.output}: {exc.strerror or exc}; nothing written") from None
+
+
+def _commit(job: _RunState) -> None:
+    """Every staged file into place, in the order staged (:func:`_write_plan`), after every check passed."""
+    try:
+        job.files.commit()
+    except OSError as exc:
+        done = getattr(exc, "npufix_written", [])
+        what = f"only {', '.join(done)} written" if done else "nothing written"
+        raise InputError(f"cannot write {exc.filename or 'the run files'}: {exc.strerror or exc}; {what}") from None
 
 
 def _decide(job: _RunState, outcome: RunOutcome, chosen: list[Pass]) -> None:
@@ -419,6 +454,8 @@ def _record(job: _RunState, outcome: RunOutcome) -> None:
         # A self-contained output is exactly the serialized bytes (save_model writes them as they are).
         written_digest = hashlib.sha256(result.serialized).hexdigest() \
             if outcome.written and not job.external and result.serialized is not None else None
+        if outcome.written and written_digest is None:  # hashed where it is staged: committed after the record
+            written_digest = sha256_file(job.files.staged_at(job.output))
         outcome.record = build_record(job.input_path, outcome.written, job.options, outcome.report,
                                       time.perf_counter() - job.started, outcome.exit_code, outcome.checked,
                                       job.command, outcome.violations if outcome.checked is not None else None,
@@ -427,9 +464,10 @@ def _record(job: _RunState, outcome: RunOutcome) -> None:
         outcome.record["split"] = outcome.split.to_json() if outcome.split is not None else None
     if job.report_path:
         try:
-            write_json(job.report_path, outcome.record)
+            write_json(job.report_path, outcome.record, transaction=job.files)
         except OSError as exc:
-            raise InputError(f"cannot write the report {job.report_path}: {exc.strerror or exc}") from None
+            raise InputError(f"cannot write the report {job.report_path}: {exc.strerror or exc}; "
+                             f"nothing written") from None
 
 
 def _check_fitting(options: FixOptions, input_path: str, check: bool, split_dir: str | None,
@@ -451,14 +489,15 @@ def _check_fitting(options: FixOptions, input_path: str, check: bool, split_dir:
         check_output_path(memory_plot, input_path, what="--memory-plot")
 
 
-def _plot(outcome: RunOutcome, model: onnx.ModelProto, path: str, options: FixOptions, *, prepared: bool) -> None:
+def _plot(outcome: RunOutcome, model: onnx.ModelProto, job: _RunState, *, prepared: bool) -> None:
+    path = job.memory_plot
     try:
         split = outcome.split
         segments = split.segments if split is not None and split.segments else ()
-        write_memory_plot(model, path, options, segments=segments, cuts=split.plan.cuts if segments else (),
-                          prepared=prepared)
+        write_memory_plot(model, path, job.options, segments=segments, cuts=split.plan.cuts if segments else (),
+                          prepared=prepared, transaction=job.files)
     except OSError as exc:
-        raise InputError(f"cannot write --memory-plot {path}: {exc.strerror or exc}") from None
+        raise InputError(f"cannot write --memory-plot {path}: {exc.strerror or exc}; nothing written") from None
     outcome.memory_plot = path
 
 

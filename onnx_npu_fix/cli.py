@@ -190,11 +190,11 @@ def main(ctx: click.Context, **params: Any) -> None:
     except BrokenPipeError:
         _stdout_closed()
         ctx.exit(EXIT_CLOSED_PIPE)
-    except KeyboardInterrupt:
-        click.echo("error: interrupted; nothing written", err=True)
+    except KeyboardInterrupt as exc:
+        click.echo(f"error: interrupted; {_written(exc)}", err=True)
         ctx.exit(EXIT_SIGINT)
-    except _Terminated:
-        click.echo("error: terminated (SIGTERM); nothing written", err=True)
+    except _Terminated as exc:
+        click.echo(f"error: terminated (SIGTERM); {_written(exc)}", err=True)
         ctx.exit(EXIT_SIGTERM)
     except Exception as exc:  # noqa: BLE001 - a bug must still end in one line and a non-zero exit
         if params.get("verbose", 0) > 1:
@@ -207,6 +207,15 @@ def main(ctx: click.Context, **params: Any) -> None:
             signal.signal(signal.SIGTERM, previous)
         if collecting:
             gc.enable()
+
+
+def _written(exc: BaseException) -> str:
+    """What a signal left on disk: nothing, unless it came while the run's files were renamed into place (held
+    until the commit was complete: io.save.Transaction), and then all of them."""
+    written = getattr(exc, "npufix_written", None)
+    if not written:
+        return "nothing written"
+    return f"it came as the run's files were committed, which completed first: written {', '.join(written)}"
 
 
 def _catch_sigterm():

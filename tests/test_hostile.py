@@ -339,6 +339,17 @@ def _touch(path: Path) -> Path:
     return path
 
 
+def _copy_as(work: Path, corpus, name: str) -> Path:
+    src = work / name
+    shutil.copy(corpus["plain"], src)
+    return src
+
+
+def _hard_link(path: Path, target: Path) -> Path:
+    os.link(target, path)
+    return path
+
+
 def _symlink(path: Path, target: Path) -> Path:
     path.symlink_to(target)
     return path
@@ -419,6 +430,41 @@ PATH_CASES = [
              2, ("o.onnx.data is a directory",)),
     PathCase("newline_in_input_path", lambda w, c: (_newline_path(w, c), ["-o", w / "o.onnx"]),
              2, ("empty file",)),
+    # issue 21: every file the run writes (segments and manifest, plot and sidecar, report, output) against every
+    # other and every file it reads, before any work
+    PathCase("report_is_split_manifest",
+             lambda w, c: (_copy_plain(w, c), ["-o", w / "o.onnx", "--sram", "1MiB", "--split", _mkdir(w / "seg"),
+                                               "--report", w / "seg" / "manifest.json"]),
+             2, ("inside",)),
+    PathCase("out_in_split_dir_external",
+             lambda w, c: (_external_input(w, c), ["-o", _mkdir(w / "seg") / "segment_00.onnx", "--sram", "1MiB",
+                                                   "--split", w / "seg"]),
+             2, ("inside",)),
+    PathCase("out_is_split_dir",
+             lambda w, c: (_copy_plain(w, c), ["-o", w / "segs", "--sram", "1MiB", "--split", w / "segs"]),
+             2, ("same file",)),
+    PathCase("plot_sidecar_is_input",
+             lambda w, c: (_copy_as(w, c, "m.png.json"), ["-o", w / "o.onnx", "--memory-plot", w / "m.png"]),
+             2, ("same file",)),
+    PathCase("plot_sidecar_is_input_check",
+             lambda w, c: (_copy_as(w, c, "m.png.json"), ["--check", "--target", "stm32n6", "--memory-plot",
+                                                          w / "m.png"]),
+             2, ("same file",)),
+    PathCase("plot_is_output",
+             lambda w, c: (_copy_plain(w, c), ["-o", w / "o.svg", "--memory-plot", w / "o.svg"]),
+             2, ("same file",)),
+    PathCase("plot_is_report",
+             lambda w, c: (_copy_plain(w, c), ["-o", w / "o.onnx", "--report", w / "p.png", "--memory-plot",
+                                               w / "p.png"]),
+             2, ("same file",)),
+    PathCase("plot_hard_link_of_output",
+             lambda w, c: (_copy_plain(w, c), ["-o", _touch(w / "o.onnx"), "--memory-plot",
+                                               _hard_link(w / "h.png", w / "o.onnx")]),
+             2, ("same file",)),
+    PathCase("plot_dotdot_to_report",
+             lambda w, c: (_copy_plain(w, c), ["-o", w / "o.onnx", "--report", w / "p.png", "--memory-plot",
+                                               _mkdir(w / "d") / ".." / "p.png"]),
+             2, ("same file",)),
     PathCase("non_ascii_output_path", lambda w, c: (_copy_plain(w, c), ["-o", w / "выход 🚀.onnx"]),
              0, writes="выход 🚀.onnx"),
 ]

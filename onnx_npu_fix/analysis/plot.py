@@ -18,6 +18,7 @@ import onnx
 from onnx_npu_fix.analysis.memory import analysis_copy, estimate_index
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.io.save import Transaction, write_json
 from onnx_npu_fix.ir.graph import GraphIndex, format_bytes
 from onnx_npu_fix.ir.schedule import DEFAULT_SEARCH_BUDGET, best_schedule, liveness
 
@@ -41,23 +42,25 @@ def check_plot_path(path: str) -> None:
 
 def write_memory_plot(model: onnx.ModelProto, path: str | os.PathLike, options: FixOptions, *,
                       segments: Sequence[onnx.ModelProto] = (), cuts: Sequence[int] = (),
-                      prepared: bool = True) -> dict:
+                      prepared: bool = True, transaction: Transaction | None = None) -> dict:
     """Draw the activation profile of ``model`` to ``path`` (.png / .svg) and its numbers to ``path + '.json'``,
     both atomically (io.save.atomic_write). ``prepared``: ``model`` has fresh inferred shapes (FixResult.model);
     otherwise a light analysis copy is made. ``segments`` / ``cuts``: a split's segment models and where each
     after the first starts (SplitOutcome.segments, its plan's cuts), drawn too. Returns the numbers.
-    Raises InputError (exit 2) when matplotlib is missing."""
-    from onnx_npu_fix.io.save import atomic_write, write_json
-
+    Raises InputError (exit 2) when matplotlib is missing. ``transaction``: both files are staged there (renamed
+    into place with the run's other files); else committed now."""
     path = os.fspath(path)
     check_plot_path(path)
     if not prepared:
         model, _ = analysis_copy(model, options.input_shapes)
     data = profile_data(model, options.act_bytes, options.sram_bytes, segments=segments, cuts=cuts,
                         budget=options.schedule_budget)
-    with atomic_write(path, suffix=os.path.splitext(path)[1]) as tmp:  # matplotlib reads the format from it
-        draw(data, tmp)
-        write_json(path + ".json", data)
+    with Transaction() as own:
+        files = transaction if transaction is not None else own
+        draw(data, files.file(path, suffix=os.path.splitext(path)[1]))  # matplotlib reads the format from it
+        write_json(path + ".json", data, transaction=files)
+        if transaction is None:
+            own.commit()
     return data
 
 

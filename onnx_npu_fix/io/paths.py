@@ -55,12 +55,24 @@ def check_output_path(output: str | os.PathLike, input_path: str | os.PathLike |
 
 
 def _same_file(a: str, b: str) -> bool:
-    if os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b)):
+    """One file: the same resolved path (symlinks, ``..``), the same inode (hard links), or names equal but for
+    case in one directory of a file system that ignores case (checked even before the files exist)."""
+    real_a, real_b = os.path.normcase(os.path.realpath(a)), os.path.normcase(os.path.realpath(b))
+    if real_a == real_b:
         return True
     try:
-        return os.path.samefile(a, b)
+        if os.path.samefile(a, b):
+            return True
+    except OSError:
+        pass
+    dir_a, dir_b = os.path.dirname(real_a), os.path.dirname(real_b)
+    if os.path.basename(real_a).casefold() != os.path.basename(real_b).casefold():
+        return False
+    try:
+        same_dir = dir_a == dir_b or os.path.samefile(dir_a, dir_b)
     except OSError:
         return False
+    return same_dir and _case_blind(dir_a)
 
 
 def check_run_paths(input_path: str, output: str | None, report_path: str,
@@ -85,3 +97,69 @@ def check_split_dir(directory: str | os.PathLike) -> None:
     parent = os.path.dirname(os.path.abspath(directory))
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         raise InputError(f"--split {directory}: parent directory {parent} does not exist or is not writable")
+
+
+# --- the run's write plan ---------------------------------------------------------------------------------------
+
+
+class WritePlan:
+    """Every path a run reads and every path it will write, known before any work, so that no file of the run
+    can be another (issue 21: a report that replaces the split's manifest, a plot sidecar that overwrites the
+    input, an output inside the split directory). Two paths are the same file when they resolve to one (symlinks,
+    ``..``), are hard links of one inode, or differ only in case on a file system that ignores case; a path
+    inside a directory the run writes (``--split``) is in it.
+
+    :meth:`reads` / :meth:`writes` add entries (``what``: the option or role, for the message); :meth:`check`
+    raises InputError naming both paths of the first clash."""
+
+    def __init__(self) -> None:
+        self._reads: list[tuple[str, str]] = []
+        self._writes: list[tuple[str, str, bool]] = []
+
+    def reads(self, path: str | os.PathLike, what: str) -> WritePlan:
+        self._reads.append((os.fspath(path), what))
+        return self
+
+    def writes(self, path: str | os.PathLike, what: str, *, directory: bool = False) -> WritePlan:
+        self._writes.append((os.fspath(path), what, directory))
+        return self
+
+    @property
+    def written(self) -> list[str]:
+        """The planned destinations (files and directories), in the order they were planned."""
+        return [path for path, _, _ in self._writes]
+
+    def check(self) -> None:
+        for i, (path, what, is_dir) in enumerate(self._writes):
+            others = [(p, w, False, "reads") for p, w in self._reads]
+            others += [(p, w, d, "writes") for p, w, d in self._writes[:i]]
+            for other, other_what, other_dir, verb in others:
+                clash = _same_file(path, other) or (is_dir and _inside(other, path)) or (
+                    other_dir and _inside(path, other))
+                if clash:
+                    raise InputError(f"{what} {path} and {other_what} {other} are the same file or one is inside "
+                                     f"the other (the run {verb} {other}); nothing written, choose another path")
+
+
+def _inside(path: str, directory: str) -> bool:
+    """``path`` is strictly below ``directory`` (resolved; case-folded where the file system ignores case)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while True:
+        if _same_file(parent, directory):
+            return True
+        up = os.path.dirname(parent)
+        if up == parent:
+            return False
+        parent = up
+
+
+def _case_blind(directory: str) -> bool:
+    """The file system of ``directory`` treats names that differ only in case as one (macOS, Windows)."""
+    probe = os.path.realpath(directory)
+    flipped = os.path.join(os.path.dirname(probe), os.path.basename(probe).swapcase())
+    if flipped == probe or not os.path.basename(probe):
+        return os.path.normcase("A") == os.path.normcase("a")
+    try:
+        return os.path.samefile(probe, flipped)
+    except OSError:
+        return False

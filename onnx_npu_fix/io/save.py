@@ -12,6 +12,8 @@ import math
 import os
 import secrets
 import shutil
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -49,20 +51,20 @@ def _fsync_directory(directory: str) -> None:
 
 
 def _create_unique(directory: str, prefix: str, suffix: str, make: Callable[[str], None],
-                   undo: Callable[[str], None]) -> str:
+                   register: Callable[[str | None], None]) -> None:
     """A new file or directory (``make``) named ``prefix`` + random + ``suffix`` in ``directory``. The name is
-    chosen before the entry exists, so ``undo`` removes it on any failure, KeyboardInterrupt included (a name
-    returned by mkstemp would be lost if the interrupt came between the creation and the return)."""
+    chosen and handed to ``register`` *before* the entry exists, so whoever discards it knows the name whatever
+    instant a KeyboardInterrupt or SIGTERM lands at (a name returned by mkstemp would be lost if the signal came
+    between the creation and the return: issue 21)."""
     while True:
         name = os.path.join(directory, f"{prefix}{secrets.token_hex(8)}{suffix}")
+        register(name)
         try:
             make(name)
-            return name
+            return
         except FileExistsError:
+            register(None)  # someone else's file of that name: not ours to remove
             continue
-        except BaseException:
-            undo(name)
-            raise
 
 
 def _make_private_file(path: str) -> None:
@@ -80,8 +82,9 @@ def _remove_tree(path: str) -> None:
 
 class AtomicFile:
     """One file written through a temporary sibling: :meth:`create` it, write to :attr:`tmp` (by path), then
-    :meth:`commit` (fsync, mode from the umask, rename, fsync of the directory) or :meth:`discard`.
-    :func:`atomic_write` is the usual form; :class:`EarlyWrite` keeps one open across a validation."""
+    :meth:`commit` (:meth:`flush`: fsync, mode from the umask; :meth:`rename`, fsync of the directory) or
+    :meth:`discard`. :func:`atomic_write` is the usual form; a :class:`Transaction` holds several, :class:`EarlyWrite`
+    keeps one open across a validation."""
 
     def __init__(self, path: str | os.PathLike, *, suffix: str = ".tmp") -> None:
         self.path = os.path.abspath(os.fspath(path))
@@ -89,28 +92,180 @@ class AtomicFile:
         self.suffix = suffix
         self.tmp: str | None = None
 
-    def create(self) -> str:
-        """Create the (empty, private) temporary file and return its path."""
-        self.tmp = _create_unique(self.directory, ".npufix-", self.suffix, _make_private_file, _remove_file)
-        return self.tmp
+    def _register(self, name: str | None) -> None:
+        self.tmp = name
 
-    def commit(self) -> None:
-        """Flush the written bytes to disk, give the file the mode a plain open() would have, rename it into
-        place and make the rename durable. On any failure the temporary file is removed."""
+    def create(self) -> str:
+        """Create the (empty, private) temporary file and return its path (registered in :attr:`tmp` before it
+        exists, so :meth:`discard` removes it whenever an interrupt lands)."""
         try:
-            _fsync_path(self.tmp, os.O_WRONLY)
-            os.chmod(self.tmp, 0o666 & ~current_umask())
-            os.replace(self.tmp, self.path)
+            _create_unique(self.directory, ".npufix-", self.suffix, _make_private_file, self._register)
         except BaseException:
             self.discard()
             raise
+        return self.tmp
+
+    def flush(self) -> None:
+        """The staged bytes to disk, with the mode a plain open() would have given the file."""
+        _fsync_path(self.tmp, os.O_WRONLY)
+        os.chmod(self.tmp, 0o666 & ~current_umask())
+
+    def rename(self) -> None:
+        os.replace(self.tmp, self.path)
         self.tmp = None
+
+    def commit(self) -> None:
+        """Flush, rename into place and make the rename durable. On any failure the temporary file is removed."""
+        try:
+            self.flush()
+            self.rename()
+        except BaseException:
+            self.discard()
+            raise
         _fsync_directory(self.directory)
 
     def discard(self) -> None:
         if self.tmp is not None:
             _remove_file(self.tmp)
             self.tmp = None
+
+
+class AtomicDir:
+    """A directory built under a temporary sibling name and renamed into place (which may exist only as an empty
+    directory): :meth:`create`, fill :attr:`tmp`, :meth:`commit` or :meth:`discard` (removes it all)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.directory = os.path.dirname(self.path)
+        self.tmp: str | None = None
+
+    def _register(self, name: str | None) -> None:
+        self.tmp = name
+
+    def create(self) -> str:
+        try:
+            _create_unique(self.directory, ".npufix-split-", "", functools.partial(os.mkdir, mode=0o700),
+                           self._register)
+        except BaseException:
+            self.discard()
+            raise
+        return self.tmp
+
+    def flush(self) -> None:
+        """The files inside were written with :func:`atomic_write` (fsynced, with the directory); the mode."""
+        os.chmod(self.tmp, 0o777 & ~current_umask())
+
+    def rename(self) -> None:
+        if os.path.isdir(self.path):
+            os.rmdir(self.path)  # empty (checked before any work): replaced by the finished directory
+        os.replace(self.tmp, self.path)
+        self.tmp = None
+
+    def commit(self) -> None:
+        try:
+            self.flush()
+            self.rename()
+        except BaseException:
+            self.discard()
+            raise
+        _fsync_directory(self.directory)
+
+    def discard(self) -> None:
+        if self.tmp is not None:
+            _remove_tree(self.tmp)
+            self.tmp = None
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait while the body runs (the renames of a commit happen all or none), then reach the
+    handlers that were in place. Python-level handlers, not a thread's signal mask: the kernel may deliver a
+    process signal to any thread, and CPython runs its handler in the main thread regardless. Main thread only
+    (signal.signal's rule); elsewhere a no-op, since handlers run in the main thread anyway."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not None:  # None: a handler not installed from Python, left alone
+            previous[signum] = signal.signal(signum, lambda number, frame: pending.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in pending:
+            signal.raise_signal(signum)
+
+
+class Transaction:
+    """Every file of a run, staged beside its destination and renamed into place together.
+
+    :meth:`file` / :meth:`directory` stage (the temporary name registered before it is created); :meth:`commit`
+    first flushes every staged entry (fsync, mode: where a full disk or an I/O error shows), then renames them in
+    the order they were staged with SIGINT / SIGTERM held, then fsyncs the directories; :meth:`discard` (also on
+    any exception leaving a ``with`` block) removes everything staged. A signal that arrives during the renames
+    is raised once they are done, with :attr:`committed` (also set on the exception as ``npufix_written``) naming
+    the files that are in place.
+    """
+
+    def __init__(self) -> None:
+        self._staged: list[AtomicFile | AtomicDir] = []
+        self.committed: list[str] = []
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        self.discard()
+
+    def file(self, path: str | os.PathLike, *, suffix: str = ".tmp") -> str:
+        return self.adopt(AtomicFile(path, suffix=suffix)).create()
+
+    def directory(self, path: str | os.PathLike) -> str:
+        return self.adopt(AtomicDir(path)).create()
+
+    def adopt(self, target: AtomicFile | AtomicDir) -> AtomicFile | AtomicDir:
+        """Hold ``target`` (created or not): committed and discarded with the rest."""
+        self._staged.append(target)
+        return target
+
+    @property
+    def staged(self) -> list[str]:
+        """The destinations staged, in commit order."""
+        return [t.path for t in self._staged]
+
+    def staged_at(self, path: str | os.PathLike) -> str | None:
+        """Where the bytes staged for ``path`` are until the commit (None: nothing staged for it)."""
+        path = os.path.abspath(os.fspath(path))
+        return next((t.tmp for t in self._staged if t.path == path), None)
+
+    def commit(self) -> None:
+        try:
+            for target in self._staged:
+                target.flush()
+        except BaseException:
+            self.discard()
+            raise
+        try:
+            with _signals_held():
+                for target in self._staged:
+                    target.rename()
+                    self.committed.append(target.path)
+        except BaseException as exc:
+            exc.npufix_written = list(self.committed)
+            self.discard()
+            raise
+        for directory in dict.fromkeys(t.directory for t in self._staged):
+            _fsync_directory(directory)
+        self._staged = []
+
+    def discard(self) -> None:
+        """Remove every staged entry not yet renamed into place."""
+        for target in self._staged:
+            target.discard()
+        self._staged = []
 
 
 @contextlib.contextmanager
@@ -120,14 +275,9 @@ def atomic_write(path: str | os.PathLike, *, suffix: str = ".tmp") -> Iterator[s
     mode the umask says, renamed onto ``path`` and the directory fsynced; on any exception (KeyboardInterrupt
     included) the temporary file is removed and ``path`` is left as it was. ``suffix``: the temporary name's
     ending (matplotlib picks the picture format from it)."""
-    target = AtomicFile(path, suffix=suffix)
-    target.create()
-    try:
-        yield target.tmp
-    except BaseException:
-        target.discard()
-        raise
-    target.commit()
+    with Transaction() as files:
+        yield files.file(path, suffix=suffix)
+        files.commit()
 
 
 @contextlib.contextmanager
@@ -136,19 +286,9 @@ def atomic_dir(directory: str | os.PathLike) -> Iterator[str]:
     gets the mode the umask says and is renamed onto ``directory`` (which may exist only as an empty directory),
     and the parent is fsynced. On any exception the temporary directory and everything in it are removed. Files
     written inside should use :func:`atomic_write` (which fsyncs them and this directory)."""
-    directory = os.path.abspath(os.fspath(directory))
-    parent = os.path.dirname(directory)
-    tmp = _create_unique(parent, ".npufix-split-", "", functools.partial(os.mkdir, mode=0o700), _remove_tree)
-    try:
-        yield tmp
-        os.chmod(tmp, 0o777 & ~current_umask())
-        if os.path.isdir(directory):
-            os.rmdir(directory)  # empty (the caller checked): replaced by the finished directory
-        os.replace(tmp, directory)
-    except BaseException:
-        _remove_tree(tmp)
-        raise
-    _fsync_directory(parent)
+    with Transaction() as files:
+        yield files.directory(directory)
+        files.commit()
 
 
 # --- models and records -----------------------------------------------------------------------------------------
@@ -173,35 +313,47 @@ class EarlyWrite:
 
     def start(self, data: bytes) -> None:
         """Begin writing ``data`` (replacing an earlier start). A file system error here only means no early
-        write: :func:`save_model` then writes as usual and reports it."""
+        write: :func:`save_model` then writes as usual and reports it. The temporary file is this object's from
+        before it is created (a signal between its creation and the worker's start cannot orphan it)."""
         self.discard()
-        target = AtomicFile(self.path)
+        self._target = target = AtomicFile(self.path)
         try:
             tmp = target.create()
         except OSError:
+            self._target = None
             return
-        self._data, self._target = data, target
+        self._data = data
         self._written = self._executor.submit(_write_bytes, tmp, data)
+
+    def take(self, data: bytes) -> AtomicFile | None:
+        """The written early file, handed over to the caller (e.g. a :class:`Transaction`) if it holds ``data``
+        (the same object); else it is discarded and None returned (the caller then writes normally)."""
+        if self._written is None or data is not self._data:
+            self.discard()
+            return None
+        try:
+            self._written.result()
+        except BaseException:
+            self.discard()
+            raise
+        target = self._target
+        self._written = self._target = self._data = None
+        return target
 
     def commit(self, data: bytes) -> bool:
         """Rename the early file into place if it holds ``data`` (the same object) and was written; else
         discard it and return False (the caller then writes normally)."""
-        if self._written is None or data is not self._data:
-            self.discard()
+        target = self.take(data)
+        if target is None:
             return False
-        try:
-            self._written.result()
-            self._target.commit()
-        except BaseException:
-            self.discard()
-            raise
-        self._written = self._target = self._data = None
+        target.commit()
         return True
 
     def discard(self) -> None:
         if self._written is not None:
             with contextlib.suppress(Exception):
                 self._written.result()
+        if self._target is not None:
             self._target.discard()
         self._written = self._target = self._data = None
 
@@ -216,7 +368,8 @@ def _write_bytes(path: str, data: bytes) -> None:
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None,
-               serialized: bytes | None = None, early: EarlyWrite | None = None) -> None:
+               serialized: bytes | None = None, early: EarlyWrite | None = None,
+               transaction: Transaction | None = None) -> None:
     """Write ``model`` atomically: temporary files in the target directory, then renames.
 
     Models above 2 GB, or when ``external_data`` is True, keep every initializer of 1 KiB or more in
@@ -225,24 +378,33 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
     in-memory ``model`` (it then refers to the data file), which saves a copy of the weights.
     ``serialized``: ``model`` already serialized (FixResult.serialized), written as is.
     ``early``: an :class:`EarlyWrite` to ``path`` that may already hold those bytes.
+    ``transaction``: stage the files there (committed with the run's other files); else committed now.
     """
     path = os.path.abspath(os.fspath(path))
     directory = os.path.dirname(path)
     if external_data is None:
         # Bytes in hand mean the model is below 2 GB (protobuf cannot serialize more): no need to size it again.
         external_data = (serialized is None and approx_model_bytes(model) >= TWO_GB) or _uses_external_data(model)
-    if early is not None:
-        if not external_data and serialized is not None and early.path == path and early.commit(serialized):
-            return
-        early.discard()
-    data_name = os.path.basename(path) + ".data"
-    with contextlib.ExitStack() as files:  # on leaving: the data file is renamed into place first, then the model
-        tmp = files.enter_context(atomic_write(path))
-        if external_data:
-            tmp_data = files.enter_context(atomic_write(os.path.join(directory, data_name), suffix=".data.tmp"))
-            write_with_external_data(model, tmp, tmp_data, data_name, in_place=True)
+    with contextlib.ExitStack() as stack:
+        files = transaction if transaction is not None else stack.enter_context(Transaction())
+        if early is not None:
+            held = None
+            if not external_data and serialized is not None and early.path == path:
+                held = early.take(serialized)
+            early.discard()  # anything it still holds is not the result
+            if held is not None:
+                files.adopt(held)
+                if transaction is None:
+                    files.commit()
+                return
+        data_name = os.path.basename(path) + ".data"
+        if external_data:  # staged (and so renamed into place) first, the model that refers to it second
+            tmp_data = files.file(os.path.join(directory, data_name), suffix=".data.tmp")
+            write_with_external_data(model, files.file(path), tmp_data, data_name, in_place=True)
         else:
-            _write_bytes(tmp, serialized if serialized is not None else model.SerializeToString())
+            _write_bytes(files.file(path), serialized if serialized is not None else model.SerializeToString())
+        if transaction is None:
+            files.commit()
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:
@@ -342,9 +504,13 @@ def sha256_file(path: str | None) -> str | None:
     return digest.hexdigest()
 
 
-def write_json(path: str | os.PathLike, data: Any) -> None:
-    """Write strict JSON atomically (:func:`atomic_write`: a uniquely named temporary file next to ``path``,
-    never a fixed name that could be another file of the run)."""
-    with atomic_write(path, suffix=".json.tmp") as tmp, open(tmp, "w", encoding="utf-8") as f:
-        f.write(dumps(data))
-        f.write("\n")
+def write_json(path: str | os.PathLike, data: Any, *, transaction: Transaction | None = None) -> None:
+    """Write strict JSON atomically (a uniquely named temporary file next to ``path``, never a fixed name that
+    could be another file of the run); staged in ``transaction`` when given, else committed now."""
+    with Transaction() as own:
+        files = transaction if transaction is not None else own
+        with open(files.file(path, suffix=".json.tmp"), "w", encoding="utf-8") as f:
+            f.write(dumps(data))
+            f.write("\n")
+        if transaction is None:
+            own.commit()

@@ -1,6 +1,7 @@
 """``--split``: the segments the run writes. Plans the cut (analysis/split.py), builds the segments, checks each
 one's own estimate against the budget, validates that running them in order reproduces the model bit for bit, and
-writes the directory in one atomic step (io.save.atomic_dir).
+stages the directory beside its destination (io.save.Transaction: renamed into place with the run's other
+files).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from onnx_npu_fix.analysis.split import ResolutionHint, SplitPlan, build_segment
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import PassFailed
 from onnx_npu_fix.io.paths import check_split_dir
-from onnx_npu_fix.io.save import atomic_dir, save_model, write_json
+from onnx_npu_fix.io.save import Transaction, save_model, write_json
 from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.pipeline.validate import CannotRun, validate_chain
 
@@ -48,7 +49,8 @@ class SplitOutcome:
                 "resolution": self.hint.to_json() if self.hint is not None else None}
 
 
-def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: FixOptions) -> SplitOutcome:
+def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: FixOptions, *,
+                transaction: Transaction | None = None) -> SplitOutcome:
     """Cut ``model`` (fixed, with fresh shapes: FixResult.model) into segments that each fit
     ``options.sram_bytes`` (:func:`plan_split`), check each segment's own estimate against the budget, validate
     that running them in order reproduces ``model``'s outputs bit for bit, and write DIR atomically
@@ -56,7 +58,8 @@ def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: F
 
     When a single layer exceeds the budget nothing is written: the outcome has ``fits`` False, the plan names
     the layers and ``hint`` says which input size would fit. Raises PassFailed (pass name 'split') when the
-    chained segments do not reproduce the model, InputError for a bad ``--split-at`` name or directory."""
+    chained segments do not reproduce the model, InputError for a bad ``--split-at`` name or directory.
+    ``transaction``: the directory is staged there (renamed into place with the run's other files); else now."""
     directory = os.fspath(directory)
     check_split_dir(directory)
     plan = plan_split(GraphIndex(model), options.sram_bytes, options.act_bytes, split_at=options.split_at,
@@ -68,7 +71,7 @@ def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: F
     segments = build_segments(model, plan)
     _check_segment_peaks(segments, plan, options)
     outcome.validation, outcome.note = _validate_chain(model, segments, options)
-    outcome.manifest = _write_segments(directory, segments, plan)
+    outcome.manifest = _write_segments(directory, segments, plan, transaction)
     outcome.directory, outcome.segments = directory, segments
     return outcome
 
@@ -102,9 +105,10 @@ def _validate_chain(model: onnx.ModelProto, segments: Sequence[onnx.ModelProto],
     return validation, None
 
 
-def _write_segments(directory: str, segments: Sequence[onnx.ModelProto], plan: SplitPlan) -> dict:
-    """Write ``segment_NN.onnx`` and ``manifest.json`` to ``directory`` in one atomic step; returns the
-    manifest."""
+def _write_segments(directory: str, segments: Sequence[onnx.ModelProto], plan: SplitPlan,
+                    transaction: Transaction | None) -> dict:
+    """Stage ``segment_NN.onnx`` and ``manifest.json`` in a temporary sibling of ``directory`` (renamed into
+    place by ``transaction``'s commit, or now); returns the manifest."""
     width = max(2, len(str(len(segments) - 1)))
     names = [f"segment_{k:0{width}d}.onnx" for k in range(len(segments))]
     manifest = {
@@ -112,8 +116,12 @@ def _write_segments(directory: str, segments: Sequence[onnx.ModelProto], plan: S
                      for name, s in zip(names, plan.segments)],
         "crossing_bytes": list(plan.crossing_bytes),
     }
-    with atomic_dir(directory) as tmp:
+    with Transaction() as own:
+        files = transaction if transaction is not None else own
+        tmp = files.directory(directory)
         for name, segment in zip(names, segments):
             save_model(segment, os.path.join(tmp, name))
         write_json(os.path.join(tmp, "manifest.json"), manifest)
+        if transaction is None:
+            own.commit()
     return manifest

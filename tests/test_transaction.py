@@ -1,0 +1,231 @@
+"""Every file a run writes is one transaction (issue 21): the output, its external data, the report, the split
+directory (segments and manifest), the memory plot and its sidecar are staged beside their destinations and
+renamed into place only after every step passed. For every way a run ends, the directory holds exactly what the
+exit code says: all of the run's files, or none of them (a failed pass: its report only).
+
+Faults are fired from inside the process at each registered point (a temporary file or directory just created,
+every staged file about to be renamed), never by timing: SIGINT and SIGTERM sent to the process itself, and a full
+disk (ENOSPC).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+from test_split import skip_unet
+
+from onnx_npu_fix.analysis.memory import estimate
+from onnx_npu_fix.cli import main
+from onnx_npu_fix.io import save
+from onnx_npu_fix.io.save import EarlyWrite, Transaction
+
+pytest.importorskip("matplotlib")
+
+RUN_FILES = ["in.onnx", "out.onnx", "plot.png", "plot.png.json", "record.json", "seg"]
+
+
+@pytest.fixture(scope="module")
+def model_bytes() -> bytes:
+    return skip_unet().SerializeToString()
+
+
+def _budget() -> int:
+    est = estimate(skip_unet(), 4)
+    return est.floor_bytes + (est.best_peak - est.floor_bytes) // 2
+
+
+def _listing(directory: Path) -> dict[str, bytes | None]:
+    """Every entry under ``directory`` (files with their bytes), temporary files included."""
+    state: dict[str, bytes | None] = {}
+    for root, dirs, files in os.walk(directory):
+        for name in dirs:
+            state[os.path.relpath(os.path.join(root, name), directory) + "/"] = None
+        for name in files:
+            path = os.path.join(root, name)
+            state[os.path.relpath(path, directory)] = Path(path).read_bytes()
+    return state
+
+
+def _run(work: Path, *extra: str, sram: int | None = None):
+    args = [str(work / "in.onnx"), "-o", str(work / "out.onnx"), "--act-bytes", "4", "--sram", str(sram or _budget()),
+            "--align", "0", "--split", str(work / "seg"), "--memory-plot", str(work / "plot.png"),
+            "--report", str(work / "record.json"), "-q", *extra]
+    return CliRunner().invoke(main, args, catch_exceptions=False)
+
+
+def _work(tmp_path: Path, model_bytes: bytes, name: str = "w") -> Path:
+    work = tmp_path / name
+    work.mkdir()
+    (work / "in.onnx").write_bytes(model_bytes)
+    return work
+
+
+class Faults:
+    """Counts the registered points of a run and fires ``kind`` at point ``at`` (None: only count)."""
+
+    def __init__(self, kind: str | None = None, at: int | None = None) -> None:
+        self.kind, self.at, self.seen = kind, at, 0
+
+    def point(self) -> None:
+        k = self.seen
+        self.seen += 1
+        if k != self.at:
+            return
+        if self.kind == "SIGINT":
+            signal.raise_signal(signal.SIGINT)
+        elif self.kind == "SIGTERM":
+            signal.raise_signal(signal.SIGTERM)
+        else:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def install(self, monkeypatch) -> Faults:
+        create_unique = save._create_unique
+
+        def created(*args, **kwargs):
+            result = create_unique(*args, **kwargs)
+            self.point()  # the entry exists; the caller has not seen its name yet (the mkstemp race)
+            return result
+
+        flushes = {cls: cls.flush for cls in (save.AtomicFile, save.AtomicDir)}
+
+        def flush(target):
+            flushes[type(target)](target)
+            self.point()  # about to be renamed: the last instant before the commit
+
+        monkeypatch.setattr(save, "_create_unique", created)
+        for cls in flushes:
+            monkeypatch.setattr(cls, "flush", flush)
+        return self
+
+
+EXIT = {"SIGINT": 130, "SIGTERM": 143, "ENOSPC": 2}
+
+
+@pytest.mark.parametrize("kind", ["SIGINT", "SIGTERM", "ENOSPC"])
+def test_a_fault_at_every_registered_point_leaves_the_directory_as_it_was(kind, tmp_path, model_bytes,
+                                                                           monkeypatch):
+    counting = Faults().install(monkeypatch)
+    result = _run(_work(tmp_path, model_bytes, "count"))
+    assert result.exit_code == 0, result.output
+    points = counting.seen
+    assert points >= 8  # segments, manifest, the directory, plot, sidecar, output, report, and their flushes
+    monkeypatch.undo()
+    for at in range(points):
+        work = _work(tmp_path, model_bytes, f"{kind}{at}")
+        before = _listing(work)
+        Faults(kind, at).install(monkeypatch)
+        result = _run(work)
+        monkeypatch.undo()
+        if kind == "ENOSPC" and result.exit_code == 0:
+            # the early write's file could not be created: that only means no early write (written at the commit)
+            assert sorted(os.listdir(work)) == RUN_FILES, at
+            continue
+        assert result.exit_code == EXIT[kind], (at, result.output)
+        assert "nothing written" in result.output, (at, result.output)
+        assert _listing(work) == before, at
+
+
+def test_a_signal_during_the_renames_waits_until_every_file_is_in_place(tmp_path, model_bytes, monkeypatch):
+    work = _work(tmp_path, model_bytes)
+    rename = save.AtomicDir.rename
+
+    def rename_then_signal(target):
+        signal.raise_signal(signal.SIGTERM)  # the first rename of the commit (the split directory)
+        rename(target)
+
+    monkeypatch.setattr(save.AtomicDir, "rename", rename_then_signal)
+    result = _run(work)
+    assert result.exit_code == 143, result.output
+    assert "written" in result.output and "nothing written" not in result.output
+    assert sorted(os.listdir(work)) == RUN_FILES  # all of them: the exit code's message names them
+    assert onnx.load(str(work / "out.onnx")).graph.node
+
+
+def test_every_exit_path_leaves_only_its_committed_files(tmp_path, model_bytes, monkeypatch):
+    """Exit 0 and 1: every file; 2 (a path clash found before any work) and the signals: none; 3 (a failed
+    pass): the report that says so, nothing else."""
+    ok = _work(tmp_path, model_bytes, "ok")
+    assert _run(ok).exit_code == 0 and sorted(os.listdir(ok)) == RUN_FILES
+    segments = os.listdir(ok / "seg")
+    assert "manifest.json" in segments and len(segments) >= 3 and not [n for n in segments if ".npufix" in n]
+
+    violations = _work(tmp_path, model_bytes, "violations")
+    result = _run(violations, sram=64)  # no single layer fits: exit 1, the model written, no segments
+    assert result.exit_code == 1, result.output
+    assert sorted(os.listdir(violations)) == [f for f in RUN_FILES if f != "seg"]
+
+    clash = _work(tmp_path, model_bytes, "clash")
+    result = CliRunner().invoke(main, [str(clash / "in.onnx"), "-o", str(clash / "o.svg"), "--memory-plot",
+                                       str(clash / "o.svg")])
+    assert result.exit_code == 2 and sorted(os.listdir(clash)) == ["in.onnx"], result.output
+
+    failed = _work(tmp_path, model_bytes, "failed")
+    from onnx_npu_fix.passes.cleanup import CleanupPass
+
+    def broken(self, model, options):
+        raise RuntimeError("broken on purpose")
+
+    monkeypatch.setattr(CleanupPass, "find", broken)
+    result = _run(failed)
+    monkeypatch.undo()
+    assert result.exit_code == 3, result.output
+    assert sorted(os.listdir(failed)) == ["in.onnx", "record.json"]
+
+    for name, number, code in (("int", signal.SIGINT, 130), ("term", signal.SIGTERM, 143)):
+        work = _work(tmp_path, model_bytes, name)
+        monkeypatch.setattr(save.Transaction, "commit", lambda self, n=number: signal.raise_signal(n))
+        result = _run(work)
+        monkeypatch.undo()
+        assert result.exit_code == code and sorted(os.listdir(work)) == ["in.onnx"], result.output
+
+
+def test_the_early_write_owns_its_temporary_file_before_it_exists(tmp_path, monkeypatch):
+    """A signal between the creation of the early write's temporary file and the moment its name is known
+    (mkstemp's return) must not orphan it: discard() removes it."""
+    create_unique = save._create_unique
+
+    def created_then_interrupted(*args, **kwargs):
+        create_unique(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(save, "_create_unique", created_then_interrupted)
+    early = EarlyWrite(tmp_path / "out.onnx")
+    with pytest.raises(KeyboardInterrupt):
+        early.start(b"model bytes")
+    early.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_transaction_renames_in_the_staged_order_and_discards_on_any_failure(tmp_path):
+    order = []
+    with Transaction() as files:
+        for name in ("seg", "a", "b"):
+            if name == "seg":
+                Path(files.directory(tmp_path / name), "x").write_text("x")
+            else:
+                Path(files.file(tmp_path / name)).write_text(name)
+        assert sorted(os.listdir(tmp_path)) != ["a", "b", "seg"]  # staged only
+        original = save.AtomicFile.rename
+
+        def rename(target):
+            order.append(os.path.basename(target.path))
+            original(target)
+
+        save.AtomicFile.rename = rename
+        try:
+            files.commit()
+        finally:
+            save.AtomicFile.rename = original
+    assert order == ["a", "b"] and sorted(os.listdir(tmp_path)) == ["a", "b", "seg"]
+
+    with pytest.raises(OSError), Transaction() as files:
+        Path(files.file(tmp_path / "c")).write_text("c")
+        files.directory(tmp_path / "d")
+        raise OSError(errno.ENOSPC, "full")
+    assert sorted(os.listdir(tmp_path)) == ["a", "b", "seg"]
