@@ -170,7 +170,7 @@ def _split_names(value: str | None) -> list[str] | None:
               help="Rewrite convs even when the target runs every candidate form's ops on its CPU.")
 @click.option("--max-convtranspose-stride", type=click.IntRange(min=1), default=None,
               help="Largest ConvTranspose stride; exact Resize forms above it are split into stages.")
-@click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only errors, the unfixed: lines and the APPROXIMATE: line.")
 @click.option("-v", "--verbose", count=True, help="More detail: every change and rejection (-vv: tracebacks).")
 @click.version_option(__version__, "--version")
 @click.pass_context
@@ -552,8 +552,8 @@ def _print_validation_verdict(report, quiet: bool) -> None:
     if report.validation_note == NOT_VALIDATED:
         _say(quiet, report.validation_note)
     approximate = approximation_summary(report)
-    if approximate:
-        _say(quiet, approximate)
+    if approximate:  # -q keeps it, as it keeps the unfixed: lines: a quiet run must not pass off an approximation
+        click.echo(approximate, err=True)
 
 
 def _say(quiet: bool, text: str) -> None:
