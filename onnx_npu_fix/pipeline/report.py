@@ -127,6 +127,29 @@ class FixReport:
         }
 
 
+def _approximate_changes(record: PassRecord) -> list[Change]:
+    """The changes of an approximate pass that approximate: those marked inexact, else every real change (the
+    APPROXIMATE line and the pass line count the same ones)."""
+    return [c for c in record.changes if c.detail.get("exact") is False] or [
+        c for c in record.changes if c.action not in ("removed dead node", "removed unused initializer")]
+
+
+def _approximate_tag(record: PassRecord) -> str:
+    """" [approximate]", or " [approximate: 2 of 3]" when some of the pass's changes are exact."""
+    real = [c for c in record.changes if c.action != "removed unused initializer"]
+    approximate = len(_approximate_changes(record))
+    return f" [approximate: {approximate} of {len(real)}]" if 0 < approximate < len(real) else " [approximate]"
+
+
+def scaled_atol_note(comparison: Comparison | None) -> str:
+    """Names the bound that passed an output whose relative error alone exceeds rtol (the atol term, scaled to the
+    output's magnitude, carried it): "max rel 2.64e-01" must not read as a pass by rtol. Empty otherwise."""
+    if comparison is None or not comparison.exact or not comparison.passed or comparison.max_rel <= comparison.rtol:
+        return ""
+    needed = max(o.needed_atol for o in comparison.outputs)
+    return f" (passed by {comparison.criterion}: atol needed {needed:.2e})"
+
+
 def _fmt_err(comparison: Comparison | None) -> str:
     if comparison is None:
         return ""
@@ -134,6 +157,7 @@ def _fmt_err(comparison: Comparison | None) -> str:
         return f"  FAILED: {comparison.error}"
     worst = comparison.worst
     text = f"  max abs {comparison.max_abs:.2e}, max rel {comparison.max_rel:.2e}{quant_summary(comparison)}"
+    text += scaled_atol_note(comparison)
     if worst is not None and len(comparison.outputs) > 1:
         text += f" (worst {worst.name})"
     if not comparison.passed and worst is not None:
@@ -143,7 +167,7 @@ def _fmt_err(comparison: Comparison | None) -> str:
 
 def render_pass_line(record: PassRecord) -> str:
     """One line per pass for the stderr summary: name, what changed, validation error, time."""
-    kind = "" if record.exact else " [approximate]"
+    kind = "" if record.exact else _approximate_tag(record)
     if record.quantized_tolerance:
         kind = " [quantized rounding changed: measured]"
     head = f"{record.name:<16} {record.change_summary()}{kind}"
@@ -222,9 +246,7 @@ def approximation_summary(report: FixReport) -> str | None:
     for record in report.passes:
         if record.exact or record.status not in ("validated", "not validated") or not record.changes:
             continue
-        approximate = [c for c in record.changes if c.detail.get("exact") is False] or [
-            c for c in record.changes if c.action not in ("removed dead node", "removed unused initializer")]
-        counts = Counter(c.op for c in approximate)
+        counts = Counter(c.op for c in _approximate_changes(record))
         parts.append(f"{record.name} changed {', '.join(f'{n} {op}' for op, n in counts.items())}")
         hint = EXACT_ALTERNATIVE.get(record.name)
         if hint and hint not in hints:
