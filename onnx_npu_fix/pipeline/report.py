@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any
 
 from onnx_npu_fix.io.save import sha256_file
+from onnx_npu_fix.ir.graph import format_bytes
 from onnx_npu_fix.passes.base import Change, Rejection
 from onnx_npu_fix.pipeline.validate import Comparison, quant_summary
 
@@ -127,16 +128,38 @@ class FixReport:
         }
 
 
+GROWTH_SHOWN = 0.10
+"""Weight or MAC growth above this fraction is printed on the pass line (it used to be in the JSON only)."""
+
+
+def growth_note(metrics: dict[str, Any]) -> str:
+    """", weights +98% (6.7 MiB -> 13.2 MiB)" / ", MACs +25%" for a pass whose metrics give its weights and MACs
+    before and after (dilated-conv), when either grows by more than GROWTH_SHOWN."""
+    parts = []
+    weights, added = metrics.get("weight_bytes_before"), metrics.get("weight_bytes_added")
+    if weights and added and added > GROWTH_SHOWN * weights:
+        parts.append(f"weights {100 * added / weights:+.0f}% ({format_bytes(weights)} -> "
+                     f"{format_bytes(weights + added)})")
+    macs, after = metrics.get("conv_macs_before"), metrics.get("conv_macs_after")
+    if macs and after is not None and after - macs > GROWTH_SHOWN * macs:
+        parts.append(f"MACs {100 * (after - macs) / macs:+.0f}%")
+    return "".join(f", {part}" for part in parts)
+
+
 def _approximate_changes(record: PassRecord) -> list[Change]:
     """The changes of an approximate pass that approximate: those marked inexact, else every real change (the
     APPROXIMATE line and the pass line count the same ones)."""
-    return [c for c in record.changes if c.detail.get("exact") is False] or [
-        c for c in record.changes if c.action not in ("removed dead node", "removed unused initializer")]
+    return [c for c in record.changes if c.detail.get("exact") is False] or _real_changes(record)
+
+
+def _real_changes(record: PassRecord) -> list[Change]:
+    """The changes that rewrite something (not the dead nodes and initializers a rewrite left behind)."""
+    return [c for c in record.changes if c.action not in ("removed dead node", "removed unused initializer")]
 
 
 def _approximate_tag(record: PassRecord) -> str:
     """" [approximate]", or " [approximate: 2 of 3]" when some of the pass's changes are exact."""
-    real = [c for c in record.changes if c.action != "removed unused initializer"]
+    real = _real_changes(record)
     approximate = len(_approximate_changes(record))
     return f" [approximate: {approximate} of {len(real)}]" if 0 < approximate < len(real) else " [approximate]"
 
@@ -170,7 +193,7 @@ def render_pass_line(record: PassRecord) -> str:
     kind = "" if record.exact else _approximate_tag(record)
     if record.quantized_tolerance:
         kind = " [quantized rounding changed: measured]"
-    head = f"{record.name:<16} {record.change_summary()}{kind}"
+    head = f"{record.name:<16} {record.change_summary()}{growth_note(record.metrics)}{kind}"
     if record.status == "validated" and record.validation is not None:
         tail = _fmt_err(record.validation)
         if not record.exact and record.validation.outputs:
