@@ -138,11 +138,11 @@ def _fix_in_place(model: onnx.ModelProto, options: FixOptions | None = None,
                   on_serialized: Callable[[bytes], None] | None = None,
                   source: str | os.PathLike | None = None) -> FixResult:
     """:func:`fix` on ``model`` itself (edited in place): for a model nobody else holds, e.g. just read."""
-    from onnx_npu_fix.analysis.cost import model_cost
+    from onnx_npu_fix.analysis.cost import input_cost, model_cost
 
     options = options or FixOptions()
     prepare(model, options)
-    before = model_cost(model, options.act_bytes)  # the model is edited in place: its cost is taken now
+    before = input_cost(model, options)  # the model is edited in place: its cost is taken now
     reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options, reference)
     frozen, own_reference = _freeze(model, options, reference)
     try:

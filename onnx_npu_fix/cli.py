@@ -170,7 +170,7 @@ def _split_names(value: str | None) -> list[str] | None:
               help="Rewrite convs even when the target runs every candidate form's ops on its CPU.")
 @click.option("--max-convtranspose-stride", type=click.IntRange(min=1), default=None,
               help="Largest ConvTranspose stride; exact Resize forms above it are split into stages.")
-@click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only errors, the unfixed: lines and the APPROXIMATE: line.")
 @click.option("-v", "--verbose", count=True, help="More detail: every change and rejection (-vv: tracebacks).")
 @click.version_option(__version__, "--version")
 @click.pass_context
@@ -343,7 +343,8 @@ def _print_check(path: str, outcome, quiet: bool, verbose: int) -> None:
         for violation, why in outcome.not_requested:
             click.echo(f"{prefix}{violation.text()} ({why}, not counted)")
     elif outcome.not_requested:
-        click.echo(f"{prefix}{len(outcome.not_requested)} findings of constraints not asked for are not counted "
+        click.echo(f"{prefix}{_findings(len(outcome.not_requested))} of constraints not asked for "
+                   f"{'is' if len(outcome.not_requested) == 1 else 'are'} not counted "
                    f"(-v lists them)")
     click.echo(prefix + render_violations(outcome.violations).splitlines()[-1])
     if checked.exempt:
@@ -366,11 +367,12 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
         return
     checked = outcome.checked
     if report.final is not None:
+        from onnx_npu_fix.pipeline.report import scaled_atol_note
         from onnx_npu_fix.pipeline.validate import quant_summary  # onnx and onnxruntime: not at start-up (--version)
 
         kind = "exact" if report.final.exact else "approximate"
         _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
-                    f"max rel {report.final.max_rel:.2e}{quant_summary(report.final)}")
+                    f"max rel {report.final.max_rel:.2e}{quant_summary(report.final)}{scaled_atol_note(report.final)}")
     if report.cost is not None:
         from onnx_npu_fix.analysis.cost import render_cost
 
@@ -403,7 +405,8 @@ def _print_findings(outcome, quiet: bool, verbose: int) -> None:
         elif verbose:
             _say(quiet, f"not requested: {violation.text()}")
     if defaults and not verbose:
-        _say(quiet, f"note: {len(defaults)} findings of constraints not asked for remain (npufix's defaults, not "
+        _say(quiet, f"note: {_findings(len(defaults))} of constraints not asked for "
+                    f"{'remains' if len(defaults) == 1 else 'remain'} (npufix's defaults, not "
                     f"counted; -v lists them, --target or options make them count)")
 
 
@@ -561,8 +564,12 @@ def _print_validation_verdict(report, quiet: bool) -> None:
     if report.validation_note == NOT_VALIDATED:
         _say(quiet, report.validation_note)
     approximate = approximation_summary(report)
-    if approximate:
-        _say(quiet, approximate)
+    if approximate:  # -q keeps it, as it keeps the unfixed: lines: a quiet run must not pass off an approximation
+        click.echo(approximate, err=True)
+
+
+def _findings(n: int) -> str:
+    return f"{n} finding{'' if n == 1 else 's'}"
 
 
 def _say(quiet: bool, text: str) -> None:

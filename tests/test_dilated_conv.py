@@ -177,8 +177,9 @@ def test_rewrite_matches_original(case, layout, max_dilation):
     assert change.detail["nodes_added"] == len(fixed.graph.node) - 1
     used = change.detail["layout"]
     if used != "direct":  # "direct": every split axis was a plain subsampling (k divides the stride)
+        # auto: the cheapest layout; a 2-D conv's weights tile in the channel layout, not in the batch one
         expected = layout if layout != "auto" else "spatial" if case[0].startswith(("1d", "1x", "k_x")) \
-            else "channel"
+            else "batch"
         if layout == "spatial" and case[0].startswith("2d"):
             expected = "channel"  # a genuinely 2-D conv cannot take the transpose-free layout
             assert result.warnings and "spatial layout needs a 1-D conv" in result.warnings[0]
@@ -973,3 +974,26 @@ def test_a_trim_whose_split_is_refused_fixes_nothing():
     fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=4, forbidden_ops=("Transpose",))
     assert [c.action for c in result.changes] == ["trim dead taps"] and max_dilation_of(fixed) == 6
     assert_bit_exact(original, fixed)
+
+
+def test_auto_takes_the_cheapest_layout_and_the_pass_line_shows_the_growth():
+    """A 2-D conv dilated 2x2 over the limit 1: the channel layout tiles its weights 4x, the batch layout none.
+    auto (no layout asked for, batch > 1 allowed) takes batch; where batch 1 is required only channel is left,
+    and its weight growth is printed on the pass line, not only in the JSON."""
+    from onnx_npu_fix.pipeline.report import PassRecord, render_pass_line
+
+    original = conv_model([1, 8, 16, 16], [8, 8, 3, 3], dilations=[2, 2], pads=[2, 2, 2, 2])
+    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=1)
+    assert result.changes[0].detail["layout"] == "batch" and "weight_bytes_added" not in result.changes[0].detail
+    assert_equivalent(original, fixed)
+    line = render_pass_line(PassRecord("dilated-conv", exact=True, status="unchanged", changes=result.changes,
+                                       metrics=result.metrics))
+    assert "weights" not in line
+    fixed, result = apply_pass(original, DilatedConvPass(), max_dilation=1, batch_one=True)
+    assert result.changes[0].detail["layout"] == "channel"
+    assert_equivalent(original, fixed)
+    before = result.metrics["weight_bytes_before"]
+    assert before == 8 * 8 * 9 * 4 + 8 * 4 and result.metrics["weight_bytes_added"] == 3 * before
+    line = render_pass_line(PassRecord("dilated-conv", exact=True, status="unchanged", changes=result.changes,
+                                       metrics=result.metrics))
+    assert "1 space-to-batch, weights +300% (2.3 KiB -> 9.1 KiB)" in line, line

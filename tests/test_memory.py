@@ -533,6 +533,69 @@ def test_cost_table_before_and_after_alignment(tmp_path):
     assert record["cost"]["before"]["conv_macs"] == 8640 and record["cost"]["after"]["conv_macs"] == 13824
 
 
+def _shape_chain_model() -> onnx.ModelProto:
+    """Conv 2 -> 4 on 1x2x16x16, then a Resize whose ``sizes`` a Shape chain computes (Shape -> Slice -> Div ->
+    Concat, as exporters emit), then Conv 4 -> 4 1x1. onnx's data propagation stops at the Div: before
+    fold-constants the Resize's output and the second conv have no static shape, after it they do (1x4x8x8)."""
+    i64 = onnx.TensorProto.INT64
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Shape", ["c1"], ["s"], name="shape"),
+             helper.make_node("Slice", ["s", "two", "four"], ["hw"], name="slice"),
+             helper.make_node("Div", ["hw", "two"], ["hw2"], name="div"),
+             helper.make_node("Concat", ["nc", "hw2"], ["sizes"], name="concat", axis=0),
+             helper.make_node("Resize", ["c1", "", "", "sizes"], ["r"], name="resize", mode="nearest"),
+             helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2")]
+    inits = [_weight("w1", (4, 2, 3, 3)), _weight("w2", (4, 4, 1, 1)),
+             onnx.helper.make_tensor("two", i64, [1], [2]), onnx.helper.make_tensor("four", i64, [1], [4]),
+             onnx.helper.make_tensor("nc", i64, [2], [1, 4])]
+    return _model(nodes, [helper.make_tensor_value_info("x", F, [1, 2, 16, 16])],
+                  [helper.make_tensor_value_info("y", F, ["n", "c", "h", "w"])], inits)
+
+
+def test_cost_before_is_taken_with_the_shape_chains_folded(tmp_path):
+    """The "before" MACs and peak are the input's as the passes see it (shape chains folded on a copy), not a sum
+    over the shapes known before folding: that sum read as "conv MACs 18,432 -> 19,456, +6%" for a model whose
+    convs npufix never touched. By hand: conv1 16*16*4 * 2*9 = 18,432; conv2 8*8*4 * 4 = 1,024."""
+    from click.testing import CliRunner
+
+    from onnx_npu_fix.analysis.cost import model_cost
+    from onnx_npu_fix.api import fix
+    from onnx_npu_fix.cli import main
+    from onnx_npu_fix.config.options import FixOptions
+    from onnx_npu_fix.io.load import prepare
+
+    model = _shape_chain_model()
+    prepared = onnx.ModelProto()
+    prepared.CopyFrom(model)
+    prepare(prepared)
+    assert model_cost(prepared).conv_macs is None  # what the input alone says: unknown, not a partial 18,432
+    result = fix(model, FixOptions(align=0))
+    before, after = result.report.cost
+    assert (before.conv_macs, after.conv_macs) == (18432 + 1024, 18432 + 1024)
+    assert before.peak_bytes == after.peak_bytes == estimate(result.model).peak_bytes
+    assert before.unknown == {} and before.ops["Shape"] == 1  # the node counts stay the input's own
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    run = CliRunner().invoke(main, [str(path), "-o", str(tmp_path / "o.onnx"), "--align", "0",
+                                    "--report", str(tmp_path / "r.json")])
+    assert run.exit_code == 0, run.output
+    line = next(x for x in run.output.splitlines() if x.startswith("cost "))
+    assert "conv MACs 19,456 (same)" in line and "activation peak 1.5 KiB (same)" in line
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["cost"]["before"]["conv_macs"] == record["cost"]["after"]["conv_macs"] == 19456
+
+
+def test_cost_prints_unknown_rather_than_a_partial_sum():
+    """A figure whose shapes stay unknown is None in the record and "unknown" in the table, never a growth."""
+    from onnx_npu_fix.analysis.cost import Cost, render_cost
+
+    before = Cost({"Conv": 1}, None, 100, None, 1, {"conv_macs": 1, "peak_bytes": 3})
+    after = Cost({"Conv": 1}, 5000, 100, 2048, 1)
+    line = render_cost(before, after)[0]
+    assert "conv MACs unknown -> 5,000;" in line and "activation peak unknown -> 2.0 KiB (1 B" in line
+    assert before.to_json()["unknown_shapes"] == {"conv_macs": 1, "peak_bytes": 3}
+
+
 def test_cli_schedule_budget_reaches_the_pass_and_the_check(tmp_path):
     from click.testing import CliRunner
 

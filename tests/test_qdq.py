@@ -584,3 +584,23 @@ def test_every_emitted_form_is_canonical_qdq(quantized, form):
         assert next(p for p in result.report.passes if p.name == "resize-nearest").quantized_tolerance
     else:
         assert all(o.max_steps <= 1 + 1e-5 for o in steps)
+
+
+def test_qdq_fold_messages_give_the_real_fix_and_strict_names_the_nodes(quantized):
+    """The QDQ fold is measured, not exact: --strict refuses it naming the BatchNormalizations, and both the
+    refusal and the APPROXIMATE line say what makes it exact (quant_pre_process before quantizing)."""
+    from onnx_npu_fix.errors import StrictRefused
+    from onnx_npu_fix.pipeline.report import approximation_summary
+
+    path = quantized("unet-pc-u8")  # no quant_pre_process: the BNs sit between DQ and Q
+    bns = [n.name for n in onnx.load(path).graph.node if n.op_type == "BatchNormalization"]
+    with pytest.raises(StrictRefused) as refused:
+        _fix(path, skip=("resize-nearest",), align=8, strict=True)
+    message = str(refused.value)
+    assert f"would change {len(bns)} node(s) approximately ({', '.join(bns[:3])} and {len(bns) - 3} more)" \
+        in message, message
+    assert "quant_pre_process before quantizing" in message
+    _, result, _ = _fix(path, skip=("resize-nearest",), align=8)
+    line = approximation_summary(result.report)
+    assert line.startswith(f"APPROXIMATE: fold-batchnorm changed {len(bns)} BatchNormalization ("), line
+    assert "quant_pre_process before quantizing" in line

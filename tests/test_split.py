@@ -496,3 +496,43 @@ def test_a_split_whose_chain_fails_writes_nothing_and_exits_3(tmp_path, monkeypa
     assert result.exit_code == 3, result.output
     assert "split failed: the chained segments do not reproduce the model" in result.output
     assert sorted(os.listdir(tmp_path)) == ["in.onnx"]
+
+
+def test_memory_plot_is_reproducible_and_its_labels_stay_inside(tmp_path):
+    """The SVG is the same bytes on every run (no embedded date, fixed element ids); the legend does not cover
+    the peak label, and every label — a 200-character tensor name at the right end too — is inside the figure."""
+    pytest.importorskip("matplotlib")
+    from onnx_npu_fix.analysis.plot import draw, figure, profile_data
+    from onnx_npu_fix.io.load import prepare
+
+    model = skip_unet()
+    long = {o: f"{o}_{'x' * 200}" for n in model.graph.node for o in n.output}  # as torch exports name them
+    for node in model.graph.node:
+        node.input[:] = [long.get(i, i) for i in node.input]
+        node.output[:] = [long[o] for o in node.output]
+    for out in model.graph.output:
+        out.name = long.get(out.name, out.name)
+    del model.graph.value_info[:]
+    prepare(model)
+    data = profile_data(model, 1, None)
+    assert max(len(t["name"]) for t in data["peak"]["live"]) > 200
+    a, b = tmp_path / "a.svg", tmp_path / "b.svg"
+    draw(data, str(a))
+    draw(data, str(b))
+    assert a.read_bytes() == b.read_bytes() and b"<dc:date>" not in a.read_bytes()
+    fig = figure(data)
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        box = fig.bbox
+        top = fig.axes[0]
+        (label,) = [t for t in top.texts if t.get_text().startswith("peak ")]
+        assert not top.get_legend().get_window_extent(renderer).overlaps(label.get_window_extent(renderer))
+        texts = [t for ax in fig.axes for t in ax.texts] + [top.get_legend()]
+        for t in texts:
+            e = t.get_window_extent(renderer)
+            assert box.x0 <= e.x0 and e.x1 <= box.x1 and box.y0 <= e.y0 and e.y1 <= box.y1, t
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)

@@ -380,6 +380,23 @@ def test_strict_refuses_an_approximate_change(tmp_path):
     assert last.endswith("use --resize-mode exact or --strict")
 
 
+def test_quiet_keeps_the_approximate_line_and_the_unfixed_lines(tmp_path):
+    """-q prints only what the user must not miss: the APPROXIMATE verdict and every requested constraint left
+    violated (here: a bilinear Resize approximated, and its rank-4 tensors against --max-rank 3, which no pass
+    fixes)."""
+    path = _save(_resize_model(n_in=4, n_out=8), tmp_path / "m.onnx")
+    result = invoke(path, "-o", tmp_path / "o.onnx", "-q")
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("APPROXIMATE: resize-nearest changed 1 Resize (rel L2 "), lines
+    result = invoke(path, "-o", tmp_path / "o2.onnx", "-q", "--max-rank", "3")
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[-1].startswith("APPROXIMATE: "), lines
+    assert [x for x in lines if x.startswith("unfixed: ")] and all(
+        x.startswith(("unfixed: ", "  why: ", "APPROXIMATE: ")) for x in lines), lines
+
+
 def test_extra_sets_stay_within_the_memory_budget():
     # a 1-element output next to a 4 MiB one: 4096 sets would keep 16 GiB of outputs; the budget caps them
     from onnx_npu_fix.pipeline.inputs import MAX_EXTRA_BYTES, sets_for_approximate
@@ -441,3 +458,47 @@ def test_a_file_name_that_is_not_utf8_is_still_validated(tmp_path):
         pytest.skip("the file system does not take a non-UTF-8 name")
     result = _fix_with_reference(path)
     assert result.ok and result.report.final is not None and result.report.final.passed
+
+
+# --- counts and bounds the summary prints agree ----------------------------------------------------------------
+
+
+def test_pass_line_and_approximate_line_count_the_same_changes():
+    """A pass with 3 changes of which 1 is exact: the pass line says 2 of 3 are approximate, as the APPROXIMATE
+    line counts 2 (it said "[approximate]" after "3 linear->nearest" while the last line said "changed 2")."""
+    from onnx_npu_fix.passes.base import Change
+    from onnx_npu_fix.pipeline.report import FixReport, PassRecord, approximation_summary, render_pass_line
+
+    changes = [Change(f"up{k}", "Resize", "linear->nearest", detail={"exact": k == 0}) for k in range(3)]
+    record = PassRecord("resize-nearest", exact=False, status="validated", changes=changes)
+    line = render_pass_line(record)
+    assert "3 linear->nearest [approximate: 2 of 3]" in line, line
+    assert "changed 2 Resize" in approximation_summary(FixReport(passes=[record]))
+    record.changes = changes[1:]
+    assert "2 linear->nearest [approximate] " in render_pass_line(record)
+
+
+def test_a_pass_by_the_scaled_atol_names_the_bound():
+    """max rel 1.0 passes as exact because the atol term, scaled to the output's magnitude, covers it: the line
+    says which bound passed it instead of showing a relative error 10^4 times rtol with no word."""
+    from onnx_npu_fix.passes.base import Change
+    from onnx_npu_fix.pipeline.report import PassRecord, render_pass_line
+    from onnx_npu_fix.pipeline.validate import compare
+
+    ref = [{"y": np.array([50.0, 1e-6], np.float32)}]
+    cand = [{"y": np.array([50.0, 2e-6], np.float32)}]
+    comparison = compare(ref, cand, exact=True, rtol=1e-4, atol=1e-5, max_approx_error=0.5)
+    assert comparison.passed and comparison.max_rel > 0.5
+    record = PassRecord("cleanup", exact=True, status="validated", validation=comparison,
+                        changes=[Change("n", "Identity", "removed")])
+    assert "max rel 1.00e+00 (passed by |a-b| <= 1e-05*max(1,max|ref|) + 0.0001*|ref|: atol needed " \
+        in render_pass_line(record)
+    same = compare(ref, ref, exact=True, rtol=1e-4, atol=1e-5, max_approx_error=0.5)
+    assert "passed by" not in render_pass_line(PassRecord("cleanup", exact=True, status="validated",
+                                                          validation=same, changes=record.changes))
+
+
+def test_one_finding_is_singular(tmp_path):
+    path = _save(_resize_model(n_in=4, n_out=8), tmp_path / "m.onnx")
+    result = invoke(path, "-o", tmp_path / "o.onnx", "--passes", "cleanup")
+    assert "note: 1 finding of constraints not asked for remains (" in result.output, result.output

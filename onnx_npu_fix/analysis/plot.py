@@ -91,8 +91,29 @@ def profile_data(model: onnx.ModelProto, act_bytes: int = 1, sram_bytes: int | N
             "lower_bound_bytes": found.lower_bound}
 
 
+LABEL_CHARS = 48
+"""A tensor label longer than this is shortened in the middle (the sidecar keeps the full name)."""
+
+
 def draw(data: dict[str, Any], path: str, *, title: str = "") -> None:
-    """Write the picture of ``data`` (from :func:`profile_data`) to ``path`` (.png or .svg)."""
+    """Write the picture of ``data`` (from :func:`profile_data`) to ``path`` (.png or .svg), byte for byte the
+    same on every run: no date in the metadata, and the SVG's element ids from a fixed salt instead of a random
+    one."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with matplotlib.rc_context({"svg.hashsalt": "npufix"}):
+        fig = figure(data, title=title)
+        metadata = {"Date": None} if path.lower().endswith(".svg") else {}
+        fig.savefig(path, dpi=110, metadata=metadata)
+    plt.close(fig)
+
+
+def figure(data: dict[str, Any], *, title: str = ""):
+    """The matplotlib Figure :func:`draw` saves (the caller closes it)."""
     require_matplotlib()
     import matplotlib
 
@@ -122,18 +143,25 @@ def draw(data: dict[str, Any], path: str, *, title: str = "") -> None:
     peak = data["peak"]
     if peak["step"] is not None:
         top.axvline(peak["step"], color="C3", lw=0.8, alpha=0.5)
-        top.annotate(f"peak {format_bytes(peak['bytes'])}\n{peak['node']}", (peak["step"], peak["bytes"] / scale),
-                     textcoords="offset points", xytext=(8, -4), fontsize=8, va="top")
+        right = peak["step"] > (data["steps"] - 1) / 2  # the label goes towards the middle: inside the figure
+        top.annotate(f"peak {format_bytes(peak['bytes'])}\n{_short(peak['node'] or '')}",
+                     (peak["step"], peak["bytes"] / scale), textcoords="offset points",
+                     xytext=(-8 if right else 8, -4), fontsize=8, va="top", ha="right" if right else "left")
     top.set_ylabel(f"live activations ({unit})")
     top.set_ylim(bottom=0)
     top.grid(alpha=0.3)
-    top.legend(fontsize=8, loc="best", framealpha=0.85)
+    # Beside the axes, not in them: "best" still covered the peak label on a split's plot.
+    top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     top.set_title(title or f"Activation memory per step ({data['act_bytes']} B/element; estimate: no tiling)",
                   fontsize=10)
     if live:
         for row, t in enumerate(live):
             bottom.barh(row, t["end"] - t["start"] + 1, left=t["start"] - 0.5, height=0.6, color="C0", alpha=0.7)
-            bottom.text(t["start"], row, f" {t['name']}  {format_bytes(t['bytes'])}", va="center", fontsize=7)
+            # A bar in the right half is labelled leftwards from its end, so the label stays inside the figure.
+            right = t["start"] > (data["steps"] - 1) / 2
+            bottom.text(t["end"] + 0.5 if right else t["start"] - 0.5, row,
+                        f" {_short(t['name'])}  {format_bytes(t['bytes'])} ", va="center", fontsize=7,
+                        ha="right" if right else "left", clip_on=True)
         bottom.axvline(peak["step"], color="C3", lw=0.8, alpha=0.5)
         bottom.set_yticks([])
         bottom.invert_yaxis()
@@ -141,8 +169,14 @@ def draw(data: dict[str, Any], path: str, *, title: str = "") -> None:
         bottom.grid(axis="x", alpha=0.3)
     bottom.set_xlabel("step (node in execution order)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def _short(name: str) -> str:
+    if len(name) <= LABEL_CHARS:
+        return name
+    half = (LABEL_CHARS - 1) // 2
+    return f"{name[:half]}…{name[-half:]}"
 
 
 def _unit(top: int) -> tuple[float, str]:

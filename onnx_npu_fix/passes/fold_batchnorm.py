@@ -1014,7 +1014,10 @@ def _apply_qdq_fold(index: GraphIndex, editor: GraphEditor, fold: _QdqFold) -> C
     for node in (fold.q1, fold.dq1, fold.bn):
         editor.remove(node)
     q1 = quant_params(index, fold.q1)
-    detail: dict[str, Any] = {"rounding": "one requantization removed (the conv's own output quantizer)",
+    # "exact": False names this BN in --strict's refusal and counts it (alone, not the float folds of the same
+    # run) on the APPROXIMATE line.
+    detail: dict[str, Any] = {"exact": False,
+                              "rounding": "one requantization removed (the conv's own output quantizer)",
                               "weight_scale": "per-tensor -> per-channel" if params.axis is None else "per-channel",
                               "negated_channels": values.negated}
     if q1 is not None and q1.axis is None:

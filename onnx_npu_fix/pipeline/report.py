@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any
 
 from onnx_npu_fix.io.save import sha256_file
+from onnx_npu_fix.ir.graph import format_bytes
 from onnx_npu_fix.passes.base import Change, Rejection
 from onnx_npu_fix.pipeline.validate import Comparison, quant_summary
 
@@ -127,6 +128,51 @@ class FixReport:
         }
 
 
+GROWTH_SHOWN = 0.10
+"""Weight or MAC growth above this fraction is printed on the pass line (it used to be in the JSON only)."""
+
+
+def growth_note(metrics: dict[str, Any]) -> str:
+    """", weights +98% (6.7 MiB -> 13.2 MiB)" / ", MACs +25%" for a pass whose metrics give its weights and MACs
+    before and after (dilated-conv), when either grows by more than GROWTH_SHOWN."""
+    parts = []
+    weights, added = metrics.get("weight_bytes_before"), metrics.get("weight_bytes_added")
+    if weights and added and added > GROWTH_SHOWN * weights:
+        parts.append(f"weights {100 * added / weights:+.0f}% ({format_bytes(weights)} -> "
+                     f"{format_bytes(weights + added)})")
+    macs, after = metrics.get("conv_macs_before"), metrics.get("conv_macs_after")
+    if macs and after is not None and after - macs > GROWTH_SHOWN * macs:
+        parts.append(f"MACs {100 * (after - macs) / macs:+.0f}%")
+    return "".join(f", {part}" for part in parts)
+
+
+def _approximate_changes(record: PassRecord) -> list[Change]:
+    """The changes of an approximate pass that approximate: those marked inexact, else every real change (the
+    APPROXIMATE line and the pass line count the same ones)."""
+    return [c for c in record.changes if c.detail.get("exact") is False] or _real_changes(record)
+
+
+def _real_changes(record: PassRecord) -> list[Change]:
+    """The changes that rewrite something (not the dead nodes and initializers a rewrite left behind)."""
+    return [c for c in record.changes if c.action not in ("removed dead node", "removed unused initializer")]
+
+
+def _approximate_tag(record: PassRecord) -> str:
+    """" [approximate]", or " [approximate: 2 of 3]" when some of the pass's changes are exact."""
+    real = _real_changes(record)
+    approximate = len(_approximate_changes(record))
+    return f" [approximate: {approximate} of {len(real)}]" if 0 < approximate < len(real) else " [approximate]"
+
+
+def scaled_atol_note(comparison: Comparison | None) -> str:
+    """Names the bound that passed an output whose relative error alone exceeds rtol (the atol term, scaled to the
+    output's magnitude, carried it): "max rel 2.64e-01" must not read as a pass by rtol. Empty otherwise."""
+    if comparison is None or not comparison.exact or not comparison.passed or comparison.max_rel <= comparison.rtol:
+        return ""
+    needed = max(o.needed_atol for o in comparison.outputs)
+    return f" (passed by {comparison.criterion}: atol needed {needed:.2e})"
+
+
 def _fmt_err(comparison: Comparison | None) -> str:
     if comparison is None:
         return ""
@@ -134,6 +180,7 @@ def _fmt_err(comparison: Comparison | None) -> str:
         return f"  FAILED: {comparison.error}"
     worst = comparison.worst
     text = f"  max abs {comparison.max_abs:.2e}, max rel {comparison.max_rel:.2e}{quant_summary(comparison)}"
+    text += scaled_atol_note(comparison)
     if worst is not None and len(comparison.outputs) > 1:
         text += f" (worst {worst.name})"
     if not comparison.passed and worst is not None:
@@ -143,10 +190,10 @@ def _fmt_err(comparison: Comparison | None) -> str:
 
 def render_pass_line(record: PassRecord) -> str:
     """One line per pass for the stderr summary: name, what changed, validation error, time."""
-    kind = "" if record.exact else " [approximate]"
+    kind = "" if record.exact else _approximate_tag(record)
     if record.quantized_tolerance:
         kind = " [quantized rounding changed: measured]"
-    head = f"{record.name:<16} {record.change_summary()}{kind}"
+    head = f"{record.name:<16} {record.change_summary()}{growth_note(record.metrics)}{kind}"
     if record.status == "validated" and record.validation is not None:
         tail = _fmt_err(record.validation)
         if not record.exact and record.validation.outputs:
@@ -210,7 +257,12 @@ def build_record(model_path: str, output_path: str | None, options: Any, report:
     return record
 
 
-EXACT_ALTERNATIVE = {"resize-nearest": "--resize-mode exact"}
+EXACT_ALTERNATIVE = {
+    "resize-nearest": "--resize-mode exact",
+    # Measured on the QDQ U-Net: the fold moved its mask by up to 22 steps; quant_pre_process folds the BN in
+    # float before quantizing, and the same model then needs no QDQ fold (0 elements moved).
+    "fold-batchnorm": "onnxruntime's quant_pre_process before quantizing (folds BatchNorm in float: exact)",
+}
 """What makes each approximate pass exact instead (named by --strict refusals and the APPROXIMATE line)."""
 
 
@@ -222,9 +274,7 @@ def approximation_summary(report: FixReport) -> str | None:
     for record in report.passes:
         if record.exact or record.status not in ("validated", "not validated") or not record.changes:
             continue
-        approximate = [c for c in record.changes if c.detail.get("exact") is False] or [
-            c for c in record.changes if c.action not in ("removed dead node", "removed unused initializer")]
-        counts = Counter(c.op for c in approximate)
+        counts = Counter(c.op for c in _approximate_changes(record))
         parts.append(f"{record.name} changed {', '.join(f'{n} {op}' for op, n in counts.items())}")
         hint = EXACT_ALTERNATIVE.get(record.name)
         if hint and hint not in hints:

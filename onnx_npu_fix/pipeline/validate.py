@@ -210,6 +210,9 @@ class Comparison:
     """Whether the exact tolerance applied (False: the approximate bound)."""
     error: str | None = None
     """Set when the outputs could not be compared at all (missing output, shape or dtype mismatch)."""
+    rtol: float = 0.0
+    atol: float = 0.0
+    """The exact criterion's tolerances (the summary names the bound when the scaled atol carried an output)."""
 
     @property
     def passed(self) -> bool:
@@ -251,7 +254,7 @@ def compare(reference: Sequence[Outputs], candidate: Sequence[Outputs], *, exact
     """
     criterion = (f"|a-b| <= {atol:g}*max(1,max|ref|) + {rtol:g}*|ref|" if exact
                  else f"relative L2 error <= {max_approx_error:g}")
-    result = Comparison(criterion=criterion, exact=exact)
+    result = Comparison(criterion=criterion, exact=exact, rtol=rtol, atol=atol)
     names = list(reference[0].keys()) if reference else []
     for name in names:
         stats = _Accumulator()
