@@ -441,3 +441,75 @@ def test_a_file_name_that_is_not_utf8_is_still_validated(tmp_path):
         pytest.skip("the file system does not take a non-UTF-8 name")
     result = _fix_with_reference(path)
     assert result.ok and result.report.final is not None and result.report.final.passed
+
+
+WRONG_PLUGIN = """
+import numpy as np
+import onnx
+from onnx_npu_fix.passes.base import Change, Pass, PassResult
+
+class Wrong(Pass):
+    '''Declared exact, multiplies the graph output by 1.5: any input with a finite element shows it.'''
+    name = "wrong"
+    summary = "multiply the output by 1.5"
+    exact = True
+
+    def run(self, model, options):
+        out = model.graph.output[0].name
+        for node in model.graph.node:
+            node.output[:] = [out + "/pre" if o == out else o for o in node.output]
+        model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(1.5, np.float32), "wrong/k"))
+        model.graph.node.append(onnx.helper.make_node("Mul", [out + "/pre", "wrong/k"], [out], name="wrong/mul"))
+        return PassResult(changes=[Change("wrong/mul", "Mul", "inserted")])
+"""
+
+
+def _relu_add(shape):
+    return _model([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                   helper.make_node("Add", ["r", "x"], ["y"], name="add")], [_vi("x", shape)], [_vi("y", shape)])
+
+
+@pytest.mark.parametrize("fill", [np.nan, np.inf, -np.inf])
+def test_validation_data_without_a_finite_value_is_not_called_exact(tmp_path, fill):
+    # All-NaN (or all-inf) inputs made a deliberately wrong pass "exact: max abs 0.00e+00", exit 0.
+    model = _save(_relu_add([1, 4, 8]), tmp_path / "m.onnx")
+    plugin = tmp_path / "wrong.py"
+    plugin.write_text(WRONG_PLUGIN)
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.full((1, 4, 8), fill, np.float32))
+    out = tmp_path / "o.onnx"
+    result = invoke(model, "-o", out, "--plugin", plugin, "--validation-data", data)
+    assert result.exit_code == 2, result.output
+    assert ("validation cannot tell a wrong model from a right one: output 'y' has no finite value (only NaN / "
+            "±inf) on the --validation-data inputs") in result.output
+    assert "exact" not in result.output and not out.exists()
+    # With one finite element the wrong pass is caught as before.
+    values = np.full((1, 4, 8), fill, np.float32)
+    values[0, 0, 0] = 1.0
+    np.savez(data, x=values)
+    assert invoke(model, "-o", out, "--plugin", plugin, "--validation-data", data).exit_code == 3
+
+
+def test_zero_element_input_is_not_called_exact(tmp_path):
+    # A batch-0 input: every output is empty, so any model "matches"; exit 0 with "exact" before.
+    model = _save(_relu_add([0, 4, 8]), tmp_path / "m.onnx")
+    plugin = tmp_path / "wrong.py"
+    plugin.write_text(WRONG_PLUGIN)
+    out = tmp_path / "o.onnx"
+    result = invoke(model, "-o", out, "--plugin", plugin)
+    assert result.exit_code == 2, result.output
+    assert "output 'y' has no elements on the generated validation inputs" in result.output
+    assert not out.exists()
+    unvalidated = invoke(model, "-o", out, "--plugin", plugin, "--validate", "none")
+    assert unvalidated.exit_code == 0 and "validation: none" in unvalidated.output
+
+
+@pytest.mark.parametrize("bounds", ["-1e39,1e39", "0,1e39", "-1.7e308,1.7e308"])
+def test_input_range_beyond_the_input_type_is_refused(tmp_path, bounds):
+    # float32 inputs from -1e39..1e39 are ±inf (a numpy overflow warning, then a validation of infinities).
+    model = _save(_relu_add([1, 4, 8]), tmp_path / "m.onnx")
+    out = tmp_path / "o.onnx"
+    result = invoke(model, "-o", out, "--input-range", f"x:{bounds}")
+    assert result.exit_code == 2, result.output
+    assert "exceeds the float32 range" in result.output and not out.exists()
+    assert "RuntimeWarning" not in result.output

@@ -94,7 +94,7 @@ def make_inputs(model: onnx.ModelProto, n: int, seed: int, *,
         feed: Feeds = {}
         for name, shape, dtype in specs:
             if ranges and name in ranges:
-                feed[name] = _in_range(rng, shape, dtype, *ranges[name])
+                feed[name] = _in_range(rng, shape, dtype, *ranges[name], name=name)
             elif np.issubdtype(dtype, np.floating):
                 feed[name] = rng.standard_normal(shape).astype(dtype)
             elif dtype == np.bool_:
@@ -110,16 +110,23 @@ def numpy_dtype(elem_type: int) -> type | None:
     return _NUMPY_OF_ONNX.get(elem_type)
 
 
-def _in_range(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, lo: float, hi: float) -> np.ndarray:
+def _in_range(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, lo: float, hi: float, *,
+              name: str) -> np.ndarray:
     """Values for ``--input-range``: floats uniform in [lo, hi), integers in [lo, hi], bools in {lo, hi} & {0, 1}."""
     if np.issubdtype(dtype, np.floating):
+        # Bounds beyond the type (or a span beyond float64) would feed ±inf: inputs on which every model agrees.
+        biggest = float(np.finfo(dtype).max)
+        if max(abs(lo), abs(hi)) > biggest or not math.isfinite(hi - lo):
+            raise InputError(f"--input-range {name}:{lo:g},{hi:g} exceeds the {np.dtype(dtype).name} range "
+                             f"(±{biggest:.4g}): its values would be infinite and could not tell models apart; "
+                             f"give finite bounds within it")
         return rng.uniform(lo, hi, shape).astype(dtype)
     if dtype == np.bool_:
         return rng.integers(max(0, math.ceil(lo)), min(1, math.floor(hi)) + 1, shape).astype(np.bool_)
     info = np.iinfo(dtype)
     low, high = max(info.min, math.ceil(lo)), min(info.max, math.floor(hi))
     if low > high:
-        raise InputError(f"--input-range {lo:g},{hi:g} holds no {np.dtype(dtype).name} value")
+        raise InputError(f"--input-range {name}:{lo:g},{hi:g} holds no {np.dtype(dtype).name} value")
     return rng.integers(low, high, shape, endpoint=True).astype(dtype)
 
 

@@ -496,6 +496,21 @@ def check_structure(model: onnx.ModelProto, data: bytes | None = None) -> str | 
     return None
 
 
+def blind_output(outputs: Sequence[Outputs]) -> str | None:
+    """Why the original's ``outputs`` (over all input sets) cannot show a difference, or None: an output with no
+    element at all (a zero-size dimension), or a floating one with no finite element (NaN and ±inf compare
+    equal to themselves, so any model that also yields them "matches" — e.g. on all-NaN inputs)."""
+    if not outputs:
+        return None
+    for name in outputs[0]:
+        values = [np.asarray(o[name]) for o in outputs]
+        if all(v.size == 0 for v in values):
+            return f"output '{name}' has no elements"
+        if all(v.dtype.kind in "fc" for v in values) and not any(np.isfinite(v).any() for v in values):
+            return f"output '{name}' has no finite value (only NaN / ±inf)"
+    return None
+
+
 @dataclass
 class Verdict:
     """A candidate model judged by :meth:`Validator.check`."""
@@ -564,6 +579,13 @@ class Validator:
             raise InputError(f"onnxruntime cannot run the original model ({first_line(exc)}), so no change "
                              f"could be validated; nothing written (fix the model, or --validate none to write "
                              f"it unvalidated)") from None
+        blind = blind_output(self._original)
+        if blind is not None:
+            source = ("the --validation-data inputs" if self.options.validation_data
+                      else "the generated validation inputs")
+            raise InputError(f"validation cannot tell a wrong model from a right one: {blind} on {source}; "
+                             f"nothing written (give --validation-data with finite values and non-empty shapes, "
+                             f"or --validate none to write it unvalidated)")
         self._current = self._original
 
     def _wait(self) -> None:
