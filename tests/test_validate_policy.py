@@ -513,3 +513,24 @@ def test_input_range_beyond_the_input_type_is_refused(tmp_path, bounds):
     assert result.exit_code == 2, result.output
     assert "exceeds the float32 range" in result.output and not out.exists()
     assert "RuntimeWarning" not in result.output
+
+
+def test_random_op_is_refused_by_name_not_blamed_on_a_pass(tmp_path):
+    # An unseeded RandomNormalLike after a conv that align-channels pads: "pass align-channels failed" before (an
+    # exact, correct pass blamed for the noise).
+    rng = np.random.default_rng(0)
+    model = _model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv1"),
+                    helper.make_node("RandomNormalLike", ["c"], ["n"], name="noise"),
+                    helper.make_node("Add", ["n", "c"], ["a"], name="add"),
+                    helper.make_node("Conv", ["a", "w2"], ["y"], name="conv2")],
+                   [_vi("x", [1, 3, 8])], [_vi("y", [1, 3, 8])],
+                   [numpy_helper.from_array(rng.standard_normal((5, 3, 1)).astype(np.float32), "w"),
+                    numpy_helper.from_array(rng.standard_normal((3, 5, 1)).astype(np.float32), "w2")])
+    path = _save(model, tmp_path / "m.onnx")
+    out = tmp_path / "o.onnx"
+    result = invoke(path, "-o", out)
+    assert result.exit_code == 2, result.output
+    assert "node 'noise' (RandomNormalLike) draws random values" in result.output
+    assert "align-channels" not in result.output and not out.exists()
+    unvalidated = invoke(path, "-o", out, "--validate", "none")
+    assert unvalidated.exit_code == 0 and "validation: none" in unvalidated.output
