@@ -534,3 +534,53 @@ def test_random_op_is_refused_by_name_not_blamed_on_a_pass(tmp_path):
     assert "align-channels" not in result.output and not out.exists()
     unvalidated = invoke(path, "-o", out, "--validate", "none")
     assert unvalidated.exit_code == 0 and "validation: none" in unvalidated.output
+
+
+def _npz_with_members(path, members: dict[str, bytes]) -> None:
+    import zipfile
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+def _npy_bytes(array) -> bytes:
+    import io
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def test_validation_data_directory_is_checked_before_any_member_is_read(tmp_path):
+    # An unknown key was read whole first (889 MiB for an 800 MB member) before the "not a graph input" error;
+    # a member that cannot even be read shows the order: its name is refused, its bytes never parsed.
+    model = _save(_relu_add([1, 4, 8]), tmp_path / "m.onnx")
+    data = tmp_path / "d.npz"
+    broken = b"\x93NUMPY\x01\x00\x10\x00{broken header}"  # .npy magic, then a header too short to parse
+    _npz_with_members(data, {"x.npy": _npy_bytes(np.zeros((1, 4, 8), np.float32)), "junk.npy": broken})
+    result = invoke(model, "-o", tmp_path / "o.onnx", "--validation-data", data)
+    assert result.exit_code == 2, result.output
+    assert "'junk' is not a graph input" in result.output
+    # A known input whose member is larger than its static shape can take: refused from the directory's size.
+    _npz_with_members(data, {"x.npy": _npy_bytes(np.zeros((1, 4, 8 + 20000), np.float32))[:-8] + b"truncate"})
+    result = invoke(model, "-o", tmp_path / "o.onnx", "--validation-data", data)
+    assert result.exit_code == 2, result.output
+    assert "'x' holds" in result.output and "more than input 'x' [1,4,8] float32 can take (128 bytes)" in result.output
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_validation_data_that_is_a_fifo_is_refused(tmp_path):
+    # np.load on a FIFO waited for a writer forever. Here a writer thread stands by, so the old code read an
+    # empty stream instead of hanging; the new one never opens the FIFO (the writer is released at the end).
+    import threading
+    model = _save(_relu_add([1, 4, 8]), tmp_path / "m.onnx")
+    fifo = tmp_path / "d.npz"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True)
+    writer.start()
+    try:
+        result = invoke(model, "-o", tmp_path / "o.onnx", "--validation-data", fifo)
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # lets a still-waiting writer go
+        writer.join()
+    assert result.exit_code == 2, result.output
+    assert "not a regular file" in result.output and not (tmp_path / "o.onnx").exists()
