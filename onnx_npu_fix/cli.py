@@ -52,6 +52,17 @@ class _InputProblem(click.ClickException):
         self.exit_code = exit_code
 
 
+class _OneLineCommand(click.Command):
+    """click's command with its usage errors on one line (README: errors are one line): click prints
+    ``Usage: …``, ``Try '… -h' for help.`` and ``Error: …``; a CI log wants the last one only."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise _InputProblem(exc.format_message()) from None
+
+
 class _Terminated(BaseException):
     """SIGTERM (what CI sends on cancel), raised in the main thread so that every ``finally`` cleans up."""
 
@@ -86,7 +97,7 @@ def _split_names(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 118},
+@click.command(cls=_OneLineCommand, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 118},
                epilog=EXAMPLE)
 @click.argument("models", nargs=-1, type=click.Path(dir_okay=True))
 @click.option("-o", "--output", type=click.Path(), help="Where to write the fixed model (written atomically).")
@@ -185,6 +196,8 @@ def main(ctx: click.Context, **params: Any) -> None:
     previous = _catch_sigterm()
     try:
         _main(ctx, **params)
+    except click.UsageError as exc:  # raised by the checks after parsing: one line too (_OneLineCommand)
+        raise _InputProblem(exc.format_message()) from None
     except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
         raise
     except BrokenPipeError:
@@ -258,6 +271,12 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
         raise click.UsageError("missing MODEL (an .onnx file)")
     if len(models) > 1 and (not check or report_path):
         raise click.UsageError("several MODELs are only accepted by --check without --report (e.g. a pre-commit hook)")
+    if check and opts["freeze_input"]:
+        # --check reports on the model as given; checking another model than the one named would mislead.
+        raise click.UsageError("--freeze-input does not apply to --check (it checks the model as given); fix "
+                               "the model with --freeze-input first, then --check the output")
+    if check and memory_plot and len(models) > 1:
+        raise click.UsageError("--memory-plot draws one model: give one MODEL with --check --memory-plot")
     if output is None and not check:
         raise click.UsageError("missing -o/--output (where to write the fixed model), or use --check")
     _setup_logging(quiet, verbose)
@@ -466,9 +485,9 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any],
         if param == "input_shape":
             value = _parse_input_shape(value)
         elif param == "freeze_input":
-            from onnx_npu_fix.pipeline.freeze import parse_freeze_spec
+            from onnx_npu_fix.pipeline.freeze import parse_freeze_specs
 
-            value = dict(parse_freeze_spec(spec) for spec in value)
+            value = parse_freeze_specs(value)
         elif param == "input_range":
             from onnx_npu_fix.pipeline.inputs import parse_input_ranges
 

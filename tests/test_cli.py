@@ -596,3 +596,46 @@ def test_record_hashes_are_those_of_the_files(tmp_path, fixture_path, external):
     record = json.loads(report.read_text())
     assert record["input"]["sha256"] == hashlib.sha256(open(src, "rb").read()).hexdigest()
     assert record["output"]["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
+
+
+def _small_model(path):
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--max-approx-error", "nan"), "--max-approx-error"),
+    (("--rtol", "inf"), "--rtol"),
+    (("--seed", "-1"), "--seed"),
+    (("--sram", "nanKiB"), "--sram"),
+    (("--validation-inputs", "0"), "--validation-inputs"),
+    (("--no-such-option",), "No such option"),
+    (("{model}", "--check", "--report", "r.json"), "several MODELs"),
+])
+def test_usage_errors_are_one_line(tmp_path, args, message):
+    # click printed three lines (Usage:, Try ..., Error: ...); the README promises one.
+    model = _small_model(tmp_path / "m.onnx")
+    args = [str(model) if a == "{model}" else a for a in args]
+    result = invoke(model, "-o", tmp_path / "o.onnx", *args)
+    text = assert_one_line_error(result)
+    assert text.startswith("Error: ") and message in text
+    assert not (tmp_path / "o.onnx").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (("-o", "{out}", "--freeze-input", "x=1", "--freeze-input", "x=2"), "gives input 'x' two values (1 and 2)"),
+    (("--check", "--freeze-input", "x=1"), "--freeze-input does not apply to --check"),
+    (("{model}", "--check", "--memory-plot", "{plot}"), "--memory-plot draws one model"),
+])
+def test_options_that_cannot_all_hold_are_refused(tmp_path, args, message):
+    # The last --freeze-input won silently; --check ignored --freeze-input; --check of two models with
+    # --memory-plot drew nothing and said nothing.
+    model = _small_model(tmp_path / "m.onnx")
+    names = {"{model}": str(model), "{out}": str(tmp_path / "o.onnx"), "{plot}": str(tmp_path / "p.png")}
+    result = invoke(model, *[names.get(a, a) for a in args])
+    assert message in assert_one_line_error(result)
+    assert os.listdir(tmp_path) == ["m.onnx"]

@@ -313,3 +313,68 @@ def test_missing_graphsurgeon_is_a_clear_message(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnx_graphsurgeon", None)  # import now raises ImportError
     with pytest.raises(InputError, match=r"pip install 'onnx-npu-fix\[graphsurgeon\]'"):
         gs_adapter.import_graphsurgeon()
+
+
+EXITING_PLUGIN = """
+    import sys
+    from onnx_npu_fix.passes.base import Pass, PassResult
+
+    {at_import}
+
+    class Exiting(Pass):
+        name = "exiting"
+        summary = "calls sys.exit"
+        exact = True
+
+        def run(self, model, options):
+            {in_run}
+            return PassResult()
+"""
+
+
+@pytest.mark.parametrize("validate", ["each", "final"])
+@pytest.mark.parametrize("where, code, message", [
+    ("import", 2, "myplugin.py fails: it calls sys.exit(0)"),
+    ("run", 3, "pass exiting failed: SystemExit: it calls sys.exit(0)"),
+])
+def test_plugin_calling_sys_exit_is_named_not_a_silent_success(tmp_path, where, code, message, validate):
+    # sys.exit(0) from plugin code used to end the run with exit 0, no output and no message.
+    model = relu_model(tmp_path / "m.onnx")
+    exit_call = "sys.exit(0)"
+    plugin = write_plugin(tmp_path, EXITING_PLUGIN.format(at_import=exit_call if where == "import" else "",
+                                                          in_run=exit_call if where == "run" else "pass"))
+    out = tmp_path / "o.onnx"
+    result = invoke(model, "-o", out, "--plugin", plugin, "--validate", validate)
+    assert result.exit_code == code, result.output
+    assert message in result.output
+    assert not out.exists()
+
+
+RETYPING_PLUGIN = """
+    from onnx_npu_fix.passes.base import Change, Pass, PassResult
+
+    class Retype(Pass):
+        '''Declares the graph input and output [1, 4, 9] instead of [1, 4, 8]: consistent for shape
+        inference, but not the model's interface any more.'''
+        name = "retype"
+        summary = "changes the graph interface"
+        exact = True
+
+        def run(self, model, options):
+            for value in (model.graph.input[0], model.graph.output[0]):
+                value.type.tensor_type.shape.dim[2].dim_value = 9
+            return PassResult(changes=[Change("add", "Add", "retyped")])
+"""
+
+
+@pytest.mark.parametrize("validate", ["each", "final", "none"])
+def test_plugin_changing_the_io_shapes_is_a_failed_pass_named(tmp_path, validate):
+    # Names were checked, types and shapes were not: under --validate none the model was written with exit 0.
+    model = relu_model(tmp_path / "m.onnx")
+    plugin = write_plugin(tmp_path, RETYPING_PLUGIN)
+    out = tmp_path / "o.onnx"
+    result = invoke(model, "-o", out, "--plugin", plugin, "--validate", validate)
+    assert result.exit_code == 3, result.output
+    assert ("pass retype failed: the pass changed the type of graph input 'x' from float32[1, 4, 8] to "
+            "float32[1, 4, 9]") in result.output
+    assert not out.exists()

@@ -502,3 +502,146 @@ def test_one_finding_is_singular(tmp_path):
     path = _save(_resize_model(n_in=4, n_out=8), tmp_path / "m.onnx")
     result = invoke(path, "-o", tmp_path / "o.onnx", "--passes", "cleanup")
     assert "note: 1 finding of constraints not asked for remains (" in result.output, result.output
+
+
+WRONG_PLUGIN = """
+import numpy as np
+import onnx
+from onnx_npu_fix.passes.base import Change, Pass, PassResult
+
+class Wrong(Pass):
+    '''Declared exact, multiplies the graph output by 1.5: any input with a finite element shows it.'''
+    name = "wrong"
+    summary = "multiply the output by 1.5"
+    exact = True
+
+    def run(self, model, options):
+        out = model.graph.output[0].name
+        for node in model.graph.node:
+            node.output[:] = [out + "/pre" if o == out else o for o in node.output]
+        model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(1.5, np.float32), "wrong/k"))
+        model.graph.node.append(onnx.helper.make_node("Mul", [out + "/pre", "wrong/k"], [out], name="wrong/mul"))
+        return PassResult(changes=[Change("wrong/mul", "Mul", "inserted")])
+"""
+
+
+def _relu_add(shape):
+    return _model([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                   helper.make_node("Add", ["r", "x"], ["y"], name="add")], [_vi("x", shape)], [_vi("y", shape)])
+
+
+@pytest.mark.parametrize("fill", [np.nan, np.inf, -np.inf])
+def test_validation_data_without_a_finite_value_is_not_called_exact(tmp_path, fill):
+    # All-NaN (or all-inf) inputs made a deliberately wrong pass "exact: max abs 0.00e+00", exit 0.
+    model = _save(_relu_add([1, 4, 8]), tmp_path / "m.onnx")
+    plugin = tmp_path / "wrong.py"
+    plugin.write_text(WRONG_PLUGIN)
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.full((1, 4, 8), fill, np.float32))
+    out = tmp_path / "o.onnx"
+    result = invoke(model, "-o", out, "--plugin", plugin, "--validation-data", data)
+    assert result.exit_code == 2, result.output
+    assert ("validation cannot tell a wrong model from a right one: output 'y' has no finite value (only NaN / "
+            "±inf) on the --validation-data inputs") in result.output
+    assert "exact" not in result.output and not out.exists()
+    # With one finite element the wrong pass is caught as before.
+    values = np.full((1, 4, 8), fill, np.float32)
+    values[0, 0, 0] = 1.0
+    np.savez(data, x=values)
+    assert invoke(model, "-o", out, "--plugin", plugin, "--validation-data", data).exit_code == 3
+
+
+def test_zero_element_input_is_not_called_exact(tmp_path):
+    # A batch-0 input: every output is empty, so any model "matches"; exit 0 with "exact" before.
+    model = _save(_relu_add([0, 4, 8]), tmp_path / "m.onnx")
+    plugin = tmp_path / "wrong.py"
+    plugin.write_text(WRONG_PLUGIN)
+    out = tmp_path / "o.onnx"
+    result = invoke(model, "-o", out, "--plugin", plugin)
+    assert result.exit_code == 2, result.output
+    assert "output 'y' has no elements on the generated validation inputs" in result.output
+    assert not out.exists()
+    unvalidated = invoke(model, "-o", out, "--plugin", plugin, "--validate", "none")
+    assert unvalidated.exit_code == 0 and "validation: none" in unvalidated.output
+
+
+@pytest.mark.parametrize("bounds", ["-1e39,1e39", "0,1e39", "-1.7e308,1.7e308"])
+def test_input_range_beyond_the_input_type_is_refused(tmp_path, bounds):
+    # float32 inputs from -1e39..1e39 are ±inf (a numpy overflow warning, then a validation of infinities).
+    model = _save(_relu_add([1, 4, 8]), tmp_path / "m.onnx")
+    out = tmp_path / "o.onnx"
+    result = invoke(model, "-o", out, "--input-range", f"x:{bounds}")
+    assert result.exit_code == 2, result.output
+    assert "exceeds the float32 range" in result.output and not out.exists()
+    assert "RuntimeWarning" not in result.output
+
+
+def test_random_op_is_refused_by_name_not_blamed_on_a_pass(tmp_path):
+    # An unseeded RandomNormalLike after a conv that align-channels pads: "pass align-channels failed" before (an
+    # exact, correct pass blamed for the noise).
+    rng = np.random.default_rng(0)
+    model = _model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv1"),
+                    helper.make_node("RandomNormalLike", ["c"], ["n"], name="noise"),
+                    helper.make_node("Add", ["n", "c"], ["a"], name="add"),
+                    helper.make_node("Conv", ["a", "w2"], ["y"], name="conv2")],
+                   [_vi("x", [1, 3, 8])], [_vi("y", [1, 3, 8])],
+                   [numpy_helper.from_array(rng.standard_normal((5, 3, 1)).astype(np.float32), "w"),
+                    numpy_helper.from_array(rng.standard_normal((3, 5, 1)).astype(np.float32), "w2")])
+    path = _save(model, tmp_path / "m.onnx")
+    out = tmp_path / "o.onnx"
+    result = invoke(path, "-o", out)
+    assert result.exit_code == 2, result.output
+    assert "node 'noise' (RandomNormalLike) draws random values" in result.output
+    assert "align-channels" not in result.output and not out.exists()
+    unvalidated = invoke(path, "-o", out, "--validate", "none")
+    assert unvalidated.exit_code == 0 and "validation: none" in unvalidated.output
+
+
+def _npz_with_members(path, members: dict[str, bytes]) -> None:
+    import zipfile
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+def _npy_bytes(array) -> bytes:
+    import io
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def test_validation_data_directory_is_checked_before_any_member_is_read(tmp_path):
+    # An unknown key was read whole first (889 MiB for an 800 MB member) before the "not a graph input" error;
+    # a member that cannot even be read shows the order: its name is refused, its bytes never parsed.
+    model = _save(_relu_add([1, 4, 8]), tmp_path / "m.onnx")
+    data = tmp_path / "d.npz"
+    broken = b"\x93NUMPY\x01\x00\x10\x00{broken header}"  # .npy magic, then a header too short to parse
+    _npz_with_members(data, {"x.npy": _npy_bytes(np.zeros((1, 4, 8), np.float32)), "junk.npy": broken})
+    result = invoke(model, "-o", tmp_path / "o.onnx", "--validation-data", data)
+    assert result.exit_code == 2, result.output
+    assert "'junk' is not a graph input" in result.output
+    # A known input whose member is larger than its static shape can take: refused from the directory's size.
+    _npz_with_members(data, {"x.npy": _npy_bytes(np.zeros((1, 4, 8 + 20000), np.float32))[:-8] + b"truncate"})
+    result = invoke(model, "-o", tmp_path / "o.onnx", "--validation-data", data)
+    assert result.exit_code == 2, result.output
+    assert "'x' holds" in result.output and "more than input 'x' [1,4,8] float32 can take (128 bytes)" in result.output
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_validation_data_that_is_a_fifo_is_refused(tmp_path):
+    # np.load on a FIFO waited for a writer forever. Here a writer thread stands by, so the old code read an
+    # empty stream instead of hanging; the new one never opens the FIFO (the writer is released at the end).
+    import threading
+    model = _save(_relu_add([1, 4, 8]), tmp_path / "m.onnx")
+    fifo = tmp_path / "d.npz"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True)
+    writer.start()
+    try:
+        result = invoke(model, "-o", tmp_path / "o.onnx", "--validation-data", fifo)
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # lets a still-waiting writer go
+        writer.join()
+    assert result.exit_code == 2, result.output
+    assert "not a regular file" in result.output and not (tmp_path / "o.onnx").exists()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,19 @@ def parse_freeze_spec(spec: str) -> tuple[str, str]:
     if not sep or not name or not value.strip():
         raise InputError(f"--freeze-input '{spec}' is not NAME=VALUE (e.g. sr=16000, mask=1,0,1 or x=x.npy)")
     return name, value.strip()
+
+
+def parse_freeze_specs(specs: Sequence[str]) -> dict[str, str]:
+    """Every ``--freeze-input`` spec by name; InputError for two values of one input (the last one winning
+    silently would freeze a value the user may not have meant)."""
+    values: dict[str, str] = {}
+    for spec in specs:
+        name, value = parse_freeze_spec(spec)
+        if name in values:
+            raise InputError(f"--freeze-input gives input '{name}' two values ({values[name]} and {value}); "
+                             f"give one")
+        values[name] = value
+    return values
 
 
 def read_value(name: str, text: str) -> np.ndarray:

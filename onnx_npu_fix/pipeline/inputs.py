@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import zipfile
 from collections.abc import Mapping, Sequence
 
@@ -94,7 +95,7 @@ def make_inputs(model: onnx.ModelProto, n: int, seed: int, *,
         feed: Feeds = {}
         for name, shape, dtype in specs:
             if ranges and name in ranges:
-                feed[name] = _in_range(rng, shape, dtype, *ranges[name])
+                feed[name] = _in_range(rng, shape, dtype, *ranges[name], name=name)
             elif np.issubdtype(dtype, np.floating):
                 feed[name] = rng.standard_normal(shape).astype(dtype)
             elif dtype == np.bool_:
@@ -110,16 +111,23 @@ def numpy_dtype(elem_type: int) -> type | None:
     return _NUMPY_OF_ONNX.get(elem_type)
 
 
-def _in_range(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, lo: float, hi: float) -> np.ndarray:
+def _in_range(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, lo: float, hi: float, *,
+              name: str) -> np.ndarray:
     """Values for ``--input-range``: floats uniform in [lo, hi), integers in [lo, hi], bools in {lo, hi} & {0, 1}."""
     if np.issubdtype(dtype, np.floating):
+        # Bounds beyond the type (or a span beyond float64) would feed ±inf: inputs on which every model agrees.
+        biggest = float(np.finfo(dtype).max)
+        if max(abs(lo), abs(hi)) > biggest or not math.isfinite(hi - lo):
+            raise InputError(f"--input-range {name}:{lo:g},{hi:g} exceeds the {np.dtype(dtype).name} range "
+                             f"(±{biggest:.4g}): its values would be infinite and could not tell models apart; "
+                             f"give finite bounds within it")
         return rng.uniform(lo, hi, shape).astype(dtype)
     if dtype == np.bool_:
         return rng.integers(max(0, math.ceil(lo)), min(1, math.floor(hi)) + 1, shape).astype(np.bool_)
     info = np.iinfo(dtype)
     low, high = max(info.min, math.ceil(lo)), min(info.max, math.floor(hi))
     if low > high:
-        raise InputError(f"--input-range {lo:g},{hi:g} holds no {np.dtype(dtype).name} value")
+        raise InputError(f"--input-range {name}:{lo:g},{hi:g} holds no {np.dtype(dtype).name} value")
     return rng.integers(low, high, shape, endpoint=True).astype(dtype)
 
 
@@ -254,23 +262,43 @@ def load_validation_data(model: onnx.ModelProto, path: str) -> list[Feeds]:
         raise InputError(f"--validation-data {path}: no such file or directory")
     if os.path.isdir(path):
         names = sorted(os.listdir(path))
-        sets = [_read_npz(os.path.join(path, n)) for n in names if n.endswith(".npz")]
+        sets = [_read_npz(model, os.path.join(path, n)) for n in names if n.endswith(".npz")]
         npy = [n for n in names if n.endswith(".npy")]
         if npy:
             sets.append((path, {_input_of_npy(model, n): _read_npy(os.path.join(path, n)) for n in npy}))
         if not sets:
             raise InputError(f"--validation-data {path}: the folder holds no .npz or .npy files")
     else:
-        sets = [_read_npz(path)]
+        sets = [_read_npz(model, path)]
     return [_check_set(model, where, arrays) for where, arrays in sets]
 
 
-def _read_npz(path: str) -> tuple[str, dict[str, np.ndarray]]:
+def _regular_file(path: str) -> None:
+    """InputError unless ``path`` is a regular file: reading a FIFO (or a device) would wait for a writer that
+    may never come."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise InputError(f"--validation-data {path}: cannot read it ({first_line(exc)})") from None
+    if not stat.S_ISREG(mode):
+        raise InputError(f"--validation-data {path}: not a regular file (a FIFO, a device or a socket); give an "
+                         f".npz or .npy file")
+
+
+NPY_HEADER_BYTES = 1 << 16
+"""Most bytes an .npy header may take beyond its data (a version 2/3 header is at most this big in practice)."""
+
+
+def _read_npz(model: onnx.ModelProto, path: str) -> tuple[str, dict[str, np.ndarray]]:
+    """The arrays of one .npz, after its directory was checked: every key a graph input and no member larger
+    than its input's static shape needs, so an unknown or oversized member is refused before it is read."""
+    _regular_file(path)
     try:
         archive = np.load(path, allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):
             raise InputError(f"--validation-data {path}: a single array; expected an .npz keyed by input name")
         with archive:
+            _check_directory(model, path, archive)
             return path, {key: archive[key] for key in archive.files}
     except InputError:
         raise
@@ -279,7 +307,27 @@ def _read_npz(path: str) -> tuple[str, dict[str, np.ndarray]]:
                          f"{first_line(exc)})") from None
 
 
+def _check_directory(model: onnx.ModelProto, path: str, archive: np.lib.npyio.NpzFile) -> None:
+    inputs = {vi.name: vi for vi in model.graph.input}
+    for key in archive.files:
+        if key not in inputs:
+            raise InputError(f"--validation-data {path}: '{key}' is not a graph input "
+                             f"(inputs: {', '.join(inputs) or 'none'})")
+    for info in archive.zip.infolist():
+        key = info.filename[:-len(".npy")] if info.filename.endswith(".npy") else info.filename
+        vi = inputs.get(key)
+        shape = shape_of_value_info(vi) if vi is not None else None
+        dtype = numpy_dtype(vi.type.tensor_type.elem_type) if vi is not None else None
+        if shape is None or dtype is None or not all(isinstance(d, int) for d in shape):
+            continue
+        needed = math.prod(shape) * np.dtype(dtype).itemsize
+        if info.file_size > needed + NPY_HEADER_BYTES:
+            raise InputError(f"--validation-data {path}: '{key}' holds {info.file_size} bytes, more than input "
+                             f"'{key}' {format_shape(shape)} {np.dtype(dtype).name} can take ({needed} bytes)")
+
+
 def _read_npy(path: str) -> np.ndarray:
+    _regular_file(path)
     try:
         value = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:

@@ -64,6 +64,19 @@ log = logging.getLogger("onnx_npu_fix")
 NOT_VALIDATED = "validation: none (requested): nothing was compared with the original"
 """FixReport.validation_note of a run with validate="none" (the CLI prints it as the summary's last line)."""
 
+FOREIGN_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit)
+"""What plugin code may raise that makes it unusable (at import) or a failed pass (in run()). SystemExit is
+one: a plugin's ``sys.exit(0)`` would otherwise end the run with exit 0, no output and no message.
+KeyboardInterrupt is not: it is how SIGINT reaches the run (exit 130, nothing written), and a plugin that raises
+it ends the run the same way, which says no more than it should."""
+
+
+def failure_text(exc: BaseException) -> str:
+    """One line for an exception from plugin code; a SystemExit says it called sys.exit, not just its code."""
+    if isinstance(exc, SystemExit):
+        return f"it calls sys.exit({exc.code!r})"
+    return first_line(exc)
+
 
 def strict_message(record: PassRecord) -> str:
     """The one-line --strict refusal of an approximate change by ``record``'s pass."""
@@ -121,7 +134,7 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     report = FixReport()
     if options.validate == "none":
         report.validation_note = NOT_VALIDATED
-    approximate = any(not p.exact and p.may_change(model, options) for p in passes)
+    approximate = any(not p.exact and _may_change(p, model, options) for p in passes)
     validator = Validator(model, options, reference=reference, approximate=approximate,
                           reference_feeds=reference_feeds)
     try:
@@ -130,6 +143,15 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
         validator.close()
     report.seconds = time.perf_counter() - started
     return FixResult(model=model, report=report, serialized=data)
+
+
+def _may_change(pass_: Pass, model: onnx.ModelProto, options: FixOptions) -> bool:
+    """``pass_.may_change``, True when it raises (plugin code): then the pass is measured alone, and its run()
+    shows what is wrong with it as a failed pass."""
+    try:
+        return pass_.may_change(model, options)
+    except FOREIGN_FAILURES:
+        return True
 
 
 class Outcome(Enum):
@@ -274,7 +296,7 @@ class _Run:
         return None
 
     def _measured_alone(self, pass_: Pass) -> bool:
-        return not pass_.exact and pass_.may_change(self.model, self.options)
+        return not pass_.exact and _may_change(pass_, self.model, self.options)
 
     def _next(self, outcome: Outcome, otherwise: int) -> int | None:
         """The pass the loop goes on with after ``outcome``: None when the run stops, the group's first pass
@@ -306,10 +328,10 @@ class _Run:
             result = pass_.run(self.model, self.options)
         except InputError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a crashing pass is a failed pass, reported, never a traceback
+        except FOREIGN_FAILURES as exc:  # a crashing pass is a failed pass, reported, never a traceback
             record.seconds = time.perf_counter() - t0
             self.report.warnings.append(f"pass {pass_.name} crashed:\n{traceback.format_exc()}")
-            return self._fail(i, record, Outcome.ERROR, f"{type(exc).__name__}: {first_line(exc)}")
+            return self._fail(i, record, Outcome.ERROR, f"{type(exc).__name__}: {failure_text(exc)}")
         record.seconds = time.perf_counter() - t0
         if not isinstance(result, PassResult):
             return self._fail(i, record, Outcome.FAILED,
@@ -465,16 +487,27 @@ class _Declared:
         graph = model.graph
         self.inputs = [i.name for i in graph.input]
         self.outputs = [o.name for o in graph.output]
+        # Copies: the pass edits these very protos in place.
+        self.io_types = {vi.name: _copy_type(vi.type) for vi in itertools.chain(graph.input, graph.output)}
         self.types = _recorded_types(graph) if pass_.keeps_shapes else None
 
     def broken_io(self, model: onnx.ModelProto) -> str | None:
-        """Why the graph's inputs or outputs are not the ones it had (their names, in order), or None."""
+        """Why the graph's inputs or outputs are not the ones it had (their names, in order; each one's element
+        type and every dimension that was known), or None. A dimension that was unknown or symbolic may become
+        known (fold-constants refreshes the declared output shapes once the input shapes are static)."""
         graph = model.graph
         for kind, before, after in (("inputs", self.inputs, [i.name for i in graph.input]),
                                     ("outputs", self.outputs, [o.name for o in graph.output])):
             if after != before:
                 return (f"the pass changed the graph {kind} from {_names(before)} to {_names(after)}; a pass "
                         f"must keep the graph's input and output names")
+        for kind, values in (("input", graph.input), ("output", graph.output)):
+            for vi in values:
+                before = self.io_types[vi.name]
+                if not _keeps_interface(before, vi.type):
+                    return (f"the pass changed the type of graph {kind} '{vi.name}' from "
+                            f"{_type_text(before.SerializeToString())} to {_type_text(vi.type.SerializeToString())}"
+                            f"; a pass must keep the graph's input and output types and shapes")
         return None
 
     def broken_shapes(self, model: onnx.ModelProto) -> str | None:
@@ -488,6 +521,29 @@ class _Declared:
                 return (f"the pass declares keeps_shapes but changed the recorded type of '{name}' from "
                         f"{_type_text(before)} to {_type_text(after)}")
         return None
+
+
+def _copy_type(type_proto: onnx.TypeProto) -> onnx.TypeProto:
+    copy = onnx.TypeProto()
+    copy.CopyFrom(type_proto)
+    return copy
+
+
+def _keeps_interface(before: onnx.TypeProto, after: onnx.TypeProto) -> bool:
+    """Whether ``after`` is the graph input's or output's type ``before`` (a tensor: the same element type; the
+    same rank and every known dimension the same when both have a shape; an unknown dimension may become known).
+    Non-tensor types must be identical."""
+    if not (before.HasField("tensor_type") and after.HasField("tensor_type")):
+        return before == after
+    old, new = before.tensor_type, after.tensor_type
+    if old.elem_type != new.elem_type:
+        return False
+    if not (old.HasField("shape") and new.HasField("shape")):
+        return True
+    if len(old.shape.dim) != len(new.shape.dim):
+        return False
+    return all(not a.HasField("dim_value") or (b.HasField("dim_value") and a.dim_value == b.dim_value)
+               for a, b in zip(old.shape.dim, new.shape.dim))
 
 
 def _recorded_types(graph: onnx.GraphProto) -> dict[str, bytes]:

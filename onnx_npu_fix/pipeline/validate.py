@@ -25,7 +25,8 @@ import onnx
 
 from onnx_npu_fix.errors import InputError, first_line
 from onnx_npu_fix.io.save import write_with_external_data
-from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes
+from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, subgraphs
+from onnx_npu_fix.ir.ops import RANDOM_OPS, is_default_domain
 from onnx_npu_fix.pipeline.inputs import Feeds, make_inputs, validation_feeds
 
 if TYPE_CHECKING:
@@ -499,6 +500,36 @@ def check_structure(model: onnx.ModelProto, data: bytes | None = None) -> str | 
     return None
 
 
+def refuse_random(model: onnx.ModelProto) -> None:
+    """InputError naming the first node (main graph or a body) that draws random values: two runs of such a model
+    differ whatever a pass did (a padded RandomNormalLike even draws other values under a seed), so validating it
+    would blame an exact pass for the noise, or call a wrong one exact."""
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            if node.op_type in RANDOM_OPS and is_default_domain(node):
+                raise InputError(f"node '{node.name}' ({node.op_type}) draws random values, so no output of this "
+                                 f"model can be compared with another run's; nothing written (feed the noise as "
+                                 f"an input instead, or --validate none to write it unvalidated)")
+            graphs.extend(subgraphs(node))
+
+
+def blind_output(outputs: Sequence[Outputs]) -> str | None:
+    """Why the original's ``outputs`` (over all input sets) cannot show a difference, or None: an output with no
+    element at all (a zero-size dimension), or a floating one with no finite element (NaN and ±inf compare
+    equal to themselves, so any model that also yields them "matches" — e.g. on all-NaN inputs)."""
+    if not outputs:
+        return None
+    for name in outputs[0]:
+        values = [np.asarray(o[name]) for o in outputs]
+        if all(v.size == 0 for v in values):
+            return f"output '{name}' has no elements"
+        if all(v.dtype.kind in "fc" for v in values) and not any(np.isfinite(v).any() for v in values):
+            return f"output '{name}' has no finite value (only NaN / ±inf)"
+    return None
+
+
 @dataclass
 class Verdict:
     """A candidate model judged by :meth:`Validator.check`."""
@@ -542,6 +573,7 @@ class Validator:
         self.steps: dict[str, np.ndarray] = {}
         if options.validate == "none":
             return
+        refuse_random(model)
         self.feeds = validation_feeds(model, n_inputs=options.n_inputs, seed=options.seed,
                                       data=options.validation_data, ranges=options.input_ranges,
                                       approximate=approximate and not options.strict)
@@ -567,6 +599,13 @@ class Validator:
             raise InputError(f"onnxruntime cannot run the original model ({first_line(exc)}), so no change "
                              f"could be validated; nothing written (fix the model, or --validate none to write "
                              f"it unvalidated)") from None
+        blind = blind_output(self._original)
+        if blind is not None:
+            source = ("the --validation-data inputs" if self.options.validation_data
+                      else "the generated validation inputs")
+            raise InputError(f"validation cannot tell a wrong model from a right one: {blind} on {source}; "
+                             f"nothing written (give --validation-data with finite values and non-empty shapes, "
+                             f"or --validate none to write it unvalidated)")
         self._current = self._original
 
     def _wait(self) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 from onnx_npu_fix.errors import InputError, first_line
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
+from onnx_npu_fix.pipeline.scheduler import FOREIGN_FAILURES, failure_text
 
 ENTRY_POINT_GROUP = "npufix.passes"
 DISABLE_AUTOLOAD = "NPUFIX_DISABLE_PLUGIN_AUTOLOAD"
@@ -52,8 +53,8 @@ def load_entry_point(entry: importlib.metadata.EntryPoint) -> type[Pass]:
     origin = f"installed plugin '{entry.name}' ({entry.value})"
     try:
         obj = entry.load()
-    except Exception as exc:  # noqa: BLE001 - any import-time failure of foreign code means the same to the user
-        raise InputError(f"{origin} does not load: {first_line(exc)}; fix or uninstall that package, "
+    except FOREIGN_FAILURES as exc:  # any import-time failure of foreign code means the same to the user
+        raise InputError(f"{origin} does not load: {failure_text(exc)}; fix or uninstall that package, "
                          f"or set {DISABLE_AUTOLOAD}=1") from None
     cls = as_pass_class(obj, origin)
     if cls.name != entry.name:
@@ -202,8 +203,8 @@ def _import_module(name: str, origin: str) -> Any:
             raise InputError(f"{origin}: no module named '{name}' (install it, or give a path to a .py file)") \
                 from None
         raise InputError(f"{origin}: importing {name} fails: {first_line(exc)}") from None
-    except Exception as exc:  # noqa: BLE001 - foreign code may raise anything at import time
-        raise InputError(f"{origin}: importing {name} fails: {first_line(exc)}") from None
+    except FOREIGN_FAILURES as exc:  # foreign code may raise anything at import time, sys.exit() included
+        raise InputError(f"{origin}: importing {name} fails: {failure_text(exc)}") from None
 
 
 def _import_file(path: str, origin: str) -> Any:
@@ -220,7 +221,7 @@ def _import_file(path: str, origin: str) -> Any:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - foreign code may raise anything at import time
+    except FOREIGN_FAILURES as exc:  # foreign code may raise anything at import time, sys.exit() included
         del sys.modules[name]
-        raise InputError(f"{origin}: importing {path} fails: {first_line(exc)}") from None
+        raise InputError(f"{origin}: importing {path} fails: {failure_text(exc)}") from None
     return module
