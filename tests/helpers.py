@@ -28,6 +28,15 @@ def apply_pass(model: onnx.ModelProto, pass_: Pass, **options) -> tuple[onnx.Mod
     return work, result
 
 
+def prepared(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy named and shape-inferred, as the pass manager hands models to a pass."""
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    name_unnamed_nodes(work.graph)
+    infer_shapes(work)
+    return work
+
+
 def run_model(model: onnx.ModelProto, feeds):
     runner = Runner(model)
     return runner.run_all(feeds)

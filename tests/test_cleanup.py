@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import apply_pass, assert_equivalent, ops
+from helpers import apply_pass, assert_equivalent, ops, prepared
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.ir.graph import GraphIndex
@@ -196,15 +196,6 @@ def test_asteroid_zero_pad_goes_once_its_pads_are_constant(fixture_path):
     assert_equivalent(folded, fixed)
 
 
-def _prepared(model):
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
-    from onnx_npu_fix.ir.graph import infer_shapes, name_unnamed_nodes
-
-    name_unnamed_nodes(work.graph)
-    infer_shapes(work)
-    return work
-
 
 def _removals_model():
     # Two independent pass-throughs, a dead branch and an initializer only the dead branch reads.
@@ -221,7 +212,7 @@ def test_find_only_reads_and_plans_every_removal():
     from onnx_npu_fix.config.options import FixOptions
     from onnx_npu_fix.passes.cleanup import RemoveDeadNode, RemoveInitializer, RemovePassThrough
 
-    work = _prepared(_removals_model())
+    work = prepared(_removals_model())
     before = work.SerializeToString()
     found = CleanupPass().find(work, FixOptions())
     assert work.SerializeToString() == before
@@ -239,7 +230,7 @@ def test_rewrite_applies_only_the_plans_it_is_given():
     from onnx_npu_fix.passes.cleanup import RemoveDeadNode
 
     model = _removals_model()
-    work = _prepared(model)
+    work = prepared(model)
     found = CleanupPass().find(work, FixOptions())
     found.plans = [p for p in found.plans if p.nodes in (("noop_t",),) or isinstance(p, RemoveDeadNode)]
     result = CleanupPass().rewrite(work, FixOptions(), found)

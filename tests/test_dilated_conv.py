@@ -13,7 +13,7 @@ import math
 import numpy as np
 import onnx
 import pytest
-from helpers import apply_pass, assert_equivalent, ops, run_model
+from helpers import apply_pass, assert_equivalent, ops, prepared, run_model
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.config.options import FixOptions
@@ -862,16 +862,6 @@ def test_convtasnet_exports_take_the_bm1684x_forms(fixture_path, name, shape):
 # --- find only reads; rewrite applies exactly the plans it is given ----------------------------------------
 
 
-def _prepared(model):
-    """A copy named and shape-inferred, as the pass manager hands models to a pass."""
-    from onnx_npu_fix.ir.graph import name_unnamed_nodes
-
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
-    name_unnamed_nodes(work.graph)
-    infer_shapes(work)
-    return work
-
 
 def two_dilated_convs():
     """x -> conv_a (dilation 8) -> conv_b (dilation 16), both depthwise on [1,4,40]: two independent plans."""
@@ -897,14 +887,14 @@ FIND_MODELS = {
 @pytest.mark.parametrize("name", FIND_MODELS)
 def test_find_leaves_the_model_byte_identical(name):
     build, options = FIND_MODELS[name]
-    model = _prepared(build())
+    model = prepared(build())
     before = model.SerializeToString()
     found = DilatedConvPass().find(model, FixOptions(**options))
     assert model.SerializeToString() == before
     assert found.plans or found.rejections
     assert not hasattr(found, "after") and not hasattr(found, "state")  # no scratch copy, no untyped state
     # rewrite(find()) is what run does: the same model and result as a run on another copy.
-    again = _prepared(build())
+    again = prepared(build())
     expected = DilatedConvPass().run(again, FixOptions(**options))
     result = DilatedConvPass().rewrite(model, FixOptions(**options), found)
     assert model.SerializeToString() == again.SerializeToString()
@@ -912,7 +902,7 @@ def test_find_leaves_the_model_byte_identical(name):
 
 
 def test_find_plans_lift_trim_and_split_in_order_on_the_conv_each_leaves():
-    model = _prepared(FIND_MODELS["lift-trim-split"][0]())
+    model = prepared(FIND_MODELS["lift-trim-split"][0]())
     found = DilatedConvPass().find(model, FixOptions(max_dilation=4, lift_conv1d=True))
     lift, trim, split = found.plans
     assert isinstance(lift, LiftPlan) and isinstance(trim, TrimPlan) and isinstance(split, SpaceToBatchPlan)
@@ -924,7 +914,7 @@ def test_find_plans_lift_trim_and_split_in_order_on_the_conv_each_leaves():
 
 
 def test_rewrite_applies_only_the_plans_it_is_given():
-    original = _prepared(two_dilated_convs())
+    original = prepared(two_dilated_convs())
     options = FixOptions(max_dilation=4)
     found = DilatedConvPass().find(original, options)
     assert found.planned() == {"conv_a", "conv_b"}
@@ -941,7 +931,7 @@ def test_rewrite_applies_only_the_plans_it_is_given():
 
 
 def test_rewrite_applies_a_trim_without_the_split_planned_after_it():
-    original = _prepared(single_conv((1, 4, 10), (4, 1, 5), dilations=(6,), pads=(12, 12), group=4))
+    original = prepared(single_conv((1, 4, 10), (4, 1, 5), dilations=(6,), pads=(12, 12), group=4))
     options = FixOptions(max_dilation=4)
     found = DilatedConvPass().find(original, options)
     assert [type(p) for p in found.plans] == [TrimPlan, SpaceToBatchPlan]
@@ -954,7 +944,7 @@ def test_rewrite_applies_a_trim_without_the_split_planned_after_it():
 
 
 def test_a_split_planned_on_a_lifted_conv_needs_its_lift():
-    original = _prepared(conv_model([1, 4, 40], [4, 1, 3], group=4, dilations=[8], pads=[8, 8]))
+    original = prepared(conv_model([1, 4, 40], [4, 1, 3], group=4, dilations=[8], pads=[8, 8]))
     options = FixOptions(max_dilation=4, lift_conv1d=True)
     found = DilatedConvPass().find(original, options)
     without_lift = Found([p for p in found.plans if not isinstance(p, LiftPlan)])
@@ -964,7 +954,7 @@ def test_a_split_planned_on_a_lifted_conv_needs_its_lift():
 
 def test_a_trim_whose_split_is_refused_fixes_nothing():
     # Dead taps go (taps 0 and 4 only read padding) but the 3x3 remainder at dilation 6 needs a Transpose.
-    original = _prepared(single_conv((1, 4, 10, 10), (4, 1, 5, 5), dilations=(6, 6), pads=(12, 12, 12, 12),
+    original = prepared(single_conv((1, 4, 10, 10), (4, 1, 5, 5), dilations=(6, 6), pads=(12, 12, 12, 12),
                                      group=4))
     options = FixOptions(max_dilation=4, forbidden_ops=("Transpose",))
     found = DilatedConvPass().find(original, options)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from helpers import apply_pass, assert_equivalent, ops
+from helpers import apply_pass, assert_equivalent, ops, prepared
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.ir.graph import set_input_shapes
@@ -103,23 +103,12 @@ def test_a_node_the_reference_evaluator_cannot_run_stays_with_the_reason(monkeyp
     assert gather.reason == "onnx's reference evaluator cannot evaluate it (NotImplementedError: no kernel)"
 
 
-def _prepared(model):
-    import onnx
-
-    from onnx_npu_fix.ir.graph import infer_shapes, name_unnamed_nodes
-
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
-    name_unnamed_nodes(work.graph)
-    infer_shapes(work)
-    return work
-
 
 def test_find_only_reads_and_plans_the_whole_chain_in_one_round():
     from onnx_npu_fix.config.options import FixOptions
     from onnx_npu_fix.passes.fold_constants import FoldNode
 
-    work = _prepared(shape_chain_model())
+    work = prepared(shape_chain_model())
     before = work.SerializeToString()
     found = FoldConstantsPass().find(work, FixOptions())
     assert work.SerializeToString() == before
@@ -132,7 +121,7 @@ def test_rewrite_applies_only_the_plans_it_is_given():
     from onnx_npu_fix.config.options import FixOptions
 
     model = shape_chain_model()
-    work = _prepared(model)
+    work = prepared(model)
     found = FoldConstantsPass().find(work, FixOptions())
     found.plans = found.plans[:1]  # fold only Shape: the Gather chain stays, reading the new constant
     result = FoldConstantsPass().rewrite(work, FixOptions(), found)

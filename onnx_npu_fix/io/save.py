@@ -80,20 +80,48 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-class AtomicFile:
+class _Staged:
+    """Something written under a temporary sibling name and renamed into place: a subclass creates it
+    (:attr:`tmp`, registered before it exists), flushes it to disk, renames it and discards it; :meth:`commit` is
+    the three in order, removing the temporary on any failure, then makes the rename durable."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.directory = os.path.dirname(self.path)
+        self.tmp: str | None = None
+
+    def _register(self, name: str | None) -> None:
+        self.tmp = name
+
+    def flush(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def rename(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def discard(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def commit(self) -> None:
+        """Flush, rename into place and make the rename durable. On any failure the temporary is removed."""
+        try:
+            self.flush()
+            self.rename()
+        except BaseException:
+            self.discard()
+            raise
+        _fsync_directory(self.directory)
+
+
+class AtomicFile(_Staged):
     """One file written through a temporary sibling: :meth:`create` it, write to :attr:`tmp` (by path), then
     :meth:`commit` (:meth:`flush`: fsync, mode from the umask; :meth:`rename`, fsync of the directory) or
     :meth:`discard`. :func:`atomic_write` is the usual form; a :class:`Transaction` holds several, :class:`EarlyWrite`
     keeps one open across a validation."""
 
     def __init__(self, path: str | os.PathLike, *, suffix: str = ".tmp") -> None:
-        self.path = os.path.abspath(os.fspath(path))
-        self.directory = os.path.dirname(self.path)
+        super().__init__(path)
         self.suffix = suffix
-        self.tmp: str | None = None
-
-    def _register(self, name: str | None) -> None:
-        self.tmp = name
 
     def create(self) -> str:
         """Create the (empty, private) temporary file and return its path (registered in :attr:`tmp` before it
@@ -114,33 +142,15 @@ class AtomicFile:
         os.replace(self.tmp, self.path)
         self.tmp = None
 
-    def commit(self) -> None:
-        """Flush, rename into place and make the rename durable. On any failure the temporary file is removed."""
-        try:
-            self.flush()
-            self.rename()
-        except BaseException:
-            self.discard()
-            raise
-        _fsync_directory(self.directory)
-
     def discard(self) -> None:
         if self.tmp is not None:
             _remove_file(self.tmp)
             self.tmp = None
 
 
-class AtomicDir:
+class AtomicDir(_Staged):
     """A directory built under a temporary sibling name and renamed into place (which may exist only as an empty
     directory): :meth:`create`, fill :attr:`tmp`, :meth:`commit` or :meth:`discard` (removes it all)."""
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = os.path.abspath(os.fspath(path))
-        self.directory = os.path.dirname(self.path)
-        self.tmp: str | None = None
-
-    def _register(self, name: str | None) -> None:
-        self.tmp = name
 
     def create(self) -> str:
         try:
@@ -160,15 +170,6 @@ class AtomicDir:
             os.rmdir(self.path)  # empty (checked before any work): replaced by the finished directory
         os.replace(self.tmp, self.path)
         self.tmp = None
-
-    def commit(self) -> None:
-        try:
-            self.flush()
-            self.rename()
-        except BaseException:
-            self.discard()
-            raise
-        _fsync_directory(self.directory)
 
     def discard(self) -> None:
         if self.tmp is not None:
