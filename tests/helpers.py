@@ -9,7 +9,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnx_npu_fix.config.options import FixOptions
-from onnx_npu_fix.ir.graph import infer_shapes, name_unnamed_nodes
+from onnx_npu_fix.io.load import prepare
+from onnx_npu_fix.ir.graph import copy_model, infer_shapes
 from onnx_npu_fix.passes.base import Pass, PassResult
 from onnx_npu_fix.pipeline.inputs import make_inputs
 from onnx_npu_fix.pipeline.validate import Runner, compare
@@ -18,10 +19,7 @@ from onnx_npu_fix.pipeline.validate import Runner, compare
 def apply_pass(model: onnx.ModelProto, pass_: Pass, **options) -> tuple[onnx.ModelProto, PassResult]:
     """Run one pass on a copy of ``model`` the way the pass manager does (named nodes, fresh shapes),
     then check the result with the onnx checker and strict shape inference."""
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
-    name_unnamed_nodes(work.graph)
-    infer_shapes(work)
+    work = prepared(model)
     result = pass_.run(work, FixOptions(**options))
     onnx.checker.check_model(work)
     infer_shapes(work)
@@ -29,11 +27,9 @@ def apply_pass(model: onnx.ModelProto, pass_: Pass, **options) -> tuple[onnx.Mod
 
 
 def prepared(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy named and shape-inferred, as the pass manager hands models to a pass."""
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
-    name_unnamed_nodes(work.graph)
-    infer_shapes(work)
+    """A copy named and shape-inferred, as the pass manager hands models to a pass (io.load.prepare)."""
+    work = copy_model(model)
+    prepare(work)
     return work
 
 

@@ -9,11 +9,11 @@ import os
 import numpy as np
 import onnx
 import pytest
-from helpers import apply_pass, assert_equivalent, ops, run_model
+from helpers import apply_pass, assert_equivalent, ops, prepared, run_model
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.config.options import FixOptions
-from onnx_npu_fix.ir.graph import get_attr, infer_shapes, name_unnamed_nodes, shape_of_value_info
+from onnx_npu_fix.ir.graph import get_attr, infer_shapes, shape_of_value_info
 from onnx_npu_fix.passes.align_channels import AlignChannelsPass, CarryPlan, Layout, PadConvPlan
 from onnx_npu_fix.passes.base import PassResult
 
@@ -753,18 +753,9 @@ def test_tf_crop_and_resize_with_a_roi_is_not_carried():
 # --- find reads, rewrite applies exactly the plans ------------------------------------------------------------
 
 
-def _prepared(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy the way the pass manager hands it to a pass (named nodes, inferred shapes)."""
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
-    name_unnamed_nodes(work.graph)
-    infer_shapes(work)
-    return work
-
-
 @pytest.mark.parametrize("seed", range(0, 16, 3))
 def test_find_leaves_the_model_byte_identical(seed):
-    work = _prepared(_random_model(seed))
+    work = prepared(_random_model(seed))
     before = work.SerializeToString()
     found = PASS.find(work, FixOptions(align=8))
     assert found.plans  # something was planned, so the find really looked
@@ -777,7 +768,7 @@ def test_plans_are_typed_and_carry_every_decision():
     h = b.conv("conv1", "x", 12, 60)
     h = b.op("Relu", [h], "relu")
     b.conv("conv2", h, 60, 16)
-    model = _prepared(b.model({"x": (1, 12, L)}, ["conv2"]))
+    model = prepared(b.model({"x": (1, 12, L)}, ["conv2"]))
     found = PASS.find(model, FixOptions(align=8))
     conv1, relu, conv2 = found.plans
     padded = Layout.prefix(60, 64)
@@ -802,7 +793,7 @@ _SCRATCH_FIND_DIGESTS = {
 
 @pytest.mark.parametrize("seed, align", sorted(_SCRATCH_FIND_DIGESTS))
 def test_rewrite_of_find_gives_what_the_scratch_find_version_gave(seed, align):
-    work = _prepared(_random_model(seed))
+    work = prepared(_random_model(seed))
     options = FixOptions(align=align)
     result = PASS.rewrite(work, options, PASS.find(work, options))
     onnx.checker.check_model(work)
@@ -825,7 +816,7 @@ def _two_branches() -> onnx.ModelProto:
 
 
 def _rewrite_only(model: onnx.ModelProto, keep: set[str]) -> tuple[onnx.ModelProto, PassResult]:
-    work = _prepared(model)
+    work = prepared(model)
     options = FixOptions(align=8)
     found = PASS.find(work, options)
     assert {name for plan in found.plans for name in plan.nodes} >= keep  # the filter really drops plans
@@ -864,7 +855,7 @@ def test_a_carry_across_a_concat_says_which_constraint_it_leaves(concat_align, l
     c = b.conv("conv_b", "x", 8, 8, k=1)
     h = b.op("Concat", [a, c], "cat", axis=1)
     b.conv("conv_c", h, 12, 8, k=1)
-    model = _prepared(b.model({"x": (1, 8, L)}, ["conv_c"]))
+    model = prepared(b.model({"x": (1, 8, L)}, ["conv_c"]))
     found = PASS.find(model, FixOptions(align=8, concat_align=concat_align))
     cat = next(plan for plan in found.plans if plan.nodes == ("cat",))
     assert isinstance(cat, CarryPlan) and cat.leaves == leaves
