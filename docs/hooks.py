@@ -25,7 +25,7 @@ def options_markdown() -> str:
     lines = ["## Examples", ""]
     for command, what in cli.EXAMPLES:
         lines += [f"- `{command}`  ", f"  {_cell(what)}"]
-    lines += ["", _cell(cli.EXIT_CODES_LINE), ""]
+    lines.append("")  # (the exit codes are a table further down the page)
     groups: dict[str, list[str]] = {group: [] for group in cli.OPTION_GROUPS}
     for param in cli.main.get_params(ctx):
         record = param.get_help_record(ctx) if isinstance(param, click.Option) else None

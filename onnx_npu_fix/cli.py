@@ -1,6 +1,6 @@
 """The ``npufix`` command: parse options, call the library (api.run), print the summary, exit with its code.
 
-Exit codes (errors.py, README "Exit codes"): 0 success; 1 requested constraints violated; 2 usage error or
+Exit codes (errors.py; README and docs/cli.md): 0 success; 1 requested constraints violated; 2 usage error or
 unusable input; 3 a pass failed, nothing written; 4 --strict refused an approximate change; 5 internal error;
 130 / 141 / 143 SIGINT / closed stdout / SIGTERM. The summary goes to stderr; nothing is printed on stdout
 except what was asked for (--list-passes, --check output, --dump-shapes, --format json).
@@ -154,15 +154,19 @@ def _split_names(value: str | None) -> list[str] | None:
 
 @click.command(cls=_OneLineCommand, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 118})
 @click.argument("models", nargs=-1, type=click.Path(dir_okay=True))
-@_option(FIXING, "-o", "--output", type=click.Path(), help="Where to write the fixed model (written atomically).")
+@_option(FIXING, "-o", "--output", type=click.Path(),
+         help="Where to write the fixed model (a temporary file renamed into place; external data next to it "
+              "when the input had external data or the model is above 2 GB).")
 @_option(CONSTRAINTS, "--target",
          help="An NPU profile (see --list-targets) or a path to a profile .toml; explicit options override it.")
 @_option(CONSTRAINTS, "--list-targets", is_flag=True,
          help="List the shipped target profiles with their sources and exit.")
-@_option(CONSTRAINTS, "--check", is_flag=True, help="Write nothing: list every constraint violation (exit 1 if any).")
+@_option(CONSTRAINTS, "--check", is_flag=True,
+         help="Write nothing: list every constraint violation (exit 1 if any). Several MODELs may be given.")
 @_option(OUTPUT, "--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="--check output, and the run summary on stdout with json.")
-@_option(OUTPUT, "--dump-shapes", is_flag=True, help="Print every node's input and output shapes (stdout).")
+              help="--check output; with json in a fixing run, the build record on stdout.")
+@_option(OUTPUT, "--dump-shapes", is_flag=True,
+         help="Print every node's input and output shapes (stdout); without -o it runs as --check --dump-shapes.")
 @_option(CONSTRAINTS, "--max-dilation", type=click.IntRange(min=1), default=None,
               help="Largest Conv dilation the NPU accepts; larger ones are rewritten by space-to-batch.")
 @_option(FIXING, "--s2b-layout", type=_choice("s2b_layout"), default="auto",
@@ -178,24 +182,27 @@ def _split_names(value: str | None) -> list[str] | None:
 @_option(VALIDATION, "--max-approx-error", type=click.FloatRange(min=0), default=0.5, show_default=True,
               help="Relative L2 error allowed per output for approximate passes.")
 @_option(CONSTRAINTS, "--max-rank", type=click.IntRange(min=1), default=None,
-         help="Largest tensor rank the NPU accepts.")
+         help="Largest tensor rank the NPU accepts (checked; no pass lowers a rank).")
 @_option(MEMORY, "--sram", "sram", default=None, metavar="SIZE",
               help="Activation-memory budget for the memory estimate, e.g. 384KiB, 2MiB.")
 @_option(MEMORY, "--act-bytes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Bytes per activation element in the memory estimate (1 int8, 4 float32).")
 @_option(FIXING, "--passes", "only", help="Run only these passes (comma-separated, default order kept).")
 @_option(FIXING, "--skip", help="Skip these passes (comma-separated).")
-@_option(FIXING, "--list-passes", is_flag=True, help="List the passes in their default order and exit.")
+@_option(FIXING, "--list-passes", is_flag=True,
+         help="List the passes (plugins included) in their default order and exit.")
 @_option(FIXING, "--plugin", "plugins", multiple=True, metavar="MODULE:NAME|FILE.py[:NAME]|NAME",
               help="Load a plugin pass (repeatable); it joins the run (see docs/plugins.md).")
 @_option(FIXING, "--input-shape", multiple=True, metavar="NAME:D1,D2,...",
-              help="Freeze a graph input's shape (repeatable), e.g. input:1,1,16000.")
+              help="Freeze a graph input's shape (repeatable), e.g. input:1,1,16000, like onnxsim's "
+                   "--overwrite-input-shape.")
 @_option(FIXING, "--freeze-input", multiple=True, metavar="NAME=VALUE",
               help="Replace a graph input by a constant (repeatable): a number, 1,2,3, [[1,2],[3,4]] or an .npy "
-                   "file, e.g. sr=16000. The model no longer takes that input; what depends on it folds.")
+                   "file, e.g. sr=16000. The model no longer takes that input; what depends on it folds. A "
+                   "fixing-run option: --check reads the model as given.")
 @_option(FIXING, "--large-tensor", type=click.IntRange(min=0), default=1 << 20, show_default=True,
               help="fold-constants does not create constants above this many bytes.")
-@_option(VALIDATION, "--seed", type=int, default=0, show_default=True, help="Seed of the validation inputs.")
+@_option(VALIDATION, "--seed", type=int, default=0, show_default=True, help="Seed of the validation inputs (>= 0).")
 @_option(VALIDATION, "--validation-inputs", "n_inputs", type=click.IntRange(min=1), default=3, show_default=True,
               help="Number of random input sets per validation.")
 @_option(VALIDATION, "--rtol", type=click.FloatRange(min=0), default=1e-4, show_default=True,
@@ -205,7 +212,8 @@ def _split_names(value: str | None) -> list[str] | None:
 @_option(VALIDATION, "--quant-steps", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="Tolerance of outputs made by a DequantizeLinear, in their quantization steps.")
 @_option(VALIDATION, "--validate", "validate_policy", type=_choice("validate"), default="each",
-              show_default=True, help="Validate after every changed pass, once at the end, or never.")
+              show_default=True, help="Validate after every changed pass, once at the end, or never (none writes the "
+                                     "model unvalidated and says so last).")
 @_option(VALIDATION, "--no-validate", is_flag=True, help="Same as --validate none.")
 @_option(VALIDATION, "--validation-data", type=click.Path(), default=None, metavar="FILE.npz|DIR",
               help="Validate on these inputs instead of generated ones: an .npz keyed by input name (one set), "
@@ -216,7 +224,7 @@ def _split_names(value: str | None) -> list[str] | None:
               help="Refuse any approximate change (exit 4, nothing written) instead of measuring it.")
 @_option(VALIDATION, "--keep-going", is_flag=True,
               help="Roll back a pass that fails validation and continue (default: stop, write nothing).")
-# --- fitting SRAM (README "Fitting SRAM"): segments, user cuts, the memory picture ---------------------------
+# --- fitting SRAM (docs/memory.md): segments, user cuts, the memory picture -----------------------------------
 @_option(MEMORY, "--split", "split_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="After fixing, cut the model into segments that each fit --sram; write them and "
                    "DIR/manifest.json (DIR must be new or empty).")
@@ -225,9 +233,11 @@ def _split_names(value: str | None) -> list[str] | None:
 @_option(MEMORY, "--memory-plot", "memory_plot", type=click.Path(dir_okay=False), metavar="FILE",
               help="Draw live activation bytes per step (.png or .svg; needs matplotlib).")
 @_option(MEMORY, "--schedule-budget", "schedule_budget", type=click.IntRange(min=0), default=None, metavar="N",
-              help="States the exact schedule search may expand (default 20000; 0: greedy orders only).")
+              help="States the exact schedule search may expand (reorder-memory, the estimate, --split; "
+                   "default 20000; 0: greedy orders only).")
 @_option(OUTPUT, "--report", "report_path", type=click.Path(dir_okay=False),
-              help="Write the build record (JSON) here.")
+              help="Write the build record (strict JSON) here; not the input, the output or their external "
+                   "data (checked before any work).")
 # --- emission forms (issue 13): target facts a profile sets, overridable here ---
 @_option(FIXING, "--remainder-pad", type=_choice("remainder_pad"), default="concat", show_default=True,
               help="How dilated-conv pads a remainder: Concat with zeros, a Pad on a 4-D view, or a plain Pad.")
@@ -488,7 +498,7 @@ def _print_findings(outcome, quiet: bool, verbose: int) -> None:
 
 
 def _print_fitting(outcome, quiet: bool) -> None:
-    """The --memory-plot and --split lines (README "Fitting SRAM")."""
+    """The --memory-plot and --split lines (docs/memory.md, "Fitting SRAM")."""
     from onnx_npu_fix.ir.graph import format_bytes
 
     if outcome.memory_plot:

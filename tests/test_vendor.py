@@ -88,7 +88,7 @@ def _version(python: str, dist: str) -> str:
 
 
 def record(compiler: str, target: str, model: str, verdict: str) -> None:
-    """One JSON line for the README's results table (only when NPUFIX_VENDOR_RESULTS names a file)."""
+    """One JSON line for the results table of docs/vendor.md (only when NPUFIX_VENDOR_RESULTS names a file)."""
     path = os.environ.get("NPUFIX_VENDOR_RESULTS")
     if not path:
         return
