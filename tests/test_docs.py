@@ -121,3 +121,10 @@ def test_help_shows_examples_first_then_the_groups_in_order():
     assert text.index(cli.EXAMPLES[0][0]) < positions[1]
     for option in _options():
         assert option.opts[-1] in text, option.opts
+
+
+def test_install_hints_name_what_pip_can_find():
+    """npufix is not on PyPI: no page, help text or message tells users to `pip install onnx-npu-fix[...]`."""
+    sources = [ROOT / "README.md", *PAGES, *(ROOT / "onnx_npu_fix").rglob("*.py")]
+    for path in sources:
+        assert "onnx-npu-fix[" not in path.read_text(encoding="utf-8"), path.relative_to(ROOT)
