@@ -3,11 +3,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+STAMP_DOCS := $(VENV)/.installed-docs
 # The minimum-pins environment: every dependency at the floor pyproject.toml declares (.ci/min_requirements.py).
 VENV_MIN  ?= .venv-min
 STAMP_MIN := $(VENV_MIN)/.installed
 
-.PHONY: install run test test-min lint fixtures fuzz bench clean
+.PHONY: install run test test-min lint docs fixtures fuzz bench clean
 
 install: $(STAMP)
 
@@ -43,7 +44,16 @@ $(STAMP_MIN): pyproject.toml .ci/min_requirements.py
 	touch $(STAMP_MIN)
 
 lint: install
-	$(VENV)/bin/ruff check onnx_npu_fix tests fixtures bench examples
+	$(VENV)/bin/ruff check onnx_npu_fix tests fixtures bench examples docs
+
+## make docs: the manual (docs/, mkdocs.yml) built strictly into build/site: a broken link or anchor fails. The CLI
+## reference page is generated from the click definitions by docs/hooks.py, so the installed package must be this one.
+docs: $(STAMP_DOCS)
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+$(STAMP_DOCS): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(STAMP_DOCS)
 
 fixtures: install
 	$(PY) fixtures/build_fixtures.py

@@ -1,6 +1,6 @@
 """npufix: rewrite ONNX models so embedded NPU compilers accept them, and prove the rewrite exact.
 
-The public API (README, "API"); names are loaded on first use, so ``import onnx_npu_fix`` stays cheap:
+The public API (docs/api.md); names are loaded on first use, so ``import onnx_npu_fix`` stays cheap:
 
     import onnx_npu_fix as npufix
     outcome = npufix.run("in.onnx", "out.onnx", npufix.FixOptions(max_dilation=4))

@@ -1,6 +1,6 @@
 """The ``npufix`` command: parse options, call the library (api.run), print the summary, exit with its code.
 
-Exit codes (errors.py, README "Exit codes"): 0 success; 1 requested constraints violated; 2 usage error or
+Exit codes (errors.py; README and docs/cli.md): 0 success; 1 requested constraints violated; 2 usage error or
 unusable input; 3 a pass failed, nothing written; 4 --strict refused an approximate change; 5 internal error;
 130 / 141 / 143 SIGINT / closed stdout / SIGTERM. The summary goes to stderr; nothing is printed on stdout
 except what was asked for (--list-passes, --check output, --dump-shapes, --format json).
@@ -34,11 +34,42 @@ from onnx_npu_fix.errors import (
 
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: stdout was closed (e.g. `npufix --check ... | head -1`)
 
-EXAMPLE = """\b
-Example (the CI step before a vendor compiler):
-  npufix model.onnx -o fixed.onnx --max-dilation 4 --align 8 --report npufix.json
-  npufix tcn.onnx -o tcn_fixed.onnx --input-shape mix:1,1,16000 --max-dilation 4
-"""
+# `npufix --help` starts with these (command, what it does), then lists the options in OPTION_GROUPS; the CLI
+# reference in docs/ is generated from the same definitions (docs/hooks.py).
+EXAMPLES = (
+    ("npufix model.onnx -o fixed.onnx --max-dilation 4 --align 8 --report npufix.json",
+     "fix, prove it with onnxruntime, write the build record"),
+    ("npufix fixed.onnx --check --target stm32n6", "list what the NPU would still reject (exit 1 if anything)"),
+    ("npufix model.onnx --dump-shapes", "every node's input and output shapes (the first debugging step)"),
+    ("npufix tcn.onnx -o tcn_fixed.onnx --input-shape mix:1,1,16000 --max-dilation 4",
+     "freeze a dynamic input's shape first"),
+)
+EXIT_CODES_LINE = ("Exit codes: 0 success; 1 requested constraints violated; 2 usage error or unusable input; "
+                   "3 a pass failed; 4 --strict refused an approximation; 5 internal error; 130 / 143 interrupted. "
+                   "A fixing run writes its output only with 0 or 1.")
+
+FIXING = "Fixing"
+VALIDATION = "Validation"
+CONSTRAINTS = "Constraints and targets"
+MEMORY = "Memory"
+OUTPUT = "Output and report"
+OPTION_GROUPS = (FIXING, VALIDATION, CONSTRAINTS, MEMORY, OUTPUT)
+"""The --help sections, in order. Every option names its group (_option); -h/--help joins the last one."""
+
+
+class _GroupedOption(click.Option):
+    """A click option that knows which --help section it belongs to."""
+
+    def __init__(self, *args: Any, group: str, **kwargs: Any) -> None:
+        if group not in OPTION_GROUPS:
+            raise ValueError(f"unknown option group {group!r}")
+        super().__init__(*args, **kwargs)
+        self.group = group
+
+
+def _option(group: str, *param_decls: str, **attrs: Any):
+    """click.option in one of OPTION_GROUPS."""
+    return click.option(*param_decls, cls=_GroupedOption, group=group, **attrs)
 
 
 class _InputProblem(click.ClickException):
@@ -53,14 +84,38 @@ class _InputProblem(click.ClickException):
 
 
 class _OneLineCommand(click.Command):
-    """click's command with its usage errors on one line (README: errors are one line): click prints
-    ``Usage: …``, ``Try '… -h' for help.`` and ``Error: …``; a CI log wants the last one only."""
+    """click's command with its usage errors on one line (errors are one line: a CI log wants the last of click's
+    ``Usage: …``, ``Try '… -h' for help.`` and ``Error: …``), and a --help that shows the examples first, then
+    the options in their groups."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
             raise _InputProblem(exc.format_message()) from None
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self.format_usage(ctx, formatter)
+        self.format_help_text(ctx, formatter)
+        with formatter.section("Examples"):
+            for command, what in EXAMPLES:  # a command is never wrapped: it must stay copyable
+                formatter.write(f"{'':>{formatter.current_indent}}{command}\n")
+                with formatter.indentation():
+                    formatter.write_text(what)
+        self.format_options(ctx, formatter)
+        formatter.write_paragraph()
+        formatter.write_text(EXIT_CODES_LINE)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows: dict[str, list[tuple[str, str]]] = {group: [] for group in OPTION_GROUPS}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
+            if record is not None:
+                rows[getattr(param, "group", OUTPUT)].append(record)
+        for group, records in rows.items():
+            if records:
+                with formatter.section(group):
+                    formatter.write_dl(records)
 
 
 class _Terminated(BaseException):
@@ -97,93 +152,104 @@ def _split_names(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-@click.command(cls=_OneLineCommand, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 118},
-               epilog=EXAMPLE)
+@click.command(cls=_OneLineCommand, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 118})
 @click.argument("models", nargs=-1, type=click.Path(dir_okay=True))
-@click.option("-o", "--output", type=click.Path(), help="Where to write the fixed model (written atomically).")
-@click.option("--target", help="An NPU profile (see --list-targets) or a path to a profile .toml; explicit options "
-                               "override it.")
-@click.option("--list-targets", is_flag=True, help="List the shipped target profiles with their sources and exit.")
-@click.option("--check", is_flag=True, help="Write nothing: list every constraint violation (exit 1 if any).")
-@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="--check output, and the run summary on stdout with json.")
-@click.option("--dump-shapes", is_flag=True, help="Print every node's input and output shapes (stdout).")
-@click.option("--max-dilation", type=click.IntRange(min=1), default=None,
+@_option(FIXING, "-o", "--output", type=click.Path(),
+         help="Where to write the fixed model (a temporary file renamed into place; external data next to it "
+              "when the input had external data or the model is above 2 GB).")
+@_option(CONSTRAINTS, "--target",
+         help="An NPU profile (see --list-targets) or a path to a profile .toml; explicit options override it.")
+@_option(CONSTRAINTS, "--list-targets", is_flag=True,
+         help="List the shipped target profiles with their sources and exit.")
+@_option(CONSTRAINTS, "--check", is_flag=True,
+         help="Write nothing: list every constraint violation (exit 1 if any). Several MODELs may be given.")
+@_option(OUTPUT, "--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="--check output; with json in a fixing run, the build record on stdout.")
+@_option(OUTPUT, "--dump-shapes", is_flag=True,
+         help="Print every node's input and output shapes (stdout); without -o it runs as --check --dump-shapes.")
+@_option(CONSTRAINTS, "--max-dilation", type=click.IntRange(min=1), default=None,
               help="Largest Conv dilation the NPU accepts; larger ones are rewritten by space-to-batch.")
-@click.option("--s2b-layout", type=_choice("s2b_layout"), default="auto",
+@_option(FIXING, "--s2b-layout", type=_choice("s2b_layout"), default="auto",
               show_default=True, help="Layout of the space-to-batch rewrite (dilated-conv).")
-@click.option("--align", type=click.IntRange(min=0), default=8, show_default=True,
+@_option(CONSTRAINTS, "--align", type=click.IntRange(min=0), default=8, show_default=True,
               help="Conv channel alignment (0 disables align-channels).")
-@click.option("--align-io", is_flag=True, help="Also align graph-input channels inside the graph (a Pad node).")
-@click.option("--bn-standalone", type=_choice("bn_standalone"), default="mul-add", show_default=True,
+@_option(FIXING, "--align-io", is_flag=True, help="Also align graph-input channels inside the graph (a Pad node).")
+@_option(FIXING, "--bn-standalone", type=_choice("bn_standalone"), default="mul-add", show_default=True,
               help="How a BatchNormalization with no Conv to fold into is lowered.")
-@click.option("--resize-mode", type=_choice("resize_mode"), default="nearest", show_default=True,
+@_option(FIXING, "--resize-mode", type=_choice("resize_mode"), default="nearest", show_default=True,
               help="nearest: linear/cubic Resize becomes nearest (approximate, measured); exact: exact "
                    "ConvTranspose/MatMul forms where they exist.")
-@click.option("--max-approx-error", type=click.FloatRange(min=0), default=0.5, show_default=True,
+@_option(VALIDATION, "--max-approx-error", type=click.FloatRange(min=0), default=0.5, show_default=True,
               help="Relative L2 error allowed per output for approximate passes.")
-@click.option("--max-rank", type=click.IntRange(min=1), default=None, help="Largest tensor rank the NPU accepts.")
-@click.option("--sram", "sram", default=None, metavar="SIZE",
+@_option(CONSTRAINTS, "--max-rank", type=click.IntRange(min=1), default=None,
+         help="Largest tensor rank the NPU accepts (checked; no pass lowers a rank).")
+@_option(MEMORY, "--sram", "sram", default=None, metavar="SIZE",
               help="Activation-memory budget for the memory estimate, e.g. 384KiB, 2MiB.")
-@click.option("--act-bytes", type=click.IntRange(min=1), default=1, show_default=True,
+@_option(MEMORY, "--act-bytes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Bytes per activation element in the memory estimate (1 int8, 4 float32).")
-@click.option("--passes", "only", help="Run only these passes (comma-separated, default order kept).")
-@click.option("--skip", help="Skip these passes (comma-separated).")
-@click.option("--list-passes", is_flag=True, help="List the passes in their default order and exit.")
-@click.option("--plugin", "plugins", multiple=True, metavar="MODULE:NAME|FILE.py[:NAME]|NAME",
-              help="Load a plugin pass (repeatable); it joins the run (see README, Plugin passes).")
-@click.option("--input-shape", multiple=True, metavar="NAME:D1,D2,...",
-              help="Freeze a graph input's shape (repeatable), e.g. input:1,1,16000.")
-@click.option("--freeze-input", multiple=True, metavar="NAME=VALUE",
+@_option(FIXING, "--passes", "only", help="Run only these passes (comma-separated, default order kept).")
+@_option(FIXING, "--skip", help="Skip these passes (comma-separated).")
+@_option(FIXING, "--list-passes", is_flag=True,
+         help="List the passes (plugins included) in their default order and exit.")
+@_option(FIXING, "--plugin", "plugins", multiple=True, metavar="MODULE:NAME|FILE.py[:NAME]|NAME",
+              help="Load a plugin pass (repeatable); it joins the run (see docs/plugins.md).")
+@_option(FIXING, "--input-shape", multiple=True, metavar="NAME:D1,D2,...",
+              help="Freeze a graph input's shape (repeatable), e.g. input:1,1,16000, like onnxsim's "
+                   "--overwrite-input-shape.")
+@_option(FIXING, "--freeze-input", multiple=True, metavar="NAME=VALUE",
               help="Replace a graph input by a constant (repeatable): a number, 1,2,3, [[1,2],[3,4]] or an .npy "
-                   "file, e.g. sr=16000. The model no longer takes that input; what depends on it folds.")
-@click.option("--large-tensor", type=click.IntRange(min=0), default=1 << 20, show_default=True,
+                   "file, e.g. sr=16000. The model no longer takes that input; what depends on it folds. A "
+                   "fixing-run option: --check reads the model as given.")
+@_option(FIXING, "--large-tensor", type=click.IntRange(min=0), default=1 << 20, show_default=True,
               help="fold-constants does not create constants above this many bytes.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the validation inputs.")
-@click.option("--validation-inputs", "n_inputs", type=click.IntRange(min=1), default=3, show_default=True,
+@_option(VALIDATION, "--seed", type=int, default=0, show_default=True, help="Seed of the validation inputs (>= 0).")
+@_option(VALIDATION, "--validation-inputs", "n_inputs", type=click.IntRange(min=1), default=3, show_default=True,
               help="Number of random input sets per validation.")
-@click.option("--rtol", type=click.FloatRange(min=0), default=1e-4, show_default=True,
+@_option(VALIDATION, "--rtol", type=click.FloatRange(min=0), default=1e-4, show_default=True,
               help="Relative tolerance of exact passes.")
-@click.option("--atol", type=click.FloatRange(min=0), default=1e-5, show_default=True,
+@_option(VALIDATION, "--atol", type=click.FloatRange(min=0), default=1e-5, show_default=True,
               help="Absolute tolerance of exact passes (scaled by max(1, max|output|)).")
-@click.option("--quant-steps", type=click.FloatRange(min=0), default=1.0, show_default=True,
+@_option(VALIDATION, "--quant-steps", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="Tolerance of outputs made by a DequantizeLinear, in their quantization steps.")
-@click.option("--validate", "validate_policy", type=_choice("validate"), default="each",
-              show_default=True, help="Validate after every changed pass, once at the end, or never.")
-@click.option("--no-validate", is_flag=True, help="Same as --validate none.")
-@click.option("--validation-data", type=click.Path(), default=None, metavar="FILE.npz|DIR",
+@_option(VALIDATION, "--validate", "validate_policy", type=_choice("validate"), default="each",
+              show_default=True, help="Validate after every changed pass, once at the end, or never (none writes the "
+                                     "model unvalidated and says so last).")
+@_option(VALIDATION, "--no-validate", is_flag=True, help="Same as --validate none.")
+@_option(VALIDATION, "--validation-data", type=click.Path(), default=None, metavar="FILE.npz|DIR",
               help="Validate on these inputs instead of generated ones: an .npz keyed by input name (one set), "
                    "or a folder of .npz files / <input>.npy files.")
-@click.option("--input-range", multiple=True, metavar="NAME:LO,HI",
+@_option(VALIDATION, "--input-range", multiple=True, metavar="NAME:LO,HI",
               help="Range of generated values for an input (repeatable): floats uniform, integers inclusive.")
-@click.option("--strict", is_flag=True,
+@_option(VALIDATION, "--strict", is_flag=True,
               help="Refuse any approximate change (exit 4, nothing written) instead of measuring it.")
-@click.option("--keep-going", is_flag=True,
+@_option(VALIDATION, "--keep-going", is_flag=True,
               help="Roll back a pass that fails validation and continue (default: stop, write nothing).")
-# --- fitting SRAM (README "Fitting SRAM"): segments, user cuts, the memory picture ---------------------------
-@click.option("--split", "split_dir", type=click.Path(file_okay=False), metavar="DIR",
+# --- fitting SRAM (docs/memory.md): segments, user cuts, the memory picture -----------------------------------
+@_option(MEMORY, "--split", "split_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="After fixing, cut the model into segments that each fit --sram; write them and "
                    "DIR/manifest.json (DIR must be new or empty).")
-@click.option("--split-at", "split_at", metavar="TENSOR,...",
+@_option(MEMORY, "--split-at", "split_at", metavar="TENSOR,...",
               help="With --split: also cut right after the producer of each of these tensors.")
-@click.option("--memory-plot", "memory_plot", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Draw live activation bytes per step (.png or .svg; needs onnx-npu-fix[plot]).")
-@click.option("--schedule-budget", "schedule_budget", type=click.IntRange(min=0), default=None, metavar="N",
-              help="States the exact schedule search may expand (default 20000; 0: greedy orders only).")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False),
-              help="Write the build record (JSON) here.")
+@_option(MEMORY, "--memory-plot", "memory_plot", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Draw live activation bytes per step (.png or .svg; needs matplotlib).")
+@_option(MEMORY, "--schedule-budget", "schedule_budget", type=click.IntRange(min=0), default=None, metavar="N",
+              help="States the exact schedule search may expand (reorder-memory, the estimate, --split; "
+                   "default 20000; 0: greedy orders only).")
+@_option(OUTPUT, "--report", "report_path", type=click.Path(dir_okay=False),
+              help="Write the build record (strict JSON) here; not the input, the output or their external "
+                   "data (checked before any work).")
 # --- emission forms (issue 13): target facts a profile sets, overridable here ---
-@click.option("--remainder-pad", type=_choice("remainder_pad"), default="concat", show_default=True,
+@_option(FIXING, "--remainder-pad", type=_choice("remainder_pad"), default="concat", show_default=True,
               help="How dilated-conv pads a remainder: Concat with zeros, a Pad on a 4-D view, or a plain Pad.")
-@click.option("--lift-conv1d/--no-lift-conv1d", default=False,
+@_option(FIXING, "--lift-conv1d/--no-lift-conv1d", default=False,
               help="Run 1-D Convs as 4-D ones ([B,C,1,L], kernel [1,K]) for compilers that want 4-D convs.")
-@click.option("--force-rewrite", is_flag=True,
+@_option(FIXING, "--force-rewrite", is_flag=True,
               help="Rewrite convs even when the target runs every candidate form's ops on its CPU.")
-@click.option("--max-convtranspose-stride", type=click.IntRange(min=1), default=None,
+@_option(FIXING, "--max-convtranspose-stride", type=click.IntRange(min=1), default=None,
               help="Largest ConvTranspose stride; exact Resize forms above it are split into stages.")
-@click.option("-q", "--quiet", is_flag=True, help="Print only errors, the unfixed: lines and the APPROXIMATE: line.")
-@click.option("-v", "--verbose", count=True, help="More detail: every change and rejection (-vv: tracebacks).")
-@click.version_option(__version__, "--version")
+@_option(OUTPUT, "-q", "--quiet", is_flag=True, help="Print only errors, the unfixed: lines and the APPROXIMATE: line.")
+@_option(OUTPUT, "-v", "--verbose", count=True, help="More detail: every change and rejection (-vv: tracebacks).")
+@click.version_option(__version__, "--version", cls=_GroupedOption, group=OUTPUT)
 @click.pass_context
 def main(ctx: click.Context, **params: Any) -> None:
     """Rewrite an ONNX MODEL so embedded NPU compilers accept it, and prove with onnxruntime that the
@@ -269,6 +335,8 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
         return
     if not models:
         raise click.UsageError("missing MODEL (an .onnx file)")
+    if output is None and dump_shapes:  # the first debugging step needs no -o: it is --check --dump-shapes
+        check = True
     if len(models) > 1 and (not check or report_path):
         raise click.UsageError("several MODELs are only accepted by --check without --report (e.g. a pre-commit hook)")
     if check and opts["freeze_input"]:
@@ -430,7 +498,7 @@ def _print_findings(outcome, quiet: bool, verbose: int) -> None:
 
 
 def _print_fitting(outcome, quiet: bool) -> None:
-    """The --memory-plot and --split lines (README "Fitting SRAM")."""
+    """The --memory-plot and --split lines (docs/memory.md, "Fitting SRAM")."""
     from onnx_npu_fix.ir.graph import format_bytes
 
     if outcome.memory_plot:

@@ -1,4 +1,4 @@
-"""Exceptions the library raises, and the exit codes the CLI maps them to (see README, "Exit codes").
+"""Exceptions the library raises, and the exit codes the CLI maps them to (see README and docs/cli.md, "Exit codes").
 
 Each exit code means one thing:
 

@@ -1,5 +1,5 @@
-"""The library API (README "API"): one call for the whole use case, a fix() that leaves its argument alone,
-options that check themselves, and the README's example, run as written."""
+"""The library API (docs/api.md): one call for the whole use case, a fix() that leaves its argument alone,
+options that check themselves, and the documented example, run as written."""
 
 from __future__ import annotations
 
@@ -174,17 +174,16 @@ def test_cli_hands_its_options_to_run_untouched(tmp_path, fixture_path, monkeypa
     assert options.requested["max_dilation"] == "target" and options.requested["seed"] == "option"
 
 
-def _readme_api_example() -> str:
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    section = text.split("\n## API", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def _documented_api_example() -> str:
+    text = open(os.path.join(ROOT, "docs", "api.md"), encoding="utf-8").read()
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
 
 
-def test_readme_api_example_runs(tmp_path, monkeypatch, capsys):
+def test_documented_api_example_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     os.symlink(os.path.join(ROOT, "fixtures"), "fixtures")
     namespace: dict = {}
-    exec(compile(_readme_api_example(), "README.md (API)", "exec"), namespace)  # noqa: S102
+    exec(compile(_documented_api_example(), "docs/api.md", "exec"), namespace)  # noqa: S102
     printed = capsys.readouterr().out
     assert namespace["outcome"].exit_code == 0
     assert printed.splitlines()[0] == "0 build/tcn_fixed.onnx"

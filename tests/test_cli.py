@@ -127,6 +127,20 @@ def test_missing_output_option(fixture_path):
     assert "-o" in result.output
 
 
+def test_dump_shapes_without_output_is_check_dump_shapes(tmp_path, fixture_path, monkeypatch):
+    """The first debugging step needs no -o: `npufix model.onnx --dump-shapes` prints what `--check --dump-shapes`
+    prints, exits as it does, and writes nothing."""
+    model = os.path.abspath(fixture_path("unet.onnx"))
+    monkeypatch.chdir(tmp_path)
+    shapes = invoke(model, "--dump-shapes", "--target", "stm32n6")
+    checked = invoke(model, "--check", "--dump-shapes", "--target", "stm32n6")
+    assert shapes.exit_code == checked.exit_code == 1  # the U-Net violates stm32n6's constraints
+    assert shapes.output == checked.output and "enc1.conv_2" in shapes.output and "[1,20,32,32]" in shapes.output
+    assert invoke(model, "--dump-shapes", "--format", "json").output == \
+        invoke(model, "--check", "--dump-shapes", "--format", "json").output
+    assert os.listdir(tmp_path) == []
+
+
 def test_list_passes_and_help():
     result = invoke("--list-passes")
     assert result.exit_code == 0
@@ -255,7 +269,7 @@ def test_onnxruntime_never_sees_a_file_the_checker_refused(tmp_path, monkeypatch
     assert not (tmp_path / "out.onnx").exists()
 
 
-# --- exit codes, end to end (README "Exit codes"): each code means one thing ------------------------------------
+# --- exit codes, end to end (README, docs/cli.md): each code means one thing ------------------------------------
 
 def _npufix(*args, code: str = "", timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     """npufix in a real process; ``code`` runs first in it (e.g. a monkeypatch that breaks a pass)."""
@@ -617,7 +631,7 @@ def _small_model(path):
     (("{model}", "--check", "--report", "r.json"), "several MODELs"),
 ])
 def test_usage_errors_are_one_line(tmp_path, args, message):
-    # click printed three lines (Usage:, Try ..., Error: ...); the README promises one.
+    # click printed three lines (Usage:, Try ..., Error: ...); the docs promise one.
     model = _small_model(tmp_path / "m.onnx")
     args = [str(model) if a == "{model}" else a for a in args]
     result = invoke(model, "-o", tmp_path / "o.onnx", *args)

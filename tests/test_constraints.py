@@ -665,10 +665,10 @@ def test_every_reported_constraint_has_a_row_and_every_row_a_check():
 
 
 def _readme_constraint_rows():
-    """The README's check-mode table: constraint -> (violated when, fixed by)."""
+    """The constraint table of docs/constraints.md: constraint -> (violated when, fixed by)."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    text = (Path(__file__).resolve().parent.parent / "docs" / "constraints.md").read_text(encoding="utf-8")
     lines = text[text.index("| constraint | violated when | fixed by |"):].splitlines()
     rows = {}
     for line in lines[2:]:
@@ -676,18 +676,18 @@ def _readme_constraint_rows():
             break
         name, violated, fixed = (cell.strip() for cell in line.strip("|").split(" | "))
         assert name.startswith("`") and name.endswith("`"), line
-        assert name.strip("`") not in rows, f"two README rows for {name}"
+        assert name.strip("`") not in rows, f"two rows for {name} in docs/constraints.md"
         rows[name.strip("`")] = (violated, fixed)
     return rows
 
 
-def test_readme_table_is_the_constraint_table_both_ways():
+def test_docs_table_is_the_constraint_table_both_ways():
     readme = _readme_constraint_rows()
     table = {c.name: (c.violated_when, c.fixed_by) for c in CONSTRAINT_TABLE}
-    assert not set(readme) - set(table), f"README rows without a constraint: {sorted(set(readme) - set(table))}"
-    assert not set(table) - set(readme), f"constraints without a README row: {sorted(set(table) - set(readme))}"
+    assert not set(readme) - set(table), f"docs rows without a constraint: {sorted(set(readme) - set(table))}"
+    assert not set(table) - set(readme), f"constraints without a docs row: {sorted(set(table) - set(readme))}"
     for name, texts in table.items():
-        assert readme[name] == texts, f"README row of {name} differs; markdown_table() prints the table"
+        assert readme[name] == texts, f"docs/constraints.md row of {name} differs; markdown_table() prints the table"
 
 
 def test_the_lookups_are_the_table():

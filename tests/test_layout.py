@@ -1,5 +1,5 @@
 """The package tree is the architecture: no import cycles, each layer imports only from the layers below it, and
-the README's "Layout" block lists what is in the tree, and only that.
+the "Layout" block of docs/contributing.md lists what is in the tree, and only that.
 
 Imports are read from the source with ``ast`` (nothing is imported), every ``import`` / ``from ... import``
 counted wherever it stands: at module level, inside a function (a lazy import is still a dependency) or under
@@ -144,7 +144,7 @@ def test_each_layer_imports_only_from_the_layers_below_it():
     assert not upward, "imports against the layer order " + " <- ".join(LAYERS) + ":\n" + "\n".join(upward)
 
 
-# --- the README's map of the tree ---------------------------------------------------------------------------
+# --- the map of the tree (docs/contributing.md) -----------------------------------------------------------------------
 
 PLUMBING = {"__init__.py", "__main__.py"}
 """Files every package has or that only make ``python -m`` work: not part of the map."""
@@ -202,23 +202,23 @@ def _pass_modules() -> set[str]:
     return {cls.__module__.replace(".", "/") + ".py" for cls in PASSES.values()}
 
 
-def test_readme_layout_lists_the_package_tree():
+def test_layout_map_lists_the_package_tree():
     """Every module and sub-package is on the map and everything on the map exists, so the map cannot fall behind
     the tree. A directory the map describes in one line (passes/: "one pass per file") may hold its passes
     unlisted; any other file in it must be named in that line."""
-    readme = open(ROOT.parent / "README.md", encoding="utf-8").read()
-    listed = _listed(_layout_block(readme))
+    text = open(ROOT.parent / "docs" / "contributing.md", encoding="utf-8").read()
+    listed = _listed(_layout_block(text))
     assert PACKAGE + "/" in listed and "cli.py" not in listed  # the parser saw the package's indentation
     in_package = {p for p in listed if p.startswith(PACKAGE + "/")}
     tree = _tree()
-    assert sorted(in_package - tree) == [], "listed in the README's Layout but not in the tree"
+    assert sorted(in_package - tree) == [], "listed in the Layout (docs/contributing.md) but not in the tree"
     passes = _pass_modules()
     unlisted = set()
     for path in tree - in_package:
         summary = next((d for d in _summarised(listed) if path.startswith(d)), None)
         if summary is None or (path not in passes and os.path.basename(path) not in listed[summary]):
             unlisted.add(path)
-    assert sorted(unlisted) == [], "in the tree but not in the README's Layout"
+    assert sorted(unlisted) == [], "in the tree but not in the Layout (docs/contributing.md)"
     others = {p for p in listed if not p.startswith(PACKAGE + "/") and "/" not in p[:-1]}
     assert sorted(p for p in others if not os.path.exists(ROOT.parent / p)) == []
 

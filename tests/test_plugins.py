@@ -311,7 +311,9 @@ def test_graphsurgeon_edit_of_a_weight_is_reported(tmp_path):
 def test_missing_graphsurgeon_is_a_clear_message(monkeypatch):
     from onnx_npu_fix.plugins import graphsurgeon as gs_adapter
     monkeypatch.setitem(sys.modules, "onnx_graphsurgeon", None)  # import now raises ImportError
-    with pytest.raises(InputError, match=r"pip install 'onnx-npu-fix\[graphsurgeon\]'"):
+    # npufix is not on PyPI: the hint names onnx-graphsurgeon itself and the extra of a source checkout
+    with pytest.raises(InputError, match=r"pip install onnx-graphsurgeon \(in a checkout of npufix: pip install "
+                                         r"'\.\[graphsurgeon\]'\)"):
         gs_adapter.import_graphsurgeon()
 
 

@@ -98,7 +98,7 @@ def test_facts_from_the_issue_are_encoded():
 
 
 def test_vendor_compiler_profiles_encode_the_measured_facts():
-    """Issue 13: what tpu-mlir 1.30.2 and rknn-toolkit2 2.5.0 did (bench/vendor_judge.md)."""
+    """Issue 13: what tpu-mlir 1.30.2 and rknn-toolkit2 2.5.0 did (docs/vendor-judge.md)."""
     bm = load_target("bm1684x").constraints
     assert bm["max_dilation"] == 15 and bm["remainder_pad"] == "concat" and bm["lift_conv1d"] is True
     assert bm["max_convtranspose_stride"] == 8

@@ -7,9 +7,9 @@ Optional (marker ``vendor``); each compiler's tests skip cleanly when it is not 
 - rknn-toolkit2: ``NPUFIX_RKNN_PYTHON`` names a Python that can ``import rknn.api`` (e.g.
   ``/work/vendor/rknn/bin/python`` of a Python 3.11 venv with ``rknn-toolkit2==2.5.0``). About 4 s a build.
 
-Install and run: README "Evidence from a real compiler" and bench/vendor_judge.md. With ``NPUFIX_VENDOR_RESULTS``
+Install and run: docs/vendor.md and docs/vendor-judge.md. With ``NPUFIX_VENDOR_RESULTS``
 set to a file path, every judged model appends one JSON line (compiler, version, target, model, verdict) to it:
-the README's table is made from those lines.
+the table in docs/vendor.md is made from those lines.
 
 What is asserted, per compiler and per shipped profile for it, on the torch-exported ConvTasNet (999 frames from
 8000 samples, so the remainder path of the rewrite runs), its causal form, the U-Net and torchaudio's ConvTasNet:
@@ -88,7 +88,7 @@ def _version(python: str, dist: str) -> str:
 
 
 def record(compiler: str, target: str, model: str, verdict: str) -> None:
-    """One JSON line for the README's results table (only when NPUFIX_VENDOR_RESULTS names a file)."""
+    """One JSON line for the results table of docs/vendor.md (only when NPUFIX_VENDOR_RESULTS names a file)."""
     path = os.environ.get("NPUFIX_VENDOR_RESULTS")
     if not path:
         return
@@ -159,7 +159,7 @@ def test_rewritten_tcn_compiles(fixture_path, tmp_path, layout):
     assert (tmp_path / f"tcn_{layout}.bmodel").exists()
 
 
-# What tpu-mlir 1.30.2 says about each export (bench/vendor_judge.md): the assertion text that rejects it, or None.
+# What tpu-mlir 1.30.2 says about each export (docs/vendor-judge.md): the assertion text that rejects it, or None.
 TPU_ORIGINAL_REJECTION = {
     "torch_convtasnet.onnx": "dh > 0 && dh < 16",
     "torch_convtasnet_causal.onnx": "arr->size() == num_elem",

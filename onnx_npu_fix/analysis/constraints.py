@@ -3,8 +3,8 @@
 Each check is driven by a :class:`~onnx_npu_fix.config.options.FixOptions` field and names the pass that would fix it
 (or ``None``: no pass fixes it). Everything about a constraint but its check is one row of ``CONSTRAINT_TABLE``
 (name, limit text, the options that ask for it, the responsible pass, its documentation); ``LIMIT_TEXT``,
-``RESPONSIBLE`` and ``ASKED_BY`` are derived from it, and so is the list that ends this docstring and the README's
-check-mode table (tested).
+``RESPONSIBLE`` and ``ASKED_BY`` are derived from it, and so is the list that ends this docstring and the constraint
+table of docs/constraints.md (tested).
 
 Channel counts come from the weight shape (:func:`onnx_npu_fix.ir.ops.conv_channels`). A plain or depthwise conv must
 have C and M aligned; a grouped conv (1 < group < C) must have its per-group counts aligned, since NPUs run it as
@@ -71,7 +71,7 @@ class Constraint:
     """The pass responsible for it, whose read-only find is asked whether it fixes a violation (:func:`_ask_passes`);
     None: no pass, or what fixes it is decided where it is found (an option, control_flow_fix, memory.order_plan)."""
     violated_when: str
-    """When it is violated (markdown): the README's check-mode table and this module's docstring."""
+    """When it is violated (markdown): the constraint table of docs/constraints.md and this module's docstring."""
     fixed_by: str
     """What fixes it (markdown), for the same table."""
     responsible_ops: tuple[str, ...] = ()
@@ -81,8 +81,8 @@ class Constraint:
     the Reshape): the responsible pass fixes one when the violation is gone from its find's result."""
 
 
-# The one table of constraints: adding one is a row here, its check below, a test and the README row
-# (tests/test_constraints.py compares the README's check-mode table with this one).
+# The one table of constraints: adding one is a row here, its check below, a test and the row in
+# docs/constraints.md (tests/test_constraints.py compares that table with this one).
 CONSTRAINT_TABLE: tuple[Constraint, ...] = (
     Constraint("shape-inference", "{}", (), None,
                "onnx shape inference fails on the model",
@@ -171,7 +171,7 @@ _JUDGED_BY_RESULT = frozenset(c.name for c in CONSTRAINT_TABLE if c.judged_by_re
 
 
 def markdown_table() -> str:
-    """The README's check-mode table (constraint, violated when, fixed by), one row per constraint."""
+    """The constraint table of docs/constraints.md (constraint, violated when, fixed by), one row per constraint."""
     rows = ["| constraint | violated when | fixed by |", "|---|---|---|"]
     rows += [f"| `{c.name}` | {c.violated_when} | {c.fixed_by} |" for c in CONSTRAINT_TABLE]
     return "\n".join(rows)
@@ -726,7 +726,7 @@ def _memory_violation(memory: MemoryEstimate) -> Violation:
 
 
 def _floor_text(memory: MemoryEstimate) -> str:
-    """What the largest single layer says about the budget (README "Fitting SRAM")."""
+    """What the largest single layer says about the budget (docs/memory.md)."""
     if memory.floor_node is None or memory.sram_bytes is None:
         return ""
     if memory.floor_fits:

@@ -2,7 +2,7 @@
 
 The data come from the same estimate as ``--check`` (memory.py): the stored order's profile, the best order's
 (schedule.best_schedule) and, after ``--split``, each segment's own profile placed at the steps of the best order it
-covers. The picture (matplotlib, the optional extra ``onnx-npu-fix[plot]``) draws them with the SRAM budget as a
+covers. The picture (matplotlib, the optional extra ``plot``) draws them with the SRAM budget as a
 horizontal line, and below them the tensors live at the best order's peak as bars from producer to last reader, so
 a skip connection shows as a long bar.
 """
@@ -23,7 +23,8 @@ from onnx_npu_fix.ir.graph import GraphIndex, format_bytes
 from onnx_npu_fix.ir.schedule import DEFAULT_SEARCH_BUDGET, best_schedule, liveness
 
 FORMATS = (".png", ".svg")
-MISSING = "--memory-plot needs matplotlib: pip install 'onnx-npu-fix[plot]'"
+# npufix is installed from its source (not published on PyPI): the hint names what pip can find either way.
+MISSING = "--memory-plot needs matplotlib: pip install matplotlib (in a checkout of npufix: pip install '.[plot]')"
 
 
 def require_matplotlib() -> None:

@@ -78,7 +78,7 @@ class FixOptions:
     """Outputs made by a DequantizeLinear pass when ``|a - b| <= quant_steps * scale`` (their own step)."""
     keep_going: bool = False
     """Roll back a pass that fails validation and continue, instead of failing the run."""
-    # --- validation data and approximations (README, "How it validates") ---------------------------
+    # --- validation data and approximations (docs/validation.md) --------------------------------
     validation_data: str | None = None
     """An .npz file (one input set) or a folder of .npz / <input>.npy files: the validation inputs, instead of
     generated ones (see onnx_npu_fix.pipeline.inputs)."""

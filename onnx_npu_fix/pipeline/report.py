@@ -1,6 +1,6 @@
 """What a run did, as data: per-pass records, the final comparison, and their text / JSON renderings.
 
-The JSON layout is documented in README.md ("Build record") and versioned by ``REPORT_VERSION``; add fields
+The JSON layout is documented in docs/record.md and versioned by ``REPORT_VERSION``; add fields
 freely, but bump the version when a documented field changes meaning or disappears.
 """
 
@@ -215,7 +215,7 @@ def render_pass_line(record: PassRecord) -> str:
     return f"{head}{tail}  {record.seconds + record.validate_seconds:.2f}s"
 
 
-# --- the build record (README, "Build record") ---------------------------------------------------------
+# --- the build record (docs/record.md) ------------------------------------------------------------------
 
 
 def build_record(model_path: str, output_path: str | None, options: Any, report: FixReport | None,

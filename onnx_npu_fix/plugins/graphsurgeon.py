@@ -16,7 +16,7 @@ initializers whose values changed. A function that changes nothing leaves the mo
 
 Cost: an import/export round trip costs ~120–200 µs per node (shared/docs/performance.md), which is why the
 built-in passes edit the protobuf directly; for a plugin that runs once per build it is a fair price.
-onnx-graphsurgeon is an optional extra: ``pip install onnx-npu-fix[graphsurgeon]``.
+onnx-graphsurgeon is an optional extra (``graphsurgeon``; from a checkout: ``pip install '.[graphsurgeon]'``).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def import_graphsurgeon() -> Any:
     try:
         import onnx_graphsurgeon
     except ImportError:
-        raise InputError("this plugin pass needs onnx-graphsurgeon: pip install 'onnx-npu-fix[graphsurgeon]'") \
-            from None
+        raise InputError("this plugin pass needs onnx-graphsurgeon: pip install onnx-graphsurgeon (in a checkout of "
+                         "npufix: pip install '.[graphsurgeon]')") from None
     return onnx_graphsurgeon
 
 
