@@ -1,0 +1,78 @@
+"""A stand-in for a vendor compiler, run by tests/test_reduce.py as a real subprocess:
+``python pattern_judge.py PATTERN[,PATTERN...] MODEL``. It rejects models that contain a structural pattern, with a
+message like a compiler's, and accepts the rest (exit 0). Patterns, checked in the order given (the first found
+is reported):
+
+- ``pad3-mul``: a rank-3 Pad whose data input comes from a Mul (tpu-mlir's abort on ConvTasNet);
+- ``convt-stride``: a ConvTranspose with a stride above 4;
+- ``conv-channels``: a Conv with more than 512 input channels;
+- ``pad``: any Pad; ``sleep``: hangs (a compiler that never returns).
+
+It reads the model with onnx's generated protobuf module alone (importing ``onnx`` costs seconds on a loaded CI
+machine; the candidates carry their inferred shapes in value_info).
+"""
+
+import importlib.util
+import os
+import sys
+import time
+
+
+def _model_proto():
+    spec = importlib.util.find_spec("onnx")  # finds the package without running its __init__
+    path = os.path.join(os.path.dirname(spec.origin), "onnx_ml_pb2.py")
+    module_spec = importlib.util.spec_from_file_location("onnx_ml_pb2_alone", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.ModelProto
+
+
+def _ranks(graph):
+    return {vi.name: len(vi.type.tensor_type.shape.dim) for vi in [*graph.input, *graph.value_info, *graph.output]}
+
+
+def _ints(node, name):
+    return next((list(a.ints) for a in node.attribute if a.name == name), [])
+
+
+def _find(pattern, graph):
+    producer = {o: n for n in graph.node for o in n.output}
+    ranks = _ranks(graph)
+    dims = {t.name: list(t.dims) for t in graph.initializer}
+    for node in graph.node:
+        if pattern == "pad3-mul" and node.op_type == "Pad" and ranks.get(node.input[0]) == 3:
+            source = producer.get(node.input[0])
+            if source is not None and source.op_type == "Mul":
+                return (f"/build/tpu-mlir/lib/Dialect/Top/IR/Module.cpp:575: getI64Array: Assertion "
+                        f"`arr->size() == num_elem' failed (node {node.name})")
+        if pattern == "convt-stride" and node.op_type == "ConvTranspose" and max(_ints(node, "strides") or [1]) > 4:
+            return f"error: ConvTranspose stride {max(_ints(node, 'strides'))} > 4 is not supported ({node.name})"
+        if pattern == "conv-channels" and node.op_type == "Conv":
+            weight = dims.get(node.input[1])
+            group = next((a.i for a in node.attribute if a.name == "group"), 1)
+            if weight is not None and weight[1] * group > 512:
+                return f"RuntimeError: Conv {node.name} has {weight[1] * group} input channels, at most 512"
+        if pattern == "pad" and node.op_type == "Pad":
+            return f"FAIL: Pad {node.name} is not supported"
+    return None
+
+
+def main():
+    patterns, path = sys.argv[1].split(","), sys.argv[2]
+    if "sleep" in patterns:
+        time.sleep(60)
+    model = _model_proto()()
+    with open(path, "rb") as f:
+        model.ParseFromString(f.read())
+    print(f"compiling {path} ({len(model.graph.node)} nodes)")
+    for pattern in patterns:
+        message = _find(pattern, model.graph)
+        if message:
+            print("progress 1/3 ok")
+            print(message, file=sys.stderr)
+            sys.exit(1)
+    print("done: all layers on the NPU")
+
+
+if __name__ == "__main__":
+    main()
