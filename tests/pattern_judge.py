@@ -6,7 +6,11 @@ is reported):
 - ``pad3-mul``: a rank-3 Pad whose data input comes from a Mul (tpu-mlir's abort on ConvTasNet);
 - ``convt-stride``: a ConvTranspose with a stride above 4;
 - ``conv-channels``: a Conv with more than 512 input channels;
-- ``pad``: any Pad; ``sleep``: hangs (a compiler that never returns).
+- ``op:TYPE``: any node of that op type; ``dilation:N``: a Conv with a dilation of N or more;
+- ``sleep``: hangs (a compiler that never returns).
+
+:func:`judge_bytes` is the same judgement in-process (the random-graph tests, where thousands of subprocesses
+would cost minutes).
 
 It reads the model with onnx's generated protobuf module alone (importing ``onnx`` costs seconds on a loaded CI
 machine; the candidates carry their inferred shapes in value_info).
@@ -52,26 +56,34 @@ def _find(pattern, graph):
             group = next((a.i for a in node.attribute if a.name == "group"), 1)
             if weight is not None and weight[1] * group > 512:
                 return f"RuntimeError: Conv {node.name} has {weight[1] * group} input channels, at most 512"
-        if pattern == "pad" and node.op_type == "Pad":
-            return f"FAIL: Pad {node.name} is not supported"
+        if pattern.startswith("op:") and node.op_type == pattern[3:]:
+            return f"FAIL: {node.op_type} {node.name} is not supported"
+        if pattern.startswith("dilation:") and node.op_type == "Conv" and \
+                max(_ints(node, "dilations") or [1]) >= int(pattern[9:]):
+            return f"Error: Conv {node.name}: dilation {max(_ints(node, 'dilations'))} exceeds the hardware limit"
     return None
+
+
+def judge_bytes(patterns, data, proto=None):
+    """(exit status, output) of a judge call on the serialized model ``data``."""
+    model = (proto or _model_proto())()
+    model.ParseFromString(data)
+    lines = [f"compiling ({len(model.graph.node)} nodes)"]
+    for pattern in patterns:
+        message = _find(pattern, model.graph)
+        if message:
+            return 1, "\n".join([*lines, "progress 1/3 ok", message])
+    return 0, "\n".join([*lines, "done: all layers on the NPU"])
 
 
 def main():
     patterns, path = sys.argv[1].split(","), sys.argv[2]
     if "sleep" in patterns:
         time.sleep(60)
-    model = _model_proto()()
     with open(path, "rb") as f:
-        model.ParseFromString(f.read())
-    print(f"compiling {path} ({len(model.graph.node)} nodes)")
-    for pattern in patterns:
-        message = _find(pattern, model.graph)
-        if message:
-            print("progress 1/3 ok")
-            print(message, file=sys.stderr)
-            sys.exit(1)
-    print("done: all layers on the NPU")
+        code, output = judge_bytes(patterns, f.read())
+    print(output, file=sys.stderr if code else sys.stdout)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
