@@ -347,3 +347,17 @@ def test_a_model_named_reduce_is_reached_as_a_path_or_after_double_dash(tmp_path
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, args)
     assert result.exit_code == EXIT_USAGE and "reduce: no such file" in result.output, result.output
+
+
+def _input_shape(model: onnx.ModelProto) -> list[int]:
+    return [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+
+
+def test_shrink_halves_sizes_the_failure_does_not_need():
+    wide = reduce_model(_wide_conv(), InProcessJudge("conv-channels"), shrink=True)
+    # 600 channels are the cause (300 would pass): they stay; the 2x2 map does not matter
+    assert _input_shape(wide.model) == [1, 600, 1, 1] and wide.steps["shrink"] == 1
+    chain = reduce_model(_pad_chain(6, 3), InProcessJudge("pad3-mul"), shrink=True)
+    assert _input_shape(chain.model) == [1, 4, 1]  # the Mul's channels are no conv's: they stay
+    judge = InProcessJudge("pad3-mul")
+    assert judge.judge(chain.model.SerializeToString()).signature == chain.signature

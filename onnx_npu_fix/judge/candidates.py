@@ -68,15 +68,13 @@ class CandidateBuilder:
         plan = SplitPlan(None, 1, needed, segments=[SegmentPlan(needed, inputs, outputs, 0)])
         try:
             candidate = build_segments(self.model, plan)[0]
-            candidate.producer_name = "npufix-reduce"
-            candidate.graph.name = f"{self.model.graph.name or 'graph'}_reduced"
-            onnx.checker.check_model(candidate)
-            infer_shapes(candidate)
-        except Exception as exc:  # noqa: BLE001 - any refusal makes the candidate unbuildable, with its reason
+        except ValueError as exc:  # a cut tensor without a type
             return first_line(exc)
-        dynamic = dynamic_inputs(candidate)
-        if dynamic:
-            return f"input '{next(iter(dynamic))}' has no static shape"
+        candidate.producer_name = "npufix-reduce"
+        candidate.graph.name = f"{self.model.graph.name or 'graph'}_reduced"
+        problem = unbuildable(candidate)
+        if problem is not None:
+            return problem
         return Candidate(frozenset(own), candidate, candidate.SerializeToString())
 
     def _with_constant_producers(self, own: list[int]) -> set[int]:
@@ -90,3 +88,17 @@ class CandidateBuilder:
             needed.add(v)
             stack.extend(self._producer[name] for name in self._reads[v] if name in self._producer)
         return needed
+
+
+def unbuildable(candidate: onnx.ModelProto) -> str | None:
+    """Why ``candidate`` may not go to a judge (the onnx checker, strict shape inference, a graph input without a
+    static shape), or None; its shapes are inferred afresh (in place) on the way."""
+    try:
+        onnx.checker.check_model(candidate)
+        infer_shapes(candidate)
+    except Exception as exc:  # noqa: BLE001 - any refusal makes the candidate unbuildable, with its reason
+        return first_line(exc)
+    dynamic = dynamic_inputs(candidate)
+    if dynamic:
+        return f"input '{next(iter(dynamic))}' has no static shape"
+    return None
