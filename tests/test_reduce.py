@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import sys
 
@@ -308,12 +309,30 @@ def test_cli_writes_the_minimal_model_the_nearest_passing_one_and_the_record(tmp
     assert "judge call 1: 9 nodes -> fail:" in result.output and f"wrote {out}" in result.output
     record = json.loads(report.read_text())
     assert record["nodes_before"] == 9 and record["nodes_after"] == 2
-    assert record["judge_calls"] == len(record["trials"]) + 1  # the whole model's call is not a trial
+    judged = [t for t in record["trials"] if t["verdict"] != "unbuildable"]
+    assert record["judge_calls"] == len(judged) + 1  # the whole model's call is not a trial
     pad = next(n for n in record["nodes"] if n["op"] == "Pad")
     assert pad["inputs"][0]["shape"] == [1, 4, 8] and pad["attributes"] == {}
     assert any("rank-3 Pad" in why and "remainder_pad" in why for why in pad["likely"])
     assert sorted(n.op_type for n in onnx.load(str(out)).graph.node) == ["Mul", "Pad"]
     assert len(onnx.load(str(good)).graph.node) == 1
+    bullet = _readme_section().split("**`--report`**")[1].split("\n- **")[0]
+    documented = set(re.findall(r"`([a-z_]+)(?:\[\])?`", bullet))
+    assert set(record) <= documented and set(pad) <= documented and set(record["trials"][0]) <= documented
+
+
+def _readme_section() -> str:
+    readme = open(os.path.join(os.path.dirname(JUDGE), "..", "README.md"), encoding="utf-8").read()
+    return readme.split("\n## Reducing a compiler failure", 1)[1].split("\n## ", 1)[0]
+
+
+def test_every_reduce_option_is_documented():
+    from onnx_npu_fix.cli import reduce_command
+
+    section = _readme_section()
+    for param in reduce_command.params:
+        if param.name not in ("model", "quiet", "verbose"):
+            assert any(re.search(f"`{o}[ `]", section) for o in param.opts), param.opts
 
 
 @pytest.mark.parametrize("args, message", [
