@@ -35,6 +35,7 @@ from onnx_npu_fix.io.paths import WritePlan, check_output_path, check_run_paths,
 from onnx_npu_fix.io.save import EarlyWrite, Transaction, save_model, sha256_file, write_json
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, copy_model, infer_shapes
 from onnx_npu_fix.judge.command import Judge
+from onnx_npu_fix.judge.record import reduction_record
 from onnx_npu_fix.judge.reduce import Reduction, reduce_model
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
@@ -575,19 +576,20 @@ def reduce(input_path: str | os.PathLike, output: str | os.PathLike, judge: Judg
     model = _prepared_for_reduction(loaded.model, options)
     reduction = reduce_model(model, judge, shrink=shrink, progress=progress)
     outcome = ReduceOutcome(EXIT_OK, input_path, reduction, output)
-    with Transaction() as files:
-        if min_good is not None and reduction.min_good is not None:
-            save_model(reduction.min_good, min_good, transaction=files)
-            outcome.min_good = min_good
-        save_model(reduction.model, output, transaction=files)
-        from onnx_npu_fix.judge.record import reduction_record
-
-        outcome.record = reduction_record(reduction, options, command=judge.template, input_path=input_path,
-                                          output=output, min_good=outcome.min_good,
-                                          seconds=time.perf_counter() - started)
-        if report_path is not None:
-            write_json(report_path, outcome.record, transaction=files)
-        files.commit()
+    outcome.record = reduction_record(reduction, options, command=judge.template, input_path=input_path,
+                                      output=output, min_good=min_good if reduction.min_good is not None else None,
+                                      seconds=time.perf_counter() - started)
+    try:
+        with Transaction() as files:
+            if min_good is not None and reduction.min_good is not None:
+                save_model(reduction.min_good, min_good, transaction=files)
+                outcome.min_good = min_good
+            save_model(reduction.model, output, transaction=files)
+            if report_path is not None:
+                write_json(report_path, outcome.record, transaction=files)
+            files.commit()
+    except OSError as exc:
+        raise InputError(f"cannot write {exc.filename or output}: {exc.strerror or exc}; nothing written") from None
     return outcome
 
 
