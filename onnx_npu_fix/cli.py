@@ -654,7 +654,8 @@ Example (a compiler that aborts; the reduced model and what it likely trips):
 @click.option("--shrink", is_flag=True, help="Then make attributes that are not the cause smaller where exact.")
 @click.option("--input-shape", multiple=True, metavar="NAME:D1,D2,...",
               help="Freeze a graph input's shape (repeatable); needed for dynamic inputs.")
-@click.option("--target", help="A profile whose constraints the record checks the remaining nodes against.")
+@click.option("--target", metavar="NAME|FILE",
+              help="A profile whose constraints the record checks the remaining nodes against.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
 @click.option("-v", "--verbose", count=True, help="-vv: tracebacks.")
 @click.pass_context

@@ -195,7 +195,7 @@ class _Search:
                 items, n = found, 2
                 continue
             if n > 2:
-                complements = ([v for v in items if v not in set(c)] for c in chunks)
+                complements = ([v for v in items if v not in chunk] for chunk in map(set, chunks))
                 found = next((c for c in complements if self.fails(c)), None)
                 if found is not None:
                     items, n = found, max(n - 1, 2)
