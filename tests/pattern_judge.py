@@ -6,6 +6,8 @@ is reported):
 - ``pad3-mul``: a rank-3 Pad whose data input comes from a Mul (tpu-mlir's abort on ConvTasNet);
 - ``convt-stride``: a ConvTranspose with a stride above 4;
 - ``conv-channels``: a Conv with more than 512 input channels;
+- ``pad-conv``: a Pad with initializer pads read by a Conv (rknn-toolkit2 2.5.0's crash in its Pad-into-Conv
+  fusion, reported as a Python traceback);
 - ``op:TYPE``: any node of that op type; ``dilation:N``: a Conv with a dilation of N or more;
 - ``sleep``: hangs (a compiler that never returns).
 
@@ -56,6 +58,11 @@ def _find(pattern, graph):
             group = next((a.i for a in node.attribute if a.name == "group"), 1)
             if weight is not None and weight[1] * group > 512:
                 return f"RuntimeError: Conv {node.name} has {weight[1] * group} input channels, at most 512"
+        if pattern == "pad-conv" and node.op_type == "Pad" and node.input[1] in dims and \
+                any(n.op_type == "Conv" and n.input[0] == node.output[0] for n in graph.node):
+            return ("E build: Catch exception when building RKNN model!\nTraceback (most recent call last):\n"
+                    '  File "rknn/api/rules/conv.py", line 1093, in _p_fuse_pad_into_conv\n'
+                    "    pads[2:] += 1\nValueError: assignment destination is read-only")
         if pattern.startswith("op:") and node.op_type == pattern[3:]:
             return f"FAIL: {node.op_type} {node.name} is not supported"
         if pattern.startswith("dilation:") and node.op_type == "Conv" and \

@@ -29,6 +29,7 @@ from onnx_npu_fix.cli import main
 from onnx_npu_fix.errors import EXIT_OK, EXIT_USAGE
 from onnx_npu_fix.judge.candidates import CandidateBuilder
 from onnx_npu_fix.judge.command import FAIL, PASS, TIMEOUT, Judge, JudgeError, error_line, mask
+from onnx_npu_fix.judge.record import remaining_nodes
 from onnx_npu_fix.judge.reduce import NothingToReduce, reduce_model
 
 JUDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pattern_judge.py")
@@ -366,6 +367,20 @@ def test_a_model_named_reduce_is_reached_as_a_path_or_after_double_dash(tmp_path
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, args)
     assert result.exit_code == EXIT_USAGE and "reduce: no such file" in result.output, result.output
+
+
+def test_a_traceback_signature_and_the_likely_cause_of_a_pad_before_a_conv():
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Pad", ["r", "pads"], ["p"], name="same_pad"),
+             helper.make_node("Conv", ["p", "w"], ["c"], name="conv"),
+             helper.make_node("Sigmoid", ["c"], ["y"], name="sig")]
+    inits = [numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"), _weight("w", [4, 4, 3, 3])]
+    model = _model(nodes, [_float("x", [1, 4, 6, 6])], [_float("y", [1, 4, 6, 6])], inits)
+    reduction = reduce_model(model, InProcessJudge("pad-conv"))
+    assert reduction.signature == "ValueError: assignment destination is read-only"  # a traceback's last line
+    nodes = {n["name"]: n for n in remaining_nodes(reduction.model, api.FixOptions())}
+    assert set(nodes) == {"same_pad", "conv"}
+    assert any("constant pads before Conv conv" in why for why in nodes["same_pad"]["likely"])
 
 
 def _input_shape(model: onnx.ModelProto) -> list[int]:
