@@ -118,6 +118,8 @@ class _Search:
         self._built: dict[frozenset[int], Candidate] = {}
         self._passing: list[frozenset[int]] = []
         self.unbuildable = self.timeouts = self.other = 0
+        # A judge may serve several reductions (and a fixing run): this one's figures are the difference.
+        self._start = (judge.calls, judge.cached, judge.seconds)
 
     def judge_whole(self) -> Verdict:
         verdict = self.judge.judge(self.builder.model.SerializeToString())
@@ -218,9 +220,10 @@ class _Search:
         return Reduction(
             model=best.model, signature=self.signature or "", nodes_before=self.nodes_before,
             nodes_after=len(best.model.graph.node), min_good=good.model if good is not None else None,
-            calls=self.judge.calls, cached=self.judge.cached, unbuildable=self.unbuildable, timeouts=self.timeouts,
-            other_failures=self.other, seconds=time.perf_counter() - self.started,
-            judge_seconds=self.judge.seconds, steps=dict(self.steps), trials=list(self.trials))
+            calls=self.judge.calls - self._start[0], cached=self.judge.cached - self._start[1],
+            unbuildable=self.unbuildable, timeouts=self.timeouts, other_failures=self.other,
+            seconds=time.perf_counter() - self.started, judge_seconds=self.judge.seconds - self._start[2],
+            steps=dict(self.steps), trials=list(self.trials))
 
     def _nearest_passing(self, nodes: frozenset[int]) -> Candidate | None:
         if not self._passing:
