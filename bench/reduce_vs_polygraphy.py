@@ -50,6 +50,7 @@ CASES = {
     "convt-branchy": (cases._branchy_convtranspose, "convt-stride", None),
     "conv-512": (cases._wide_conv, "conv-channels", None),
     "two-failures": (cases._two_patterns, "pad3-mul,convt-stride", "Assertion"),
+    "two-failures-no-regex": (cases._two_patterns, "pad3-mul,convt-stride", None),  # exit codes only
     "tcn.onnx": (_fixture("tcn.onnx"), "dilation:128", None),
     "unet.onnx": (_fixture("unet.onnx"), "op:Resize", None),
     "torch_unet.onnx": (_fixture("torch_unet.onnx"), "op:Resize", None),
@@ -84,8 +85,8 @@ def run_case(name: str, work: str) -> list[str]:
     ours = os.path.join(work, f"{name}.npufix.onnx")
     code, seconds, calls = _counted([sys.executable, "-m", "onnx_npu_fix", "reduce", source, "--judge",
                                      f"{judge} {{model}}", "-o", ours, "-q"], log, work)
-    drift = _drift(ours, source, patterns)
-    row = [name, str(len(model.graph.node)), f"{_nodes(ours)} / {calls} / {seconds:.0f}s{drift}"]
+    result = f"{_nodes(ours)}{_drift(ours, source, patterns)}" if code == 0 else f"error (exit {code})"
+    row = [name, str(len(model.graph.node)), f"{result} / {calls} / {seconds:.0f}s"]
     for mode in ("bisect", "linear"):
         out = os.path.join(work, f"{name}.{mode}.onnx")
         command = [POLYGRAPHY, "debug", "reduce", source, "-o", out, "--mode", mode]
@@ -93,7 +94,8 @@ def run_case(name: str, work: str) -> list[str]:
             command += ["--fail-regex", fail_regex]
         command += ["--check", *shlex.split(judge), "polygraphy_debug.onnx"]  # --check takes the rest
         code, seconds, calls = _counted(command, log, work)
-        row.append(f"{_nodes(out)} / {calls} / {seconds:.0f}s{_drift(out, source, patterns)}")
+        result = f"{_nodes(out)}{_drift(out, source, patterns)}" if code == 0 else f"error (exit {code})"
+        row.append(f"{result} / {calls} / {seconds:.0f}s")
     return row
 
 
@@ -106,7 +108,7 @@ def _drift(path: str, source: str, patterns: str) -> str:
         with open(model, "rb") as f:
             code, output = pattern_judge.judge_bytes(patterns.split(","), f.read(), onnx.ModelProto)
         messages.append(mask(error_line(output) or "") if code else "passes")
-    return "" if messages[0] == messages[1] else f" (other failure: {messages[1][:40]})"
+    return "" if messages[0] == messages[1] else f" (other failure: {messages[1][:32]}…)"
 
 
 def main() -> None:
