@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS = {
     "run": "api", "RunOutcome": "api", "fix": "api", "check": "api", "select_passes": "api",
+    "reduce": "api", "ReduceOutcome": "api", "Judge": "judge.command", "reduce_model": "judge.reduce",
     "load_model": "io.load", "save_model": "io.save",
     "FixResult": "pipeline.scheduler", "FixReport": "pipeline.report",
     "FixOptions": "config.options", "load_target": "config.targets", "apply_target": "config.targets",

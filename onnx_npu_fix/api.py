@@ -14,6 +14,7 @@ or step by step:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -33,6 +34,9 @@ from onnx_npu_fix.io.load import LoadedModel, load_model, read_model  # noqa: F4
 from onnx_npu_fix.io.paths import WritePlan, check_output_path, check_run_paths, check_split_dir
 from onnx_npu_fix.io.save import EarlyWrite, Transaction, save_model, sha256_file, write_json
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, copy_model, infer_shapes
+from onnx_npu_fix.judge.command import Judge
+from onnx_npu_fix.judge.record import reduction_record
+from onnx_npu_fix.judge.reduce import Reduction, reduce_model
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.pipeline.freeze import FrozenInput, freeze_inputs
@@ -525,3 +529,84 @@ def check(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None
     report = check_model(model, options, shapes=shapes)
     report.violations, _ = split_requested(report.violations, options)
     return report
+
+
+# --- npufix reduce: the smallest model a judge still rejects (issue 24) -------------------------------------------
+
+
+@dataclass
+class ReduceOutcome:
+    """What :func:`reduce` did: the reduction, the files written and the record."""
+
+    exit_code: int
+    input_path: str
+    reduction: Reduction
+    written: str
+    """The minimal model's path."""
+    min_good: str | None = None
+    """Where the nearest passing candidate went (None: not asked for, or the judge passed none)."""
+    record: dict[str, Any] | None = None
+
+
+def reduce(input_path: str | os.PathLike, output: str | os.PathLike, judge: Judge,
+           options: FixOptions | None = None, *, min_good: str | os.PathLike | None = None,
+           report_path: str | os.PathLike | None = None, shrink: bool = False,
+           progress: Callable[[str], None] | None = None) -> ReduceOutcome:
+    """Reduce the model at ``input_path`` to a minimal one ``judge`` still rejects with the same failure
+    (judge/reduce.py) and write it to ``output``; ``min_good``: also the nearest candidate the judge passes, when
+    there is one; ``report_path``: the record (judge/record.py). The model is reduced with static shapes
+    (``options.input_shapes``) and its constants folded (the fold-constants pass, unvalidated: it is exact);
+    ``options`` (a target's, say) also decide which constraints the record names as likely causes.
+
+    Every path is checked before any work and every file is staged and committed together (io.save.Transaction).
+    Raises InputError (exit 2) for unusable input, paths or a judge that cannot be used (judge.command.JudgeError),
+    that passes the model (judge.reduce.NothingToReduce) or times out on it. ``progress``: called with one line
+    per judge call."""
+    started = time.perf_counter()
+    options = options or FixOptions()
+    input_path, output = os.fspath(input_path), os.fspath(output)
+    min_good, report_path = _fspath(min_good), _fspath(report_path)
+    plan = WritePlan().reads(input_path, "the input model")
+    for path, what in ((min_good, "--min-good"), (output, "-o"), (report_path, "--report")):
+        if path is not None:
+            check_output_path(path, input_path, what=what)
+            plan.writes(path, what)
+    plan.check()
+    loaded = read_model(input_path)
+    model = _prepared_for_reduction(loaded.model, options)
+    reduction = reduce_model(model, judge, shrink=shrink, progress=progress)
+    outcome = ReduceOutcome(EXIT_OK, input_path, reduction, output)
+    outcome.record = reduction_record(reduction, options, command=judge.template, input_path=input_path,
+                                      output=output, min_good=min_good if reduction.min_good is not None else None,
+                                      seconds=time.perf_counter() - started)
+    try:
+        with Transaction() as files:
+            if min_good is not None and reduction.min_good is not None:
+                save_model(reduction.min_good, min_good, transaction=files)
+                outcome.min_good = min_good
+            save_model(reduction.model, output, transaction=files)
+            if report_path is not None:
+                write_json(report_path, outcome.record, transaction=files)
+            files.commit()
+    except OSError as exc:
+        raise InputError(f"cannot write {exc.filename or output}: {exc.strerror or exc}; nothing written") from None
+    return outcome
+
+
+def _prepared_for_reduction(model: onnx.ModelProto, options: FixOptions) -> onnx.ModelProto:
+    """``model`` prepared (static shapes, InputError naming a dynamic input) with its constants folded."""
+    from onnx_npu_fix.ir.graph import dynamic_inputs, format_shape
+    from onnx_npu_fix.passes.fold_constants import FoldConstantsPass
+
+    prepare(model, options)
+    dynamic = dynamic_inputs(model)
+    if dynamic:
+        name, shape = next(iter(dynamic.items()))
+        raise InputError(f"input '{name}' has a dynamic shape {format_shape(shape)}: reduce needs static shapes; "
+                         f"give --input-shape {name}:<dims>")
+    quiet = dataclasses.replace(options, validate="none")
+    result = run_passes(model, quiet, [FoldConstantsPass()])
+    if not result.ok:
+        raise InputError(f"cannot fold the model's constants before reducing: {_failure(result.report)}")
+    infer_shapes(result.model)
+    return result.model

@@ -118,6 +118,18 @@ class _OneLineCommand(click.Command):
                     formatter.write_dl(records)
 
 
+class _Dispatching(_OneLineCommand):
+    """``npufix reduce ...`` (the first argument exactly ``reduce``) runs the reduce command; anything else is
+    the fixing / checking command. A model file named ``reduce`` is reached as ``npufix ./reduce ...`` or
+    ``npufix -- reduce ...``."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, **extra: Any) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        if argv[:1] == ["reduce"]:
+            return reduce_command.main(argv[1:], prog_name=f"{prog_name or 'npufix'} reduce", **extra)
+        return super().main(args, prog_name, **extra)
+
+
 class _Terminated(BaseException):
     """SIGTERM (what CI sends on cancel), raised in the main thread so that every ``finally`` cleans up."""
 
@@ -152,7 +164,7 @@ def _split_names(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-@click.command(cls=_OneLineCommand, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 118})
+@click.command(cls=_Dispatching, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 118})
 @click.argument("models", nargs=-1, type=click.Path(dir_okay=True))
 @_option(FIXING, "-o", "--output", type=click.Path(),
          help="Where to write the fixed model (a temporary file renamed into place; external data next to it "
@@ -253,7 +265,16 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.pass_context
 def main(ctx: click.Context, **params: Any) -> None:
     """Rewrite an ONNX MODEL so embedded NPU compilers accept it, and prove with onnxruntime that the
-    rewrite changed nothing the model computes."""
+    rewrite changed nothing the model computes.
+
+    `npufix reduce MODEL --judge CMD -o MIN.onnx` finds the smallest model a compiler still rejects (see
+    `npufix reduce --help`)."""
+    _guarded(ctx, params.get("verbose", 0), lambda: _main(ctx, **params))
+
+
+def _guarded(ctx: click.Context, verbose: int, body: Any) -> None:
+    """Run a command's ``body`` with the process-wide rules of every npufix command: the cyclic collector off,
+    SIGTERM as an exception, and every way out a one-line message and its exit code (README "Exit codes")."""
     # A run allocates millions of small objects (maps over every node) that reference counting frees; the cyclic
     # collector would walk them over and over for nothing: 1.5 s of a 10 s run at 100k nodes. The process is
     # short-lived, so it is off for the run (and back on after it, for callers that invoke main in-process).
@@ -261,7 +282,7 @@ def main(ctx: click.Context, **params: Any) -> None:
     gc.disable()
     previous = _catch_sigterm()
     try:
-        _main(ctx, **params)
+        body()
     except click.UsageError as exc:  # raised by the checks after parsing: one line too (_OneLineCommand)
         raise _InputProblem(exc.format_message()) from None
     except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
@@ -276,7 +297,7 @@ def main(ctx: click.Context, **params: Any) -> None:
         click.echo(f"error: terminated (SIGTERM); {_written(exc)}", err=True)
         ctx.exit(EXIT_SIGTERM)
     except Exception as exc:  # noqa: BLE001 - a bug must still end in one line and a non-zero exit
-        if params.get("verbose", 0) > 1:
+        if verbose > 1:
             raise
         click.echo(f"error: internal error ({type(exc).__name__}: {_one_line(str(exc))[:300]}); nothing written; "
                    f"rerun with -vv for the traceback and report it", err=True)
@@ -667,3 +688,91 @@ def _say(quiet: bool, text: str) -> None:
 def _setup_logging(quiet: bool, verbose: int) -> None:
     level = logging.ERROR if quiet else (logging.DEBUG if verbose > 1 else logging.WARNING)
     logging.basicConfig(level=level, format="%(levelname)s: %(message)s", stream=sys.stderr)
+
+
+# --- npufix reduce (issue 24) ----------------------------------------------------------------------------------
+
+REDUCE_EXAMPLE = """\b
+Example (a compiler that aborts; the reduced model and what it likely trips):
+  npufix reduce fixed.onnx --judge 'compile.sh {model} {dir}' -o min.onnx --report reduce.json
+  npufix reduce model.onnx --judge 'rknn_build.py {model}' --fail-regex 'CPU fallback' -o min.onnx
+"""
+
+
+@click.command(cls=_OneLineCommand, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 118},
+               epilog=REDUCE_EXAMPLE)
+@click.argument("model", type=click.Path(dir_okay=True))
+@click.option("--judge", "judge_command", required=True, metavar="CMD",
+              help="Shell command run on each candidate: {model} is its path, {dir} a fresh scratch directory. "
+                   "It fails when it exits non-zero (or per --fail-regex / --pass-regex).")
+@click.option("-o", "--output", required=True, type=click.Path(), metavar="MIN.onnx",
+              help="Where to write the minimal model that still fails with the original signature.")
+@click.option("--fail-regex", multiple=True, metavar="RE", help="Output matching RE is a failure (repeatable).")
+@click.option("--pass-regex", multiple=True, metavar="RE",
+              help="A candidate passes only when its output matches RE (repeatable; the exit status is ignored).")
+@click.option("--judge-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Per-call limit; a call that exceeds it is a timeout (neither pass nor fail).")
+@click.option("--signature", default=None, metavar="RE",
+              help="The failure's signature is RE's first match in the output (group 1 if any), not the first "
+                   "error line.")
+@click.option("--min-good", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Also write the passing candidate nearest the minimal model, when the judge passed one.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the reduction record (JSON) here.")
+@click.option("--shrink", is_flag=True, help="Then make attributes that are not the cause smaller where exact.")
+@click.option("--input-shape", multiple=True, metavar="NAME:D1,D2,...",
+              help="Freeze a graph input's shape (repeatable); needed for dynamic inputs.")
+@click.option("--target", metavar="NAME|FILE",
+              help="A profile whose constraints the record checks the remaining nodes against.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
+@click.option("-v", "--verbose", count=True, help="-vv: tracebacks.")
+@click.pass_context
+def reduce_command(ctx: click.Context, **params: Any) -> None:
+    """Reduce MODEL to the smallest sub-model the judge command still rejects with the same failure.
+
+    Exit codes: 0 written; 2 bad input or judge (not executable, no {model}, passes the model: nothing to
+    reduce, times out on it); 5 internal error; 130 / 143 interrupted."""
+    _guarded(ctx, params.get("verbose", 0), lambda: _reduce(ctx, **params))
+
+
+def _reduce(ctx: click.Context, model: str, judge_command: str, output: str, fail_regex: tuple[str, ...],
+            pass_regex: tuple[str, ...], judge_timeout: float | None, signature: str | None, min_good: str | None,
+            report_path: str | None, shrink: bool, input_shape: tuple[str, ...], target: str | None,
+            quiet: bool, verbose: int) -> None:
+    from onnx_npu_fix import api
+    from onnx_npu_fix.judge.command import Judge
+
+    _setup_logging(quiet, verbose)
+    try:
+        options = FixOptions(input_shapes=_parse_input_shape(input_shape))
+        if target is not None:
+            from onnx_npu_fix.config.targets import apply_target, load_target
+
+            options = apply_target(load_target(target), options, {"input_shapes": options.input_shapes})
+        judge = Judge(judge_command, fail_regex=fail_regex, pass_regex=pass_regex, timeout=judge_timeout,
+                      signature=signature)
+        outcome = api.reduce(model, output, judge, options, min_good=min_good, report_path=report_path,
+                             shrink=shrink, progress=None if quiet else lambda line: _say(False, line))
+    except NpufixError as exc:
+        raise _InputProblem(str(exc), exc.exit_code) from None
+    _print_reduction(outcome, quiet)
+    ctx.exit(outcome.exit_code)
+
+
+def _print_reduction(outcome, quiet: bool) -> None:
+    """The summary: nodes before -> after, calls, the signature, each node left with its likely cause."""
+    from onnx_npu_fix.ir.graph import format_shape
+
+    r = outcome.reduction
+    _say(quiet, f"reduced {r.nodes_before} -> {r.nodes_after} nodes in {r.calls} judge calls ({r.cached} cached, "
+                f"{r.unbuildable} unbuildable, {r.timeouts} timeouts, {r.other_failures} other failures), "
+                f"{r.seconds:.1f}s")
+    _say(quiet, f"signature: {r.signature}")
+    for node in outcome.record["nodes"]:
+        def io(tensors):
+            return ", ".join(f"{t['name']} {format_shape(t['shape'])}" for t in tensors if not t["const"]) or "-"
+        likely = f"  likely: {'; '.join(node['likely'])}" if node["likely"] else ""
+        _say(quiet, f"  {node['name']} ({node['op']}): {io(node['inputs'])} -> {io(node['outputs'])}{likely}")
+    if outcome.min_good:
+        _say(quiet, f"wrote {outcome.min_good} (passes)")
+    _say(quiet, f"wrote {outcome.written}")

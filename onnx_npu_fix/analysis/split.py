@@ -270,8 +270,9 @@ def _fewest_segments(reach: list[int], cross: Sequence[int]) -> list[int]:
     return sorted(cuts)
 
 
-def _pure_nodes(index: GraphIndex, const: set[str]) -> set[int]:
-    """Nodes computed from constants only (no activation anywhere upstream): safe to recompute per segment."""
+def pure_nodes(index: GraphIndex, const: set[str]) -> set[int]:
+    """Nodes computed from constants only (no activation anywhere upstream): safe to recompute per segment (and
+    never a cut of ``npufix reduce``: they come along with the nodes that read them)."""
     pure_tensors = {name for name in index.initializers if name not in index.graph_inputs}
     pure: set[int] = set()
     for v, node in enumerate(index.graph.node):
@@ -283,7 +284,8 @@ def _pure_nodes(index: GraphIndex, const: set[str]) -> set[int]:
     return pure
 
 
-def _node_reads(node: onnx.NodeProto) -> list[str]:
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """The names ``node`` reads: its inputs and, for an If / Loop / Scan, what its bodies read from outside."""
     reads = [i for i in node.input if i]
     if has_subgraphs(node):
         reads.extend(sorted(subgraph_outer_inputs(node)))
@@ -293,7 +295,7 @@ def _node_reads(node: onnx.NodeProto) -> list[str]:
 def _segment_io(index: GraphIndex, const: set[str], lv: Liveness, order: list[int], bounds: list[int],
                 seg: _Segmenter) -> list[SegmentPlan]:
     nodes = lv.nodes
-    pure = _pure_nodes(index, const)
+    pure = pure_nodes(index, const)
     producer = {out: v for v, node in enumerate(nodes) for out in node.output if out}
     outputs_of_model = set(index.graph_outputs)
     # a pure node stays where the order put it only when it writes a graph output; elsewhere it is recomputed
@@ -302,7 +304,7 @@ def _segment_io(index: GraphIndex, const: set[str], lv: Liveness, order: list[in
         own_lists.append([v for v in order[bounds[k]:bounds[k + 1]]
                           if v not in pure or any(o in outputs_of_model for o in nodes[v].output)])
     segment_of = {v: k for k, own in enumerate(own_lists) for v in own}
-    reads_of = [_node_reads(node) for node in nodes]
+    reads_of = [node_reads(node) for node in nodes]
     readers: dict[str, list[int]] = {}
     for v, names in enumerate(reads_of):
         for name in names:
@@ -350,7 +352,7 @@ def build_segments(model: onnx.ModelProto, plan: SplitPlan) -> list[onnx.ModelPr
     built = []
     for k, segment in enumerate(plan.segments):
         nodes = [graph.node[v] for v in segment.nodes]
-        used = {name for node in nodes for name in _node_reads(node)}
+        used = {name for node in nodes for name in node_reads(node)}
         missing = [name for name in [*segment.inputs, *segment.outputs] if name not in value_info]
         if missing:
             raise ValueError(f"segment {k}: no type for tensor '{missing[0]}' (run shape inference first)")

@@ -1,0 +1,246 @@
+"""Running a judge: a shell command template that says whether a vendor compiler accepts a candidate model.
+
+``{model}`` in the template becomes the candidate's path (shell-quoted), ``{dir}`` a fresh scratch directory (the
+candidate is written there as ``model.onnx``; the directory is removed after the call). The verdict:
+
+- without ``pass_regex``: the candidate *fails* when the command exits non-zero or its output (stdout and stderr,
+  interleaved) matches one of ``fail_regex``;
+- with ``pass_regex`` (for tools whose exit status says nothing): it *passes* only when its output matches one of
+  them and none of ``fail_regex``; the exit status is ignored;
+- a call that outlives ``timeout`` seconds is a *timeout*: its own kind, neither a pass nor a fail (the whole
+  process group is killed).
+
+A failure's *signature* says which failure it is, so that a reduction never drifts to another one: by default the
+first output line that matches ``Assertion``, ``Error``, ``error:`` or ``FAIL`` (a Python traceback counts by its
+last line, the exception), with the scratch paths written as ``{model}`` / ``{dir}``, other paths as ``<path>``
+and numbers as ``<n>`` (a channel count or a source line may differ between candidates, the failure does not);
+without such a line, the last output line, masked alike, or ``exit status N``. ``signature`` (a regex) overrides
+it: its first match (group 1 when it has groups), with only the scratch paths masked.
+
+Verdicts are cached by the SHA-256 of the candidate's serialized bytes: a candidate judged before is not sent
+again (:attr:`Judge.cached` counts those).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from onnx_npu_fix.errors import InputError
+
+PASS, FAIL, TIMEOUT = "pass", "fail", "timeout"
+
+ERROR_PATTERN = re.compile(r"Assertion|Error|error:|FAIL")
+"""A line that names a failure (the default signature is the first one)."""
+_TRACEBACK = "Traceback (most recent call last)"
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+_PATH = re.compile(r"(?<![\w<])(?:[A-Za-z]:)?(?:~|\.{1,2})?(?:[/\\][\w.+@-]+)+[/\\]?"  # absolute, ./, ~/, C:\
+                   r"|(?<![\w<])[\w.+@-]+(?:/[\w.+@-]+)+")  # relative: dir/file
+_NUMBER = re.compile(r"\d+")
+_SIGNATURE_LENGTH = 300
+_OUTPUT_TAIL = 4000
+"""Characters of a call's output kept in its verdict (compilers are chatty; the signature is taken first)."""
+
+
+class JudgeError(InputError):
+    """The judge cannot be used as given (not executable, no ``{model}``, a bad regex; exit 2)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One judge call's outcome."""
+
+    kind: str
+    """pass | fail | timeout"""
+    signature: str | None
+    """Which failure (see the module docstring); None for a pass, a timeout or an unmatched ``--signature``."""
+    exit_code: int | None
+    """The command's exit status (None after a timeout)."""
+    seconds: float
+    output: str = field(repr=False, default="")
+    """The last characters of the command's output."""
+
+    @property
+    def failed(self) -> bool:
+        return self.kind == FAIL
+
+    def text(self) -> str:
+        if self.kind == FAIL:
+            return f"fail: {self.signature}" if self.signature else f"fail (exit status {self.exit_code})"
+        return "timeout" if self.kind == TIMEOUT else "pass"
+
+
+class Judge:
+    """A judge command with its verdict rules and cache (see the module docstring).
+
+    ``timeout``: seconds per call (None: no limit). ``signature``: a regex that overrides the default signature.
+    Raises JudgeError for a template without ``{model}``, a first word that is no executable, or a bad regex."""
+
+    def __init__(self, template: str, *, fail_regex: Sequence[str] = (), pass_regex: Sequence[str] = (),
+                 timeout: float | None = None, signature: str | None = None) -> None:
+        self.template = template
+        self.fail_regex = [_compile(r, "--fail-regex") for r in fail_regex]
+        self.pass_regex = [_compile(r, "--pass-regex") for r in pass_regex]
+        self.signature_regex = _compile(signature, "--signature") if signature else None
+        if timeout is not None and not timeout > 0:
+            raise JudgeError(f"--judge-timeout {timeout}: must be a positive number of seconds")
+        self.timeout = timeout
+        _check_template(template)
+        self.calls = 0
+        """Commands run (cache hits not counted)."""
+        self.cached = 0
+        """Candidates answered from the cache."""
+        self.seconds = 0.0
+        """Wall time spent in judge commands."""
+        self._verdicts: dict[bytes, Verdict] = {}
+
+    def judge(self, data: bytes) -> Verdict:
+        """The verdict on the serialized model ``data`` (cached by its SHA-256)."""
+        key = hashlib.sha256(data).digest()
+        found = self._verdicts.get(key)
+        if found is not None:
+            self.cached += 1
+            return found
+        verdict = self._run(data)
+        self._verdicts[key] = verdict
+        return verdict
+
+    def _run(self, data: bytes) -> Verdict:
+        scratch = tempfile.mkdtemp(prefix="npufix-judge-")
+        try:
+            model_path = os.path.join(scratch, "model.onnx")
+            with open(model_path, "wb") as f:
+                f.write(data)
+            command = self.template.replace("{model}", shlex.quote(model_path)).replace("{dir}", shlex.quote(scratch))
+            started = time.perf_counter()
+            self.calls += 1
+            exit_code, output = _execute(command, self.timeout)
+            seconds = time.perf_counter() - started
+            self.seconds += seconds
+            output = output.replace(model_path, "{model}").replace(scratch, "{dir}")
+            return self._verdict(exit_code, output, seconds)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _verdict(self, exit_code: int | None, output: str, seconds: float) -> Verdict:
+        tail = output[-_OUTPUT_TAIL:]
+        if exit_code is None:
+            return Verdict(TIMEOUT, None, None, seconds, tail)
+        failing = any(r.search(output) for r in self.fail_regex)
+        if self.pass_regex:
+            failing = failing or not any(r.search(output) for r in self.pass_regex)
+        else:
+            failing = failing or exit_code != 0
+        if not failing:
+            return Verdict(PASS, None, exit_code, seconds, tail)
+        return Verdict(FAIL, self.signature_of(output, exit_code), exit_code, seconds, tail)
+
+    def signature_of(self, output: str, exit_code: int | None = None) -> str | None:
+        """The signature of a failing call's ``output`` (see the module docstring)."""
+        if self.signature_regex is not None:
+            found = self.signature_regex.search(output)
+            if found is None:
+                return None
+            text = found.group(1) if found.re.groups else found.group(0)
+            return " ".join(text.split())[:_SIGNATURE_LENGTH]
+        line = error_line(output)
+        if line is None:
+            lines = [s for s in output.splitlines() if s.strip()]
+            if not lines:
+                return f"exit status {exit_code}"
+            line = lines[-1]
+        return mask(line)
+
+
+def error_line(output: str) -> str | None:
+    """The first line of ``output`` that names a failure: one matching :data:`ERROR_PATTERN`, or the last line of a
+    Python traceback (its exception; the frames inside the traceback are not candidates); None without one."""
+    lines = output.splitlines()
+    k = 0
+    while k < len(lines):
+        line = lines[k]
+        if line.startswith(_TRACEBACK):
+            k += 1
+            while k < len(lines) and (not lines[k].strip() or lines[k][:1].isspace()):
+                k += 1
+            if k < len(lines):
+                return lines[k]
+            return None
+        if ERROR_PATTERN.search(line):
+            return line
+        k += 1
+    return None
+
+
+def mask(line: str) -> str:
+    """``line`` with paths, hexadecimal and decimal numbers masked and whitespace collapsed."""
+    text = _PATH.sub("<path>", line)
+    text = _HEX.sub("<hex>", text)
+    text = _NUMBER.sub("<n>", text)
+    return " ".join(text.split())[:_SIGNATURE_LENGTH]
+
+
+def _compile(pattern: str, option: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern, re.MULTILINE)
+    except re.error as exc:
+        raise JudgeError(f"{option} '{pattern}': not a regular expression ({exc})") from None
+
+
+def _check_template(template: str) -> None:
+    """``{model}`` is in the template and its command word is an executable (PATH or a path)."""
+    if "{model}" not in template:
+        raise JudgeError(f"--judge '{template}': the command template has no {{model}} (where the candidate "
+                         f"model's path goes), e.g. --judge 'compile.sh {{model}}'")
+    try:
+        words = shlex.split(template)
+    except ValueError as exc:
+        raise JudgeError(f"--judge '{template}': cannot parse the command ({exc})") from None
+    words = [w for w in words if not re.match(r"^[A-Za-z_]\w*=", w)]  # leading VAR=value assignments
+    if not words:
+        raise JudgeError(f"--judge '{template}': no command to run")
+    program = words[0]
+    if "{model}" in program or "{dir}" in program:
+        return  # the candidate itself is run: there is nothing to check before it exists
+    if os.sep in program or (os.altsep and os.altsep in program):
+        usable = os.path.isfile(program) and os.access(program, os.X_OK)
+    else:
+        usable = shutil.which(program) is not None
+    if not usable:
+        raise JudgeError(f"--judge: '{program}' is not an executable (not found, or not executable); the "
+                         f"command's first word must be a program, e.g. python3 judge.py {{model}}")
+
+
+def _execute(command: str, timeout: float | None) -> tuple[int | None, str]:
+    """Run ``command`` in a shell, in its own process group; (exit status or None after ``timeout``, output).
+    Any exception (a timeout, KeyboardInterrupt, SIGTERM) kills the whole group first: a compiler's children
+    must not outlive the call."""
+    process = subprocess.Popen(command, shell=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        out, _ = process.communicate()
+        return None, out.decode("utf-8", "replace")
+    except BaseException:
+        _kill_group(process)
+        process.wait()
+        raise
+    return process.returncode, out.decode("utf-8", "replace")
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        process.kill()
