@@ -55,7 +55,7 @@ def select_passes(only: Sequence[str] | None = None, skip: Sequence[str] = (),
     for name in [*(only or ()), *skip]:
         if name not in known:
             raise InputError(f"unknown pass '{name}'; passes: {', '.join(known)}")
-    return [cls() for cls in plugin_mod.place(only, skip, loaded, known)]
+    return [plugin_mod.instantiate(cls) for cls in plugin_mod.place(only, skip, loaded, known)]
 
 
 def list_passes(plugins: Sequence[str | type[Pass]] = ()) -> list[tuple[type[Pass] | None, str, str]]:
