@@ -430,7 +430,8 @@ def _commit(job: _RunState) -> None:
         job.files.commit()
     except OSError as exc:
         done = getattr(exc, "npufix_written", [])
-        what = f"only {', '.join(done)} written" if done else "nothing written"
+        what = (f"{', '.join(done)} renamed into place before the failure and could not be put back, nothing "
+                f"else written" if done else "nothing written (the files renamed before it were put back)")
         raise InputError(f"cannot write {exc.filename or 'the run files'}: {exc.strerror or exc}; {what}") from None
 
 

@@ -229,3 +229,73 @@ def test_a_transaction_renames_in_the_staged_order_and_discards_on_any_failure(t
         files.directory(tmp_path / "d")
         raise OSError(errno.ENOSPC, "full")
     assert sorted(os.listdir(tmp_path)) == ["a", "b", "seg"]
+
+
+def _old_run_files(work: Path) -> None:
+    """The files of an earlier run at every destination (the split directory empty, as the write plan allows)."""
+    for name in ("out.onnx", "plot.png", "plot.png.json", "record.json"):
+        (work / name).write_bytes(b"earlier " + name.encode())
+    (work / "seg").mkdir()
+
+
+def test_a_rename_that_fails_mid_commit_puts_the_earlier_ones_back(tmp_path, model_bytes, monkeypatch):
+    """The k-th rename of the commit fails (first file renamed, second not, ...): the files renamed before it
+    are put back as they were (an earlier run's bytes, its empty split directory), and the exit code says nothing
+    was written. Before, the first files stayed renamed under exit 2 ("only ... written"), which means nothing
+    written. (Failures before the commit: the ENOSPC faults above.)"""
+    replace, rename_all = os.replace, save.Transaction._rename_all
+    calls = {"n": 0, "fail_at": None, "committing": False}
+
+    def failing_replace(src, dst, **kwargs):
+        if calls["committing"]:
+            k = calls["n"]
+            calls["n"] += 1
+            if k == calls["fail_at"]:
+                raise OSError(errno.EIO, os.strerror(errno.EIO), os.fspath(dst))
+        return replace(src, dst, **kwargs)
+
+    def committing(self):
+        calls["committing"] = True
+        try:
+            rename_all(self)
+        finally:
+            calls["committing"] = False
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    monkeypatch.setattr(save.Transaction, "_rename_all", committing)
+    assert _run(_work(tmp_path, model_bytes, "count")).exit_code == 0
+    renames = calls["n"]
+    assert renames >= 5  # segments and manifest (inside the staged directory), the directory, plot, ..., report
+    for k in range(renames):
+        work = _work(tmp_path, model_bytes, f"k{k}")
+        _old_run_files(work)
+        before = _listing(work)
+        calls.update(n=0, fail_at=k)
+        result = _run(work)
+        assert result.exit_code == 2, (k, result.output)
+        assert "nothing written" in result.output and "could not be put back" not in result.output, result.output
+        assert _listing(work) == before, k
+
+
+def test_a_rename_that_cannot_be_undone_is_named(tmp_path):
+    """When putting a renamed file back fails too, the message names the file that holds this run's bytes."""
+    with Transaction() as files:
+        for name in ("a", "b"):
+            Path(files.file(tmp_path / name)).write_text(name)
+        replace, restore = os.replace, save.AtomicFile.restore
+        targets = list(files._staged)
+
+        def second_fails(src, dst, **kwargs):
+            if os.path.basename(dst) == "b":
+                raise OSError(errno.EIO, "I/O error", dst)
+            return replace(src, dst, **kwargs)
+
+        os.replace = second_fails
+        save.AtomicFile.restore = lambda target: False
+        try:
+            with pytest.raises(OSError) as caught:
+                files.commit()
+        finally:
+            os.replace, save.AtomicFile.restore = replace, restore
+    assert caught.value.npufix_written == [targets[0].path]
+    assert sorted(os.listdir(tmp_path)) == ["a"]  # no temporary or kept file left behind

@@ -14,7 +14,8 @@ manager validates it, rolls it back and reports it exactly like a built-in pass.
   ``NPUFIX_DISABLE_PLUGIN_AUTOLOAD=1`` hides installed plugins altogether (as pytest's variable of that name does).
 
 Every problem with a plugin — a spec that does not import, an object that is not a pass, a name that clashes
-with another pass, a constructor that raises (:func:`instantiate`) — is an :class:`InputError` naming the spec and what to do (exit 2, before any work).
+with another pass, a constructor that raises (:func:`instantiate`) — is an :class:`InputError` naming the spec
+and what to do (exit 2, before any work).
 """
 
 from __future__ import annotations
