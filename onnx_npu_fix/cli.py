@@ -142,10 +142,12 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the validation inputs.")
 @click.option("--validation-inputs", "n_inputs", type=click.IntRange(min=1), default=3, show_default=True,
               help="Number of random input sets per validation.")
-@click.option("--rtol", type=click.FloatRange(min=0), default=1e-4, show_default=True,
-              help="Relative tolerance of exact passes.")
-@click.option("--atol", type=click.FloatRange(min=0), default=1e-5, show_default=True,
-              help="Absolute tolerance of exact passes (scaled by max(1, max|output|)).")
+@click.option("--rtol", multiple=True, metavar="[OUTPUT:]VALUE",
+              help="Relative tolerance of exact passes (default 1e-4); OUTPUT:VALUE sets one graph output's "
+                   "(repeatable, as polygraphy).")
+@click.option("--atol", multiple=True, metavar="[OUTPUT:]VALUE",
+              help="Absolute tolerance of exact passes, scaled by max(1, max|output|) (default 1e-5); "
+                   "OUTPUT:VALUE sets one graph output's (repeatable).")
 @click.option("--quant-steps", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="Tolerance of outputs made by a DequantizeLinear, in their quantization steps.")
 @click.option("--validate", "validate_policy", type=_choice("validate"), default="each",
@@ -488,6 +490,15 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any],
             from onnx_npu_fix.pipeline.freeze import parse_freeze_specs
 
             value = parse_freeze_specs(value)
+        elif param in ("rtol", "atol"):
+            from onnx_npu_fix.config.options import parse_tolerances
+
+            try:
+                value, values[f"output_{param}"] = parse_tolerances(f"--{param}", value)
+            except OptionError as exc:
+                raise click.BadParameter(str(exc), param_hint=f"--{param}") from None
+            if value is None:
+                continue  # FixOptions' default (or the target's)
         elif param == "input_range":
             from onnx_npu_fix.pipeline.inputs import parse_input_ranges
 
