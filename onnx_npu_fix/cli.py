@@ -389,11 +389,15 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
     checked = outcome.checked
     if report.final is not None:
         from onnx_npu_fix.pipeline.report import scaled_atol_note
-        from onnx_npu_fix.pipeline.validate import quant_summary  # onnx and onnxruntime: not at start-up (--version)
+        from onnx_npu_fix.pipeline.validate import (  # onnx and onnxruntime: not at start-up (--version)
+            approximate_summary,
+            quant_summary,
+        )
 
         kind = "exact" if report.final.exact else "approximate"
         _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
-                    f"max rel {report.final.max_rel:.2e}{quant_summary(report.final)}{scaled_atol_note(report.final)}")
+                    f"max rel {report.final.max_rel:.2e}{approximate_summary(report.final)}"
+                    f"{quant_summary(report.final)}{scaled_atol_note(report.final)}")
     if report.cost is not None:
         from onnx_npu_fix.analysis.cost import render_cost
 

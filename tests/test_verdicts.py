@@ -237,7 +237,7 @@ def test_an_approximate_verdict_near_its_bound_is_measured_on_more_sets_and_need
 
     ok, near, diff = _approximate_final(estimate * 1.05)  # near the bound: measured again, on more sets
     assert diff.sets > first_sets and diff.metric == "rel_l2_upper" and diff.value == diff.rel_l2_upper
-    assert f"over {diff.sets} input sets" in near.criterion
+    assert f"confidence bound over {diff.sets} input sets" in near.criterion
     widened, upper = diff.rel_l2, diff.rel_l2_upper
     assert widened < upper and ok == (upper <= estimate * 1.05)
 
@@ -245,6 +245,18 @@ def test_an_approximate_verdict_near_its_bound_is_measured_on_more_sets_and_need
     assert widened * 1.0005 < upper and not ok and not diff.passed and diff.rel_l2 < diff.bound
     ok, _, diff = _approximate_final(upper * 1.001)  # the bound holds with 95% confidence: written
     assert ok and diff.passed and diff.sets > first_sets
+
+
+def test_the_summary_gives_the_approximate_error_with_its_bound_and_sample(tmp_path):
+    from test_validate_policy import _resize_model
+
+    onnx.save(_resize_model(), tmp_path / "m.onnx")
+    args = [str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx")]
+    far = CliRunner().invoke(main, args)
+    assert far.exit_code == 0 and "(bound 0.5; 586 input sets)" in far.output, far.output
+    near = CliRunner().invoke(main, [*args, "--max-approx-error", "0.46"])
+    line = next(t for t in near.output.splitlines() if t.startswith("output vs input"))
+    assert near.exit_code == 0 and "95% upper confidence" in line and "over 1024 input sets" in line, line
 
 
 def test_the_upper_confidence_bound_of_a_pooled_relative_error():

@@ -185,7 +185,9 @@ def _fmt_err(comparison: Comparison | None) -> str:
     if worst is not None and len(comparison.outputs) > 1:
         text += f" (worst {worst.name})"
     if not comparison.passed and worst is not None:
-        text += f"  FAILED ({comparison.criterion}; would need atol {worst.needed_atol:.2e})"
+        needs = (f"would need atol {worst.needed_atol:.2e}" if worst.metric in ("atol_needed", "")
+                 else f"{worst.metric.replace('_', ' ')} {worst.value:.3g} > {worst.bound:.3g}")
+        text += f"  FAILED ({comparison.criterion}; {needs})"
     return text
 
 

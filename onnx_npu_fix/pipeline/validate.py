@@ -517,6 +517,20 @@ def quant_summary(comparison: Comparison | None) -> str:
     moved = sum(d.moved_elements for d in diffs)
     total = sum(d.elements for d in diffs)
     return f", {worst:.3g} quantization steps at most ({moved} of {total} quantized elements moved)"
+
+
+def approximate_summary(comparison: Comparison | None) -> str:
+    """", rel L2 0.436 (bound 0.5, 586 input sets)" for an approximate comparison: its worst output's error and
+    sample; near the bound, the 95% upper confidence bound the verdict used."""
+    diffs = [o for o in comparison.outputs if o.metric.startswith("rel_l2")] if comparison is not None else []
+    if not diffs:
+        return ""
+    worst = max(diffs, key=lambda o: (o.value, o.rel_l2))
+    sample = (f"95% upper confidence {worst.value:.3g} over {worst.sets} input sets, measured on more near the "
+              f"bound" if worst.metric == "rel_l2_upper" else f"{worst.sets} input sets")
+    return f", rel L2 {worst.rel_l2:.3g} (bound {worst.bound:g}; {sample})"
+
+
 # --- a chain of sub-models (npufix --split) ------------------------------------------------------------
 
 
@@ -783,8 +797,10 @@ class Validator:
         if not comparison.passed:
             worst = comparison.worst
             where = f"output '{worst.name}'" if worst else "outputs"
-            detail = comparison.error or (f"{where}: max abs error {worst.max_abs:.3g}, rel L2 {worst.rel_l2:.3g} "
-                                          f"({comparison.criterion})")
+            upper = (f", its 95% upper confidence bound {worst.value:.3g} over {worst.sets} input sets"
+                     if worst is not None and worst.metric == "rel_l2_upper" else "")
+            detail = comparison.error or (f"{where}: max abs error {worst.max_abs:.3g}, rel L2 {worst.rel_l2:.3g}"
+                                          f"{upper} ({comparison.criterion})")
             return Verdict(f"validation failed on {detail}", comparison, data)
         self.accept(exact=exact)
         self._current = outputs
@@ -840,7 +856,7 @@ class Validator:
             original.close()
             candidate.close()
         widened = self._compare([*reference, *extra_reference], [*outputs, *extra], exact=False, confident=True)
-        widened.criterion += f" (95% upper confidence bound over {len(self.feeds) + more} input sets: near the bound)"
+        widened.criterion += f", by its 95% upper confidence bound over {len(self.feeds) + more} input sets"
         return widened
 
     def _compare(self, reference: list[Outputs], outputs: list[Outputs], *, exact: bool,
