@@ -469,10 +469,10 @@ _ELEMENTWISE = frozenset({"Identity", "Relu", "Tanh", "Softsign", "Softplus", "A
 """Ops whose output element i depends on input element i only: a per-channel step keeps its place."""
 
 _MOVES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Gather", "Expand", "Tile",
-                    "DepthToSpace", "SpaceToDepth", "Concat", "Split"})
-"""Ops that only move values (the data operand): each output element is some input element."""
+                    "DepthToSpace", "SpaceToDepth", "Concat", "Split", "Pad"})
+"""Ops that only move values (the data operand): each output element is some input element (or a constant pad)."""
 
-_MAX_DEPTH = 256
+_MAX_DEPTH = 128  # three frames a level: well inside the interpreter's recursion limit
 
 
 @dataclass
