@@ -59,7 +59,7 @@ def select_passes(only: Sequence[str] | None = None, skip: Sequence[str] = (),
     for name in [*(only or ()), *skip]:
         if name not in known:
             raise InputError(f"unknown pass '{name}'; passes: {', '.join(known)}")
-    return [cls() for cls in plugin_mod.place(only, skip, loaded, known)]
+    return [plugin_mod.instantiate(cls) for cls in plugin_mod.place(only, skip, loaded, known)]
 
 
 def list_passes(plugins: Sequence[str | type[Pass]] = ()) -> list[tuple[type[Pass] | None, str, str]]:
@@ -434,7 +434,8 @@ def _commit(job: _RunState) -> None:
         job.files.commit()
     except OSError as exc:
         done = getattr(exc, "npufix_written", [])
-        what = f"only {', '.join(done)} written" if done else "nothing written"
+        what = (f"{', '.join(done)} renamed into place before the failure and could not be put back, nothing "
+                f"else written" if done else "nothing written (the files renamed before it were put back)")
         raise InputError(f"cannot write {exc.filename or 'the run files'}: {exc.strerror or exc}; {what}") from None
 
 

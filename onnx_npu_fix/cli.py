@@ -217,10 +217,12 @@ def _split_names(value: str | None) -> list[str] | None:
 @_option(VALIDATION, "--seed", type=int, default=0, show_default=True, help="Seed of the validation inputs (>= 0).")
 @_option(VALIDATION, "--validation-inputs", "n_inputs", type=click.IntRange(min=1), default=3, show_default=True,
               help="Number of random input sets per validation.")
-@_option(VALIDATION, "--rtol", type=click.FloatRange(min=0), default=1e-4, show_default=True,
-              help="Relative tolerance of exact passes.")
-@_option(VALIDATION, "--atol", type=click.FloatRange(min=0), default=1e-5, show_default=True,
-              help="Absolute tolerance of exact passes (scaled by max(1, max|output|)).")
+@_option(VALIDATION, "--rtol", multiple=True, metavar="[OUTPUT:]VALUE",
+         help="Relative tolerance of exact passes (default 1e-4); OUTPUT:VALUE sets one graph output's "
+              "(repeatable, as polygraphy).")
+@_option(VALIDATION, "--atol", multiple=True, metavar="[OUTPUT:]VALUE",
+         help="Absolute tolerance of exact passes, scaled by max(1, max|output|) (default 1e-5); "
+              "OUTPUT:VALUE sets one graph output's (repeatable).")
 @_option(VALIDATION, "--quant-steps", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="Tolerance of outputs made by a DequantizeLinear, in their quantization steps.")
 @_option(VALIDATION, "--validate", "validate_policy", type=_choice("validate"), default="each",
@@ -476,11 +478,15 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
     checked = outcome.checked
     if report.final is not None:
         from onnx_npu_fix.pipeline.report import scaled_atol_note
-        from onnx_npu_fix.pipeline.validate import quant_summary  # onnx and onnxruntime: not at start-up (--version)
+        from onnx_npu_fix.pipeline.validate import (  # onnx and onnxruntime: not at start-up (--version)
+            approximate_summary,
+            quant_summary,
+        )
 
         kind = "exact" if report.final.exact else "approximate"
         _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
-                    f"max rel {report.final.max_rel:.2e}{quant_summary(report.final)}{scaled_atol_note(report.final)}")
+                    f"max rel {report.final.max_rel:.2e}{approximate_summary(report.final)}"
+                    f"{quant_summary(report.final)}{scaled_atol_note(report.final)}")
     if report.cost is not None:
         from onnx_npu_fix.analysis.cost import render_cost
 
@@ -577,6 +583,15 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any],
             from onnx_npu_fix.pipeline.freeze import parse_freeze_specs
 
             value = parse_freeze_specs(value)
+        elif param in ("rtol", "atol"):
+            from onnx_npu_fix.config.options import parse_tolerances
+
+            try:
+                value, values[f"output_{param}"] = parse_tolerances(f"--{param}", value)
+            except OptionError as exc:
+                raise click.BadParameter(str(exc), param_hint=f"--{param}") from None
+            if value is None:
+                continue  # FixOptions' default (or the target's)
         elif param == "input_range":
             from onnx_npu_fix.pipeline.inputs import parse_input_ranges
 

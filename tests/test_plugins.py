@@ -129,6 +129,8 @@ def test_wrong_plugin_fails_validation_and_writes_nothing(tmp_path):
     ("no_such_module_xyz:Pass", "no module named 'no_such_module_xyz'"),
     ("{badname}", "lower-case-with-dashes"),
     ("{badafter}", "run_after='no-such-pass'"),
+    ("{ctor}", "pass 'scale-output' cannot be created: no config"),
+    ("{ctor_exit}", "pass 'scale-output' cannot be created: it calls sys.exit(0)"),
 ])
 def test_unusable_plugin_is_a_one_line_usage_error(tmp_path, spec, message):
     files = {
@@ -144,6 +146,12 @@ def test_unusable_plugin_is_a_one_line_usage_error(tmp_path, spec, message):
                                 "badname.py"),
         "badafter": write_plugin(tmp_path, SCALE_PASS.format(factor=1.0).replace(
             "exact = True", "exact = True\n    run_after = 'no-such-pass'"), "badafter.py"),
+        # a constructor that raises was an internal error (exit 5)
+        "ctor": write_plugin(tmp_path, SCALE_PASS.format(factor=1.0).replace(
+            "exact = True", "exact = True\n    def __init__(self):\n        raise RuntimeError('no config')"),
+            "ctor.py"),
+        "ctor_exit": write_plugin(tmp_path, SCALE_PASS.format(factor=1.0).replace(
+            "exact = True", "exact = True\n    def __init__(self):\n        raise SystemExit(0)"), "ctor_exit.py"),
     }
     model = relu_model(tmp_path / "m.onnx")
     out = tmp_path / "o.onnx"

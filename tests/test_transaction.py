@@ -148,8 +148,9 @@ def test_a_signal_during_the_renames_waits_until_every_file_is_in_place(tmp_path
 
 
 def test_every_exit_path_leaves_only_its_committed_files(tmp_path, model_bytes, monkeypatch):
-    """Exit 0 and 1: every file; 2 (a path clash found before any work) and the signals: none; 3 (a failed
-    pass): the report that says so, nothing else."""
+    """Exit 0 and 1: every file; 2 (a path clash found before any work), 4 (--strict refused an approximation),
+    5 (an internal error after every file was staged) and the signals: none; 3 (a failed pass): the report that
+    says so, nothing else. (2 after a failed rename: test_a_rename_that_fails_mid_commit_...)"""
     ok = _work(tmp_path, model_bytes, "ok")
     assert _run(ok).exit_code == 0 and sorted(os.listdir(ok)) == RUN_FILES
     segments = os.listdir(ok / "seg")
@@ -176,6 +177,29 @@ def test_every_exit_path_leaves_only_its_committed_files(tmp_path, model_bytes, 
     monkeypatch.undo()
     assert result.exit_code == 3, result.output
     assert sorted(os.listdir(failed)) == ["in.onnx", "record.json"]
+
+    strict = _work(tmp_path, model_bytes, "strict")
+    linear = onnx.load_from_string(model_bytes)
+    for node in linear.graph.node:
+        if node.op_type == "Resize":
+            next(a for a in node.attribute if a.name == "mode").s = b"linear"
+    (strict / "in.onnx").write_bytes(linear.SerializeToString())
+    result = _run(strict, "--strict")  # nearest for linear would be approximate: refused
+    assert result.exit_code == 4, result.output
+    assert sorted(os.listdir(strict)) == ["in.onnx"]
+
+    internal = _work(tmp_path, model_bytes, "internal")
+    from onnx_npu_fix import api
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("a bug on purpose")
+
+    monkeypatch.setattr(api, "_decide", bug)  # after every file was staged, before the commit
+    result = CliRunner().invoke(main, [str(internal / "in.onnx"), "-o", str(internal / "out.onnx"), "--report",
+                                       str(internal / "record.json"), "--memory-plot", str(internal / "plot.png")])
+    monkeypatch.undo()
+    assert result.exit_code == 5 and "internal error" in result.output, result.output
+    assert sorted(os.listdir(internal)) == ["in.onnx"]
 
     for name, number, code in (("int", signal.SIGINT, 130), ("term", signal.SIGTERM, 143)):
         work = _work(tmp_path, model_bytes, name)
@@ -229,3 +253,115 @@ def test_a_transaction_renames_in_the_staged_order_and_discards_on_any_failure(t
         files.directory(tmp_path / "d")
         raise OSError(errno.ENOSPC, "full")
     assert sorted(os.listdir(tmp_path)) == ["a", "b", "seg"]
+
+
+def _old_run_files(work: Path) -> None:
+    """The files of an earlier run at every destination (the split directory empty, as the write plan allows)."""
+    for name in ("out.onnx", "plot.png", "plot.png.json", "record.json"):
+        (work / name).write_bytes(b"earlier " + name.encode())
+    (work / "seg").mkdir()
+
+
+def test_a_rename_that_fails_mid_commit_puts_the_earlier_ones_back(tmp_path, model_bytes, monkeypatch):
+    """The k-th rename of the commit fails (first file renamed, second not, ...): the files renamed before it
+    are put back as they were (an earlier run's bytes, its empty split directory), and the exit code says nothing
+    was written. Before, the first files stayed renamed under exit 2 ("only ... written"), which means nothing
+    written. (Failures before the commit: the ENOSPC faults above.)"""
+    replace, rename_all = os.replace, save.Transaction._rename_all
+    calls = {"n": 0, "fail_at": None, "committing": False}
+
+    def failing_replace(src, dst, **kwargs):
+        if calls["committing"]:
+            k = calls["n"]
+            calls["n"] += 1
+            if k == calls["fail_at"]:
+                raise OSError(errno.EIO, os.strerror(errno.EIO), os.fspath(dst))
+        return replace(src, dst, **kwargs)
+
+    def committing(self):
+        # the run's commit (the segments' own, inside the staged directory, is a failure before it: ENOSPC above)
+        calls["committing"] = any(path.endswith("out.onnx") for path in self.staged)
+        try:
+            rename_all(self)
+        finally:
+            calls["committing"] = False
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    monkeypatch.setattr(save.Transaction, "_rename_all", committing)
+    assert _run(_work(tmp_path, model_bytes, "count")).exit_code == 0
+    renames = calls["n"]
+    assert renames == 5  # the split directory, plot, sidecar, output, report
+    for k in range(renames):
+        work = _work(tmp_path, model_bytes, f"k{k}")
+        _old_run_files(work)
+        before = _listing(work)
+        calls.update(n=0, fail_at=k)
+        result = _run(work)
+        assert result.exit_code == 2, (k, result.output)
+        assert "nothing written (the files renamed before it were put back)" in result.output, result.output
+        assert _listing(work) == before, k
+
+
+def test_a_rename_that_cannot_be_undone_is_named(tmp_path):
+    """When putting a renamed file back fails too, the message names the file that holds this run's bytes."""
+    with Transaction() as files:
+        for name in ("a", "b"):
+            Path(files.file(tmp_path / name)).write_text(name)
+        replace, restore = os.replace, save.AtomicFile.restore
+        targets = list(files._staged)
+
+        def second_fails(src, dst, **kwargs):
+            if os.path.basename(dst) == "b":
+                raise OSError(errno.EIO, "I/O error", dst)
+            return replace(src, dst, **kwargs)
+
+        os.replace = second_fails
+        save.AtomicFile.restore = lambda target: False
+        try:
+            with pytest.raises(OSError) as caught:
+                files.commit()
+        finally:
+            os.replace, save.AtomicFile.restore = replace, restore
+    assert caught.value.npufix_written == [targets[0].path]
+    assert sorted(os.listdir(tmp_path)) == ["a"]  # no temporary or kept file left behind
+
+
+def test_names_that_differ_only_in_case_are_one_file_where_the_file_system_ignores_case(tmp_path, model_bytes):
+    """The write plan's clash check on a case-insensitive file system (macOS, Windows), simulated on this one:
+    a directory reached under its swapped-case name too (a symlink) is what such a file system looks like to
+    the probe, so ``OUT.onnx`` and ``out.onnx`` in it are one file — refused before any work, nothing written.
+    The same names in a case-sensitive directory are two files."""
+    from onnx_npu_fix.io import paths
+
+    sensitive = _work(tmp_path, model_bytes, "sensitive")
+    assert not paths._case_blind(str(sensitive))
+    args = ["-o", "OUT.onnx", "--report", "out.onnx", "-q"]
+    result = CliRunner().invoke(main, [str(sensitive / "in.onnx"), *(str(sensitive / a) if a.endswith("onnx")
+                                                                      else a for a in args)])
+    assert result.exit_code == 0, result.output
+    assert sorted(os.listdir(sensitive)) == ["OUT.onnx", "in.onnx", "out.onnx"]
+
+    blind = _work(tmp_path, model_bytes, "blind")
+    (tmp_path / "BLIND").symlink_to(blind)  # the probe's swapped-case name reaches the same directory
+    assert paths._case_blind(str(blind))
+    for clash in (["-o", "OUT.onnx", "--report", "out.onnx"], ["-o", "IN.onnx"],
+                  ["-o", "o.onnx", "--memory-plot", "p.png", "--report", "P.PNG.JSON"]):
+        before = _listing(blind)
+        argv = [str(blind / "in.onnx"), *(a if a.startswith("-") else str(blind / a) for a in clash)]
+        result = CliRunner().invoke(main, argv)
+        assert result.exit_code == 2, (clash, result.output)
+        assert any(w in result.output for w in ("same file", "is the input", "is the output")), result.output
+        assert _listing(blind) == before, clash
+
+
+def test_an_existing_file_under_another_name_is_the_same_file_by_its_inode(tmp_path, model_bytes):
+    """Once a file exists, its inode decides (a hard link, or what a case-insensitive file system returns for a
+    differently-cased name): a report given as another name of the output is refused."""
+    work = _work(tmp_path, model_bytes)
+    (work / "old.json").write_text("{}")
+    os.link(work / "old.json", work / "OUT.onnx")
+    before = _listing(work)
+    result = CliRunner().invoke(main, [str(work / "in.onnx"), "-o", str(work / "OUT.onnx"),
+                                       "--report", str(work / "old.json")])
+    assert result.exit_code == 2 and "--report" in result.output, result.output
+    assert _listing(work) == before

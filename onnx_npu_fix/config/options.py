@@ -74,6 +74,10 @@ class FixOptions:
     seed: int = 0
     rtol: float = 1e-4
     atol: float = 1e-5
+    output_rtol: dict[str, float] = field(default_factory=dict)
+    output_atol: dict[str, float] = field(default_factory=dict)
+    """Per graph output overrides of rtol / atol (``--rtol NAME:VALUE``, as polygraphy; see
+    :func:`parse_tolerances`); a name that is not a graph output is refused when validation starts."""
     quant_steps: float = 1.0
     """Outputs made by a DequantizeLinear pass when ``|a - b| <= quant_steps * scale`` (their own step)."""
     keep_going: bool = False
@@ -265,6 +269,49 @@ def _check_shapes(name: str, value: Any) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _check_float_map(name: str, value: Any) -> dict[str, float]:
+    if not isinstance(value, dict) or any(not isinstance(k, str) for k in value):
+        raise _bad(name, "a mapping of output name to number", value)
+    return {key: _check_float(f"{name}[{key!r}]", number) for key, number in value.items()}
+
+
+def parse_tolerances(option: str, values: Sequence[str]) -> tuple[float | None, dict[str, float]]:
+    """``--rtol`` / ``--atol`` values as polygraphy writes them: a bare number is the default of every output,
+    ``NAME:NUMBER`` overrides one output (split at the last colon: TensorFlow names such as ``out:0`` keep
+    theirs). Returns (the default, or None when none was given; name -> value). Raises OptionError (one line)
+    for a value that is not a finite number >= 0, or two values for one output."""
+    default: float | None = None
+    per_output: dict[str, float] = {}
+    for text in values:
+        name, sep, number = text.rpartition(":")
+        try:
+            value = float(number)
+        except ValueError:
+            raise OptionError(f"'{text}': expected a number or OUTPUT:NUMBER", field=option) from None
+        if not math.isfinite(value) or value < 0:
+            raise OptionError(f"'{text}': must be a finite number >= 0", field=option)
+        if sep and not name:
+            raise OptionError(f"'{text}': the output name before ':' is empty", field=option)
+        if (name in per_output) if sep else (default is not None):
+            raise OptionError(f"'{text}': two values for {f'output {name!r}' if sep else 'the default'}",
+                              field=option)
+        if sep:
+            per_output[name] = value
+        else:
+            default = value
+    return default, per_output
+
+
+def check_output_names(options: FixOptions, outputs: Sequence[str]) -> None:
+    """OptionError unless every output ``--rtol`` / ``--atol`` names is one of ``outputs`` (the graph's): a
+    misspelt name would silently leave that output at the default tolerance."""
+    for option, names in (("rtol", options.output_rtol), ("atol", options.output_atol)):
+        unknown = [n for n in names if n not in outputs]
+        if unknown:
+            raise OptionError(f"--{option} names {', '.join(map(repr, unknown))}, which is not a graph output "
+                              f"(outputs: {', '.join(outputs) or 'none'})", field=f"output_{option}")
+
+
 def _check_str_map(name: str, value: Any) -> dict[str, str]:
     if not isinstance(value, dict) or any(not isinstance(k, str) or not isinstance(v, str)
                                           for k, v in value.items()):
@@ -282,6 +329,7 @@ _CHECKERS: dict[str, Callable[[str, Any], Any]] = {
     "tuple[str,...]": _check_str_list,
     "dict[str,tuple[int,...]]": _check_shapes,
     "dict[str,str]": _check_str_map,
+    "dict[str,float]": _check_float_map,
 }
 KINDS: frozenset[str] = frozenset(_CHECKERS)
 

@@ -89,9 +89,59 @@ class _Staged:
         self.path = os.path.abspath(os.fspath(path))
         self.directory = os.path.dirname(self.path)
         self.tmp: str | None = None
+        self.previous: str | None = None
+        """A hard link to (or a copy of) the file the rename replaces, while a :class:`Transaction` may still put
+        it back (:meth:`keep_previous`)."""
+        self._empty_dir_mode: int | None = None
+        """The mode of the empty directory at :attr:`path` that the rename replaces (None: there is none)."""
 
     def _register(self, name: str | None) -> None:
         self.tmp = name
+
+    def _register_previous(self, name: str | None) -> None:
+        self.previous = name
+
+    def keep_previous(self) -> None:
+        """Before the rename: keep what is at :attr:`path` so that :meth:`restore` can put it back (a hard link
+        beside it, a copy where the file system has none; an empty directory is only noted)."""
+        if os.path.isdir(self.path) and not os.path.islink(self.path):
+            self._empty_dir_mode = os.stat(self.path).st_mode & 0o7777  # the write plan allows only an empty one
+        elif os.path.lexists(self.path):
+            try:
+                _create_unique(self.directory, ".npufix-", ".previous",
+                               functools.partial(os.link, self.path, follow_symlinks=False),
+                               self._register_previous)
+            except OSError:  # no hard links here (FAT, some network shares): a copy
+                _create_unique(self.directory, ".npufix-", ".previous", _make_private_file,
+                               self._register_previous)
+                shutil.copy2(self.path, self.previous, follow_symlinks=False)
+
+    def restore(self) -> bool:
+        """Undo the rename: :attr:`path` as it was before the commit. False when that failed (it then holds
+        this run's file)."""
+        try:
+            if self.previous is not None:
+                os.replace(self.previous, self.path)
+                self.previous = None
+            elif os.path.isdir(self.path) and not os.path.islink(self.path):
+                _remove_tree(self.path)
+                self._recreate_empty_dir()
+            else:
+                os.unlink(self.path)
+        except OSError:
+            return False
+        return True
+
+    def _recreate_empty_dir(self) -> None:
+        if self._empty_dir_mode is not None and not os.path.lexists(self.path):
+            os.mkdir(self.path)
+            os.chmod(self.path, self._empty_dir_mode)
+
+    def drop_previous(self) -> None:
+        """The commit stands (or was undone): the kept file is not needed any more."""
+        if self.previous is not None:
+            _remove_file(self.previous)
+            self.previous = None
 
     def flush(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -168,7 +218,12 @@ class AtomicDir(_Staged):
     def rename(self) -> None:
         if os.path.isdir(self.path):
             os.rmdir(self.path)  # empty (checked before any work): replaced by the finished directory
-        os.replace(self.tmp, self.path)
+        try:
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self._recreate_empty_dir()  # as it was before this rename
+            raise
         self.tmp = None
 
     def discard(self) -> None:
@@ -206,9 +261,11 @@ class Transaction:
     :meth:`file` / :meth:`directory` stage (the temporary name registered before it is created); :meth:`commit`
     first flushes every staged entry (fsync, mode: where a full disk or an I/O error shows), then renames them in
     the order they were staged with SIGINT / SIGTERM held, then fsyncs the directories; :meth:`discard` (also on
-    any exception leaving a ``with`` block) removes everything staged. A signal that arrives during the renames
-    is raised once they are done, with :attr:`committed` (also set on the exception as ``npufix_written``) naming
-    the files that are in place.
+    any exception leaving a ``with`` block) removes everything staged. A rename that fails puts the files renamed
+    before it back as they were (each replaced file is kept as a hard link until the commit stands). A signal
+    that arrives during the renames is raised once they are done. :attr:`committed` (also set on the exception as
+    ``npufix_written``) names the files of this run that are in place: all of them after a signal during the
+    renames, none after a failed rename (unless putting one back failed too).
     """
 
     def __init__(self) -> None:
@@ -251,21 +308,37 @@ class Transaction:
             raise
         try:
             with _signals_held():
-                for target in self._staged:
-                    target.rename()
-                    self.committed.append(target.path)
+                self._rename_all()
         except BaseException as exc:
             exc.npufix_written = list(self.committed)
             self.discard()
             raise
+        for target in self._staged:
+            target.drop_previous()
         for directory in dict.fromkeys(t.directory for t in self._staged):
             _fsync_directory(directory)
         self._staged = []
 
+    def _rename_all(self) -> None:
+        """Rename every staged entry into place; when one rename fails, put the ones already renamed back as they
+        were (:meth:`_Staged.restore`), so the run is all or nothing. :attr:`committed` is then what could not be
+        put back (normally nothing)."""
+        done: list[AtomicFile | AtomicDir] = []
+        try:
+            for target in self._staged:
+                target.keep_previous()
+                target.rename()
+                done.append(target)
+                self.committed.append(target.path)
+        except BaseException:
+            self.committed = [t.path for t in reversed(done) if not t.restore()]
+            raise
+
     def discard(self) -> None:
-        """Remove every staged entry not yet renamed into place."""
+        """Remove every staged entry not yet renamed into place (and any file kept to undo a rename)."""
         for target in self._staged:
             target.discard()
+            target.drop_previous()
         self._staged = []
 
 

@@ -441,3 +441,160 @@ def quantize_new_weights(index: GraphIndex, editor: GraphEditor, nodes: Sequence
             node.input[slot] = dq.output[0]
             added.append(dq)
     return added
+
+
+# --- how far a one-step flip upstream can move a float tensor ----------------------------------------------------
+# An exact rewrite of a QDQ model may flip a rounding inside a QuantizeLinear (float summation order moves), which
+# moves the DequantizeLinear's output by one step. A float op after it carries that move on: an op with Lipschitz
+# constant L (in the max norm: |f(a) - f(b)| <= L * max|a - b|) moves its output by at most L steps. The constants
+# below are the suprema of |f'| (or of the row sums of the Jacobian), so the bound is sound, not a guess.
+
+_LIPSCHITZ: dict[str, float] = {
+    "Identity": 1.0, "Relu": 1.0, "Tanh": 1.0, "Softsign": 1.0, "Softplus": 1.0, "Abs": 1.0, "Neg": 1.0,
+    "Sin": 1.0, "Cos": 1.0, "Atan": 1.0, "Clip": 1.0, "Celu": 1.0, "Sigmoid": 0.25,
+    "Erf": 1.1284,  # 2 / sqrt(pi), at 0
+    "Gelu": 1.1289,  # x * Phi(x): the largest slope, at x = sqrt(2)
+    "HardSwish": 1.5,  # x * relu6(x + 3) / 6: slope (2x + 3) / 6, at x = 3
+    # each output an average, a maximum or a minimum of inputs (a convex combination or an order statistic)
+    "MaxPool": 1.0, "AveragePool": 1.0, "GlobalMaxPool": 1.0, "GlobalAveragePool": 1.0, "ReduceMax": 1.0,
+    "ReduceMin": 1.0, "ReduceMean": 1.0,
+    "Softmax": 0.5,  # row sums of diag(p) - p p^T: 2 p_i (1 - p_i) <= 1/2
+    "LogSoftmax": 2.0,  # x_i - logsumexp(x): 1 + 1
+}
+"""Unary float ops and their Lipschitz constants in the max norm (attribute-dependent ones: :func:`_lipschitz`)."""
+
+_ELEMENTWISE = frozenset({"Identity", "Relu", "Tanh", "Softsign", "Softplus", "Abs", "Neg", "Sin", "Cos", "Atan",
+                          "Clip", "Celu", "Sigmoid", "Erf", "Gelu", "HardSwish", "LeakyRelu", "Elu", "Selu",
+                          "HardSigmoid", "Add", "Sub", "Max", "Min"})
+"""Ops whose output element i depends on input element i only: a per-channel step keeps its place."""
+
+_MOVES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Gather", "Expand", "Tile",
+                    "DepthToSpace", "SpaceToDepth", "Concat", "Split", "Pad"})
+"""Ops that only move values (the data operand): each output element is some input element (or a constant pad)."""
+
+_MAX_DEPTH = 128  # three frames a level: well inside the interpreter's recursion limit
+
+
+@dataclass
+class StepBound:
+    """How far a float tensor can move when the quantized values it is computed from move by one step."""
+
+    steps: np.ndarray
+    """The bound per element, shaped to broadcast against the tensor (per channel where that is known)."""
+    sources: tuple[str, ...]
+    """The DequantizeLinear nodes whose steps these are."""
+    through: tuple[str, ...] = ()
+    """The float ops between them and the tensor, nearest the quantizer first (empty: a DequantizeLinear's
+    output)."""
+
+
+def _lipschitz(node: onnx.NodeProto) -> float | None:
+    op = node.op_type
+    if op == "LeakyRelu":
+        return max(1.0, abs(float(get_attr(node, "alpha", 0.01))))
+    if op == "Elu":
+        return max(1.0, float(get_attr(node, "alpha", 1.0)))
+    if op == "Selu":
+        return float(get_attr(node, "gamma", 1.0507)) * max(1.0, float(get_attr(node, "alpha", 1.67326)))
+    if op == "HardSigmoid":
+        return abs(float(get_attr(node, "alpha", 0.2)))
+    if op == "Resize":  # nearest picks an input, linear a convex combination; cubic weights can exceed 1
+        mode = get_attr(node, "mode", "nearest")
+        return 1.0 if mode in ("nearest", "linear") else None
+    return _LIPSCHITZ.get(op)
+
+
+def output_step_bound(index: GraphIndex, name: str) -> StepBound | None:
+    """The :class:`StepBound` of float tensor ``name``: its DequantizeLinear's step, or carried through float
+    ops with a known Lipschitz constant (unary ops in ``_LIPSCHITZ``, value moves, Add / Sub / Max / Min of
+    bounded operands, Mul / Div by a constant). None when ``name`` does not come from a quantizer that way (a
+    float tensor of the model, or one behind an op that can amplify a step without bound: Exp, Conv, MatMul...)."""
+    found = _bound(index, name, {}, 0)
+    return found if found is not None and found.sources else None
+
+
+def _scalar(bound: StepBound) -> np.ndarray:
+    return np.asarray(np.max(bound.steps), dtype=np.float64).reshape(())
+
+
+def _bound(index: GraphIndex, name: str, seen: dict[str, StepBound | None], depth: int) -> StepBound | None:
+    if name in seen:
+        return seen[name]
+    if depth > _MAX_DEPTH:
+        return None
+    seen[name] = None  # a cycle (not in a valid graph) or a failed walk: no bound
+    if index.has_value(name) or name in index.graph_inputs:
+        found: StepBound | None = StepBound(np.zeros(()), ())  # the same values in both models
+    else:
+        found = _bound_of_producer(index, name, seen, depth)
+    seen[name] = found
+    return found
+
+
+def _bound_of_producer(index: GraphIndex, name: str, seen: dict[str, StepBound | None],
+                       depth: int) -> StepBound | None:
+    node = index.producer.get(name)
+    if node is None or not is_default_domain(node):
+        return None
+    if node.op_type == "DequantizeLinear":
+        found = dequantizer_of(index, name)
+        if found is None:
+            return None
+        params = found[1]
+        shape = index.shape(name)
+        if params.per_channel and shape is None:  # the channel axis cannot be placed: the largest step
+            return StepBound(np.asarray(np.max(params.scale), np.float64).reshape(()), (found[0].name,))
+        return StepBound(params.steps(len(shape) if shape is not None else 0), (found[0].name,))
+    operands = [i for i in node.input if i]
+    if node.op_type in ("Add", "Sub", "Max", "Min", "Concat"):
+        return _combined(index, node, operands, seen, depth)
+    if node.op_type in ("Mul", "Div") and len(operands) == 2:
+        if node.op_type == "Mul" and index.const_value(operands[1]) is None:
+            operands = operands[::-1]
+        constant = index.const_value(operands[1])
+        if constant is None or constant.size == 0 or not np.all(np.isfinite(constant)):
+            return None
+        magnitude = np.abs(constant.astype(np.float64))
+        if node.op_type == "Div" and np.min(magnitude) == 0:
+            return None
+        factor = 1.0 / float(np.min(magnitude)) if node.op_type == "Div" else float(np.max(magnitude))
+        return _carried(index, node, operands, factor, seen, depth, keep_shape=False)
+    factor = 1.0 if node.op_type in _MOVES else _lipschitz(node)
+    if factor is None or not operands:
+        return None
+    return _carried(index, node, operands, factor, seen, depth, keep_shape=node.op_type in _ELEMENTWISE)
+
+
+def _combined(index: GraphIndex, node: onnx.NodeProto, operands: Sequence[str], seen: dict[str, StepBound | None],
+              depth: int) -> StepBound | None:
+    """Add / Sub: the operands' bounds add up; Max / Min: the larger of them, per element; Concat: the largest."""
+    parts = [_bound(index, i, seen, depth + 1) for i in operands]
+    if not parts or any(p is None for p in parts):
+        return None
+    steps = parts[0].steps
+    for part in parts[1:]:
+        if node.op_type == "Concat":
+            steps = np.maximum(np.max(steps), np.max(part.steps))
+        else:
+            steps = (np.add if node.op_type in ("Add", "Sub") else np.maximum)(steps, part.steps)
+    if node.op_type == "Concat":
+        steps = np.max(steps)
+    sources = tuple(dict.fromkeys(s for p in parts for s in p.sources))
+    through = tuple(dict.fromkeys(t for p in parts for t in p.through))
+    return StepBound(np.asarray(steps, np.float64), sources, (*through, node.op_type))
+
+
+def _carried(index: GraphIndex, node: onnx.NodeProto, operands: Sequence[str], factor: float,
+             seen: dict[str, StepBound | None], depth: int, *, keep_shape: bool) -> StepBound | None:
+    """The data operand's (the first) bound times ``factor``: per element where ``node`` is elementwise, else its
+    largest. Every other operand (a shape, indices, a clip limit) must be the same in both models (a constant or
+    a graph input): one that moves too could move the output anywhere."""
+    before = _bound(index, operands[0], seen, depth + 1)
+    if before is None:
+        return None
+    for other in operands[1:]:
+        fixed = _bound(index, other, seen, depth + 1)
+        if fixed is None or fixed.sources:
+            return None
+    steps = before.steps if keep_shape else _scalar(before)
+    return StepBound(steps * factor, before.sources, (*before.through, node.op_type))

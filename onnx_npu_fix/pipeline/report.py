@@ -167,7 +167,8 @@ def _approximate_tag(record: PassRecord) -> str:
 def scaled_atol_note(comparison: Comparison | None) -> str:
     """Names the bound that passed an output whose relative error alone exceeds rtol (the atol term, scaled to the
     output's magnitude, carried it): "max rel 2.64e-01" must not read as a pass by rtol. Empty otherwise."""
-    if comparison is None or not comparison.exact or not comparison.passed or comparison.max_rel <= comparison.rtol:
+    if comparison is None or not comparison.exact or not comparison.passed or all(
+            o.max_rel <= (o.rtol if o.metric else comparison.rtol) for o in comparison.outputs):
         return ""
     needed = max(o.needed_atol for o in comparison.outputs)
     return f" (passed by {comparison.criterion}: atol needed {needed:.2e})"
@@ -184,7 +185,9 @@ def _fmt_err(comparison: Comparison | None) -> str:
     if worst is not None and len(comparison.outputs) > 1:
         text += f" (worst {worst.name})"
     if not comparison.passed and worst is not None:
-        text += f"  FAILED ({comparison.criterion}; would need atol {worst.needed_atol:.2e})"
+        needs = (f"would need atol {worst.needed_atol:.2e}" if worst.metric in ("atol_needed", "")
+                 else f"{worst.metric.replace('_', ' ')} {worst.value:.3g} > {worst.bound:.3g}")
+        text += f"  FAILED ({comparison.criterion}; {needs})"
     return text
 
 

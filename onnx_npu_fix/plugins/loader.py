@@ -14,7 +14,8 @@ manager validates it, rolls it back and reports it exactly like a built-in pass.
   ``NPUFIX_DISABLE_PLUGIN_AUTOLOAD=1`` hides installed plugins altogether (as pytest's variable of that name does).
 
 Every problem with a plugin — a spec that does not import, an object that is not a pass, a name that clashes
-with another pass — is an :class:`InputError` naming the spec and what to do (exit 2, before any work).
+with another pass, a constructor that raises (:func:`instantiate`) — is an :class:`InputError` naming the spec
+and what to do (exit 2, before any work).
 """
 
 from __future__ import annotations
@@ -185,6 +186,18 @@ def place(only: Sequence[str] | None, skip: Iterable[str], plugins: Sequence[typ
             order.append(cls)
             order.extend(after.get(cls.name, []))
     return order
+
+
+def instantiate(cls: type[Pass]) -> Pass:
+    """An instance of ``cls``; a constructor of plugin code that raises (or calls sys.exit) makes the plugin
+    unusable: an InputError naming it (exit 2, before any work), not an internal error."""
+    try:
+        return cls()
+    except FOREIGN_FAILURES as exc:
+        if any(cls is builtin for builtin in PASSES.values()):
+            raise  # a built-in pass that cannot be built is npufix's bug
+        raise InputError(f"{origin_of(cls)}: pass '{cls.name}' cannot be created: {failure_text(exc)}; fix its "
+                         f"__init__ (a pass is created without arguments)") from None
 
 
 def _load(held: type[Pass] | importlib.metadata.EntryPoint) -> type[Pass]:
