@@ -74,13 +74,18 @@ def _one_line(text: str) -> str:
 def _parse_input_shape(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     for value in values:
+        # NAME:D1,D2,... or, for a model with one input, D1,D2,... (onnxsim's nameless form; name "" resolved
+        # by ir.graph.set_input_shapes)
         name, sep, dims = value.rpartition(":")
         try:
-            parsed = tuple(int(d) for d in dims.split(",")) if sep and name else None
+            parsed = tuple(int(d) for d in dims.split(",")) if name or not sep else None
         except ValueError:
             parsed = None
         if not parsed:  # the dims' range is FixOptions' rule (options.check_value), as for a profile's
-            raise click.BadParameter(f"'{value}' is not NAME:D1,D2,... (e.g. input:1,1,16000)",
+            raise click.BadParameter(f"'{value}' is not [NAME:]D1,D2,... (e.g. input:1,1,16000, or 1,3,224,224 "
+                                     f"for a model with one input)", param_hint="--input-shape")
+        if name in shapes:
+            raise click.BadParameter(f"input {f'{name!r}' if name else 'without a name'} is given twice",
                                      param_hint="--input-shape")
         shapes[name] = parsed
     return shapes
@@ -132,8 +137,9 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--list-passes", is_flag=True, help="List the passes in their default order and exit.")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE:NAME|FILE.py[:NAME]|NAME",
               help="Load a plugin pass (repeatable); it joins the run (see README, Plugin passes).")
-@click.option("--input-shape", multiple=True, metavar="NAME:D1,D2,...",
-              help="Freeze a graph input's shape (repeatable), e.g. input:1,1,16000.")
+@click.option("--input-shape", multiple=True, metavar="[NAME:]D1,D2,...",
+              help="Freeze a graph input's shape (repeatable), e.g. input:1,1,16000; no name for a model with one "
+                   "input.")
 @click.option("--freeze-input", multiple=True, metavar="NAME=VALUE",
               help="Replace a graph input by a constant (repeatable): a number, 1,2,3, [[1,2],[3,4]] or an .npy "
                    "file, e.g. sr=16000. The model no longer takes that input; what depends on it folds.")
@@ -500,9 +506,8 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any],
 
             try:
                 value = parse_size(value)
-            except (InputError, ValueError):
-                raise click.BadParameter(f"'{value}' is not a size like 384KiB or 2MiB", param_hint="--sram") \
-                    from None
+            except (InputError, ValueError) as exc:  # parse_size says why (not whole bytes, which units exist)
+                raise click.BadParameter(str(exc), param_hint="--sram") from None
         values[field_name] = value
         if ctx.get_parameter_source(param) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
             explicit[field_name] = value
