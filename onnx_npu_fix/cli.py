@@ -315,8 +315,10 @@ _DEFAULTS_LINE = ("checking npufix's default constraints (align 8, nearest Resiz
 def _check_models(models: tuple[str, ...], options: FixOptions, output_format: str, dump_shapes: bool,
                   report_path: str | None, quiet: bool, verbose: int, memory_plot: str | None = None) -> int:
     """--check over every model: findings prefixed with the file, like ruff; with --format json one document
-    (the model's object, or an array of them with several models). Returns the exit code (the worst)."""
+    (report.check_document: an object whose ``models`` holds one entry per model). Returns the exit code (the
+    worst)."""
     from onnx_npu_fix import api
+    from onnx_npu_fix.pipeline.report import check_document, check_entry, check_error_entry
     if options.requested is None:
         _say(quiet or output_format == "json", _DEFAULTS_LINE)
     exit_code = 0
@@ -326,30 +328,22 @@ def _check_models(models: tuple[str, ...], options: FixOptions, output_format: s
             outcome = api.run(path, options=options, check=True, report_path=report_path, shapes=dump_shapes,
                               memory_plot=memory_plot if len(models) == 1 else None)
         except NpufixError as exc:
-            if len(models) == 1:
+            if len(models) == 1 and output_format != "json":  # json: the document says it (one shape always)
                 raise
             click.echo(f"{_one_line(path)}: error: {_one_line(str(exc))}", err=True)
-            documents.append({"path": path, "error": str(exc)})
+            documents.append(check_error_entry(path, str(exc)))
             exit_code = max(exit_code, exc.exit_code)
             continue
         exit_code = max(exit_code, outcome.exit_code)
         if output_format == "json":
-            documents.append(_check_json(path, outcome))
+            documents.append(check_entry(path, outcome.checked, outcome.violations, outcome.not_requested))
         else:
             _print_check(path, outcome, quiet, verbose)
     if output_format == "json":
         from onnx_npu_fix.io.save import dumps
 
-        click.echo(dumps(documents[0] if len(models) == 1 else documents))
+        click.echo(dumps(check_document(documents, exit_code)))
     return exit_code
-
-
-def _check_json(path: str, outcome) -> dict[str, Any]:
-    data = {"path": path, **outcome.checked.to_json()}
-    data["clean"] = not outcome.violations
-    data["violations"] = [v.to_json() for v in outcome.violations]
-    data["not_requested"] = [{**v.to_json(), "reason": why} for v, why in outcome.not_requested]
-    return data
 
 
 def _print_check(path: str, outcome, quiet: bool, verbose: int) -> None:

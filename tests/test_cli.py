@@ -214,7 +214,7 @@ def test_check_json_and_dump_shapes(fixture_path):
     result = invoke(fixture_path("unet.onnx"), "--check", "--format", "json", "--dump-shapes", "--sram", "100KiB",
                     "--act-bytes", "1")
     assert result.exit_code == 1
-    data = json.loads(result.output)
+    data = json.loads(result.output)["models"][0]
     assert data["clean"] is False and data["path"] == fixture_path("unet.onnx")
     # Only --sram was asked for: the default constraints are findings that do not count.
     assert {v["constraint"] for v in data["violations"]} == {"sram", "sram-layer"}  # a layer alone is above 100 KiB
@@ -438,7 +438,7 @@ def test_check_several_models_one_json_document_and_prefixed_text(fixture_path):
     tcn, unet = fixture_path("tcn.onnx"), fixture_path("unet.onnx")
     result = invoke(tcn, unet, "--check", "--format", "json", "--max-dilation", "4")
     assert result.exit_code == 1
-    data = json.loads(result.output)  # one document, not concatenated objects
+    data = json.loads(result.output)["models"]  # one document, not concatenated objects
     assert [d["path"] for d in data] == [tcn, unet]
     assert [d["clean"] for d in data] == [False, True]
     text = invoke(tcn, unet, "--check", "--max-dilation", "4", "-q")
@@ -448,8 +448,8 @@ def test_check_several_models_one_json_document_and_prefixed_text(fixture_path):
     assert f"{tcn}: block3.depth_conv_138 (Conv): dilation: [8] vs max 4 -> fixed by dilated-conv" in lines
     broken = invoke(tcn, "/nonexistent/m.onnx", "--check", "--format", "json", "--max-dilation", "4")
     assert broken.exit_code == 2
-    document = json.loads(broken.output[broken.output.index("["):])
-    assert "no such file" in document[1]["error"]
+    document = json.loads(broken.output[broken.output.index("{"):])
+    assert "no such file" in document["models"][1]["error"] and document["exit_code"] == 2
 
 
 # --- files: nothing the run writes is anything it reads or writes ------------------------------------------------

@@ -621,5 +621,5 @@ def test_cli_schedule_budget_reaches_the_pass_and_the_check(tmp_path):
 
     check = runner.invoke(main, [str(path), "--check", "--align", "0", "--schedule-budget", "0", "--format", "json"])
     floor = max(node_floors(_lv(_greedy_trap())))
-    assert json.loads(check.output)["memory"]["schedule"] == {"peak_bytes": 128, "lower_bound_bytes": floor,
-                                                               "optimal": False}
+    assert json.loads(check.output)["models"][0]["memory"]["schedule"] == {
+        "peak_bytes": 128, "lower_bound_bytes": floor, "optimal": False}

@@ -243,7 +243,7 @@ def test_cli_split_each_segment_passes_check(tmp_path):
         check = runner.invoke(main, [str(seg / s["path"]), "--check", "--act-bytes", "4", "--sram", str(budget),
                                      "--align", "0", "--format", "json"])
         assert check.exit_code == 0, check.output
-        assert json.loads(check.output)["memory"]["peak"]["bytes"] == s["peak_bytes"] <= budget
+        assert json.loads(check.output)["models"][0]["memory"]["peak"]["bytes"] == s["peak_bytes"] <= budget
     record = json.loads((tmp_path / "r.json").read_text())
     assert record["split"]["manifest"] == manifest and record["split"]["validation"]["passed"]
     feeds = {"image": np.random.default_rng(5).standard_normal((1, 1, 16, 16)).astype(np.float32)}
@@ -379,7 +379,7 @@ def test_split_of_a_model_quantized_by_onnxruntime(tmp_path):
         assert not set(s["inputs"]) & dq_weights  # recomputed, never passed between segments
         check = CliRunner().invoke(main, [str(tmp_path / "seg" / s["path"]), "--check", "--sram", str(budget),
                                           "--align", "0", "--format", "json"])
-        data = json.loads(check.output)
+        data = json.loads(check.output)["models"][0]
         assert not [v for v in data["violations"] if v["constraint"].startswith("sram")]
         assert data["memory"]["peak"]["bytes"] == s["peak_bytes"] <= budget
     feeds = {"image": np.random.default_rng(9).standard_normal((1, 1, 16, 16)).astype(np.float32)}
