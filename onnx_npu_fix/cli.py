@@ -157,9 +157,12 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--validate", "validate_policy", type=_choice("validate"), default="each",
               show_default=True, help="Validate after every changed pass, once at the end, or never.")
 @click.option("--no-validate", is_flag=True, help="Same as --validate none.")
-@click.option("--validation-data", type=click.Path(), default=None, metavar="FILE.npz|DIR",
+@click.option("--validation-data", type=click.Path(), default=None, metavar="FILE.npz|FILE.json|DIR",
               help="Validate on these inputs instead of generated ones: an .npz keyed by input name (one set), "
-                   "or a folder of .npz files / <input>.npy files.")
+                   "Polygraphy's --save-inputs JSON (its sets), or a folder of .npz / .json / <input>.npy files.")
+@click.option("--save-inputs", "save_inputs", type=click.Path(dir_okay=False), metavar="FILE.json",
+              help="Write the inputs the run validated with, in Polygraphy's JSON (polygraphy run --load-inputs); "
+                   "also when validation fails.")
 @click.option("--input-range", multiple=True, metavar="NAME:LO,HI",
               help="Range of generated values for an input (repeatable): floats uniform, integers inclusive.")
 @click.option("--strict", is_flag=True,
@@ -261,7 +264,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
           skip: str | None, list_passes: bool, report_path: str | None, quiet: bool, verbose: int,
           plugins: tuple[str, ...] = (), **opts: Any) -> None:
     from onnx_npu_fix import api
-    split_dir, memory_plot = opts.pop("split_dir"), opts.pop("memory_plot")
+    split_dir, memory_plot, save_inputs = opts.pop("split_dir"), opts.pop("memory_plot"), opts.pop("save_inputs")
     split_at, schedule_budget = _split_names(opts.pop("split_at")), opts.pop("schedule_budget")
     if list_passes:
         try:
@@ -283,6 +286,9 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
                                "the model with --freeze-input first, then --check the output")
     if check and memory_plot and len(models) > 1:
         raise click.UsageError("--memory-plot draws one model: give one MODEL with --check --memory-plot")
+    if check and save_inputs:
+        raise click.UsageError("--save-inputs writes the inputs a fixing run validated with; --check validates "
+                               "nothing")
     if output is None and not check:
         raise click.UsageError("missing -o/--output (where to write the fixed model), or use --check")
     _setup_logging(quiet, verbose)
@@ -297,7 +303,8 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
                                    memory_plot))
         passes = api.select_passes(_split_names(only), _split_names(skip) or (), plugins=plugins)
         outcome = api.run(models[0], output, options, passes=passes, report_path=report_path, shapes=dump_shapes,
-                          record=output_format == "json", split_dir=split_dir, memory_plot=memory_plot)
+                          record=output_format == "json", split_dir=split_dir, memory_plot=memory_plot,
+                          save_inputs=save_inputs)
     except NpufixError as exc:
         raise _InputProblem(str(exc), exc.exit_code) from None
     _print_outcome(outcome, quiet, verbose, dump_shapes)
@@ -381,6 +388,10 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> Non
         _say(quiet, f"frozen input {name} = {shown} ({frozen['dtype']} {frozen['shape']}): the model no longer "
                     f"takes it")
     _print_passes(report, quiet, verbose)
+    if outcome.saved_inputs:  # also when the run failed: they are the case to replay
+        saved = outcome.saved_inputs
+        _say(quiet, f"wrote {saved['path']} ({saved['sets']} input set{'s' if saved['sets'] != 1 else ''}; "
+                    f"polygraphy run MODEL --onnxrt --load-inputs {saved['path']})")
     if outcome.error:
         click.echo(f"error: {outcome.error}", err=True)
         return

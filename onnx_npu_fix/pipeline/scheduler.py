@@ -95,6 +95,9 @@ class FixResult:
     report: FixReport
     serialized: bytes | None = None
     """``model`` as checked bytes, when the final check produced them (save_model then writes these)."""
+    inputs: list[Feeds] | None = None
+    """With ``keep_inputs``: the input sets the run validated with, as the original takes them (frozen inputs
+    included); None when it did not validate."""
 
     @property
     def ok(self) -> bool:
@@ -113,7 +116,7 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
                reference: Reference | None = None,
                on_serialized: Callable[[bytes], None] | None = None,
                reload: Callable[[], onnx.ModelProto] | None = None,
-               reference_feeds: Feeds | None = None) -> FixResult:
+               reference_feeds: Feeds | None = None, keep_inputs: bool = False) -> FixResult:
     """Run ``passes`` over ``model`` (edited in place) and return it with the report.
 
     Call :func:`prepare` first. Never raises for a failing pass: the report says which pass failed and why.
@@ -129,6 +132,7 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     undone with it instead of a copy kept for the whole run.
     ``reference_feeds``: inputs only ``reference`` takes (``--freeze-input``: the original still has the inputs
     frozen in ``model``), added to every input set it runs.
+    ``keep_inputs``: FixResult.inputs holds the validation inputs (``--save-inputs``), also when a pass failed.
     """
     started = time.perf_counter()
     report = FixReport()
@@ -142,7 +146,9 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     finally:
         validator.close()
     report.seconds = time.perf_counter() - started
-    return FixResult(model=model, report=report, serialized=data)
+    inputs = [{**feeds, **(reference_feeds or {})} for feeds in validator.feeds] \
+        if keep_inputs and validator.feeds else None
+    return FixResult(model=model, report=report, serialized=data, inputs=inputs)
 
 
 def _may_change(pass_: Pass, model: onnx.ModelProto, options: FixOptions) -> bool:
