@@ -25,6 +25,7 @@ from typing import Any
 import onnx
 import onnx.external_data_helper
 
+from onnx_npu_fix import progress
 from onnx_npu_fix.analysis.constraints import CheckReport, Violation
 from onnx_npu_fix.analysis.plot import write_memory_plot
 from onnx_npu_fix.config.options import FixOptions
@@ -264,7 +265,7 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
         report_path: str | os.PathLike | None = None, check: bool = False, shapes: bool = False,
         record: bool = False, command: Sequence[str] | None = None,
         split_dir: str | os.PathLike | None = None, memory_plot: str | os.PathLike | None = None,
-        save_inputs: str | os.PathLike | None = None) -> RunOutcome:
+        save_inputs: str | os.PathLike | None = None, on_event: Callable[[Any], None] | None = None) -> RunOutcome:
     """Load ``input_path``, fix it (``passes``, default order unless given), re-check the constraints, write
     ``output`` atomically and the build record to ``report_path``; or with ``check=True`` only check the input.
 
@@ -277,8 +278,15 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
     with ``manifest.json`` there (:func:`split_model`; before the model is saved, so a failed split writes
     nothing). ``memory_plot``: draw the activation profile (:func:`write_memory_plot`). ``save_inputs``: write
     the input sets the run validated with in Polygraphy's JSON (``polygraphy run --load-inputs``), also when a
-    pass failed (the case to replay); a fixing run that validates only.
+    pass failed (the case to replay); a fixing run that validates only. ``on_event``: gets the run's
+    progress events as they happen (:mod:`onnx_npu_fix.progress`: each pass as it is settled, steps of long
+    tasks); the same as running inside ``progress.listening(on_event)``.
     """
+    if on_event is not None:
+        with progress.listening(on_event):
+            return run(input_path, output, options, passes=passes, report_path=report_path, check=check,
+                       shapes=shapes, record=record, command=command, split_dir=split_dir,
+                       memory_plot=memory_plot, save_inputs=save_inputs)
     job = _RunState(os.fspath(input_path), _fspath(output), options or FixOptions(), _fspath(report_path),
                _fspath(split_dir), _fspath(memory_plot), shapes, bool(report_path) or record, command,
                _fspath(save_inputs))

@@ -105,7 +105,7 @@ def test_dynamic_shape_without_input_shape(tmp_path, fixture_path):
 
 def test_bad_option_values(tmp_path, fixture_path):
     out = tmp_path / "o.onnx"
-    for args, expect in [(["--input-shape", "mix"], "NAME:D1"), (["--passes", "nope"], "unknown pass"),
+    for args, expect in [(["--input-shape", "mix"], "[NAME:]D1"), (["--passes", "nope"], "unknown pass"),
                          (["--max-dilation", "0"], "max-dilation")]:
         result = invoke(fixture_path("tcn.onnx"), "-o", out, *args)
         assert result.exit_code == 2, result.output

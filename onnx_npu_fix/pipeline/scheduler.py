@@ -38,6 +38,7 @@ from enum import Enum
 
 import onnx
 
+from onnx_npu_fix import progress
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError, StrictRefused, first_line
 from onnx_npu_fix.io import load
@@ -286,6 +287,8 @@ class _Run:
         self.here = RestorePoint(RestoreKind.REREAD) if reload is not None else _CHANGED
         """A restore point at the model as it is now that costs nothing (the input re-read while no pass changed
         it, the bytes of the last validation while nothing changed it since), else NONE."""
+        self.announced = 0
+        """Records before this index were announced (progress.PassFinished), in order."""
 
     def run(self) -> bytes | None:
         i: int | None = 0
@@ -299,7 +302,17 @@ class _Run:
                 return self._finish()
             else:
                 i = self._next(self._step(i), i + 1)
+            self._announce()
         return None
+
+    def _announce(self) -> None:
+        """progress.PassFinished for every record settled since the last call, in pass order: a record waits for
+        the pending group before it (a replay drops only pending records, never announced ones)."""
+        pending = {id(p.record) for p in self.group}
+        records = self.report.passes
+        while self.announced < len(records) and id(records[self.announced]) not in pending:
+            progress.emit(progress.PassFinished(records[self.announced]))
+            self.announced += 1
 
     def _measured_alone(self, pass_: Pass) -> bool:
         return not pass_.exact and _may_change(pass_, self.model, self.options)

@@ -13,6 +13,7 @@ with them under the run's criteria (rtol/atol, the approximate bound, quantizati
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import hashlib
 import os
 import tempfile
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from onnx_npu_fix import progress
 from onnx_npu_fix.errors import InputError, first_line
 from onnx_npu_fix.io.save import write_with_external_data
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, subgraphs
@@ -85,8 +87,13 @@ class Runner:
         values = self.session.run(self.output_names, feeds)
         return dict(zip(self.output_names, values))
 
-    def run_all(self, feeds: Sequence[Feeds]) -> list[Outputs]:
-        return [self.run(f) for f in feeds]
+    def run_all(self, feeds: Sequence[Feeds], task: str = "validation") -> list[Outputs]:
+        """Every input set, in order; progress.Step(``task``) after each."""
+        outputs = []
+        for feed in feeds:
+            outputs.append(self.run(feed))
+            progress.emit(progress.Step(task, len(outputs), len(feeds)))
+        return outputs
 
     def close(self) -> None:
         self.session = None
@@ -116,7 +123,9 @@ class Reference:
         self._read_from = read_from
         self._digest: concurrent.futures.Future = concurrent.futures.Future()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="npufix-reference")
-        self._outputs = self._executor.submit(self._work)
+        # The worker reports its progress to the run's listener (progress.listening): it runs in a copy of the
+        # caller's context, which a plain thread would not inherit.
+        self._outputs = self._executor.submit(contextvars.copy_context().run, self._work)
 
     def _work(self) -> list[Outputs]:
         source, self._source = self._source, None
@@ -139,10 +148,12 @@ class Reference:
             del source
         try:
             outputs = []
-            for feeds in self._feeds.result():
+            sets = self._feeds.result()
+            for feeds in sets:
                 if self._closing:  # nobody will read them (no pass changed the model): stop between runs
                     break
                 outputs.append(runner.run(feeds))
+                progress.emit(progress.Step("reference outputs", len(outputs), len(sets)))
             return outputs
         finally:
             runner.close()
@@ -465,7 +476,7 @@ def validate_chain(whole: onnx.ModelProto, segments: Sequence[onnx.ModelProto], 
     try:
         runner = Runner(whole)
         try:
-            reference = runner.run_all(feeds)
+            reference = runner.run_all(feeds, "split validation")
         finally:
             runner.close()
     except runtime_errors() as exc:
