@@ -309,6 +309,10 @@ class SearchResult:
     expanded: int
 
 
+PROGRESS_EVERY = 1024
+"""The exact search reports its expanded states (progress.Step) every this many."""
+
+
 def _exact_search(lv: Liveness, incumbent_peak: int, lower: int, budget: int,
                   seconds: float) -> tuple[list[int] | None, int, int, bool, int]:
     """Bottleneck best-first search over the sets of scheduled nodes (each a down-set of the DAG).
@@ -358,7 +362,7 @@ def _exact_search(lv: Liveness, incumbent_peak: int, lower: int, budget: int,
             found, peak = _complete_best(lv, heap, info, best_g, closed, incumbent_peak)
             return found, peak, min(bound, peak), False, expanded
         expanded += 1
-        if expanded & 1023 == 0:
+        if expanded % PROGRESS_EVERY == 0:
             progress.emit(progress.Step("schedule search", expanded, budget))
         closed.add(mask)
         resident, ready, _, _ = info[mask]
