@@ -536,7 +536,12 @@ def _save_inputs(job: _RunState, outcome: RunOutcome) -> None:
     from onnx_npu_fix.io.polygraphy_json import encode_feeds
 
     try:
-        write_json(job.save_inputs, encode_feeds(inputs), transaction=job.files)
+        document = encode_feeds(inputs)
+    except ValueError as exc:  # np.save without pickle: string (object) inputs have no .npy form
+        raise InputError(f"--save-inputs {job.save_inputs}: these inputs cannot be written as .npy arrays "
+                         f"({first_line(exc)}); nothing written") from None
+    try:
+        write_json(job.save_inputs, document, transaction=job.files)
     except OSError as exc:
         raise InputError(f"cannot write --save-inputs {job.save_inputs}: {exc.strerror or exc}; nothing "
                          f"written") from None
