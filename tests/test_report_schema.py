@@ -127,12 +127,14 @@ def test_the_build_record_holds_its_schema(tmp_path, fixture_path, mode):
     report = tmp_path / "r.json"
     args = [fixture_path("unet.onnx"), "--report", str(report), "-q"]
     args += {"check": ["--check", "--sram", "64KiB"], "fix": ["-o", str(tmp_path / "o.onnx"), "--sram", "64KiB"],
-             "split": ["-o", str(tmp_path / "o.onnx"), "--split", str(tmp_path / "seg"), "--sram", "100KiB",
-                       "--act-bytes", "1", "--split-at", "pool1_10_out"]}[mode]
+             "split": ["-o", str(tmp_path / "o.onnx"), "--split", str(tmp_path / "seg"), "--sram", "200KiB",
+                       "--align", "0", "--split-at", "pool1_10_out", "--save-inputs", str(tmp_path / "in.json")]}[mode]
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     record = json.loads(report.read_text())
     _validator("record").validate(record)
     assert record["exit_code"] == result.exit_code
+    if mode == "split":  # the optional parts filled in
+        assert len(record["split"]["segments"]) == 2 and record["saved_inputs"]["sets"] >= 3
     assert set(record) <= set(_validator("record").schema["properties"])
     broken = dict(record, passes=[{"name": "x"}])  # the schema can fail: a pass without its fields
     assert not _validator("record").is_valid(broken)
