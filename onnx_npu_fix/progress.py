@@ -29,8 +29,9 @@ class PassFinished:
 
 @dataclass(frozen=True)
 class Step:
-    """``done`` of ``total`` units of a long task: ``validation`` and ``reference outputs`` (input sets run by
-    onnxruntime), ``schedule search`` (states expanded of the budget), ``split validation``."""
+    """``done`` of ``total`` units of a long task: ``validating <passes>`` (a candidate's input sets run by
+    onnxruntime; ``validation`` for the final run), ``reference outputs`` (the original's), ``schedule search``
+    (states expanded of the budget), ``split validation``."""
 
     task: str
     done: int

@@ -71,13 +71,16 @@ def test_a_replayed_group_announces_only_what_the_report_keeps(tmp_path, fixture
 
 def test_validation_steps_come_from_the_run_and_its_reference_worker(tmp_path, fixture_path):
     log = _Log()
-    api.run(fixture_path("tcn.onnx"), tmp_path / "o.onnx", FixOptions(max_dilation=4, n_inputs=3), on_event=log)
+    outcome = api.run(fixture_path("tcn.onnx"), tmp_path / "o.onnx", FixOptions(max_dilation=4, n_inputs=3),
+                      on_event=log)
     steps = [e for e in log if e[0] == "step"]
     reference = [(done, total) for _, task, done, total, _ in steps if task == "reference outputs"]
     assert reference == [(1, 3), (2, 3), (3, 3)]
     assert {thread for _, task, *_, thread in steps if task == "reference outputs"} != {"MainThread"}
-    validation = [(done, total) for _, task, done, total, _ in steps if task == "validation"]
-    assert validation and validation[:3] == [(1, 3), (2, 3), (3, 3)]
+    validation = [(task, done, total) for _, task, done, total, _ in steps if task.startswith("validating ")]
+    first = next(r for r in outcome.report.passes if r.status == "validated")
+    label = "validating " + ", ".join(first.validated_with or [first.name])  # the group checked together
+    assert validation[:3] == [(label, 1, 3), (label, 2, 3), (label, 3, 3)]
 
 
 def test_nobody_listens_outside_a_run_and_runs_do_not_share_listeners(tmp_path, fixture_path):
@@ -102,7 +105,7 @@ def test_the_cli_prints_each_pass_line_once_and_a_progress_line_only_when_asked(
         assert [line.split()[0] for line in lines if line.startswith(("fold-constants", "dilated-conv"))] == \
             ["fold-constants", "dilated-conv"]
     assert "progress:" not in plain.output  # not a terminal, not asked: no progress line in a CI log
-    assert "progress: reference outputs 1/3" in asked.output or "progress: validation 1/3" in asked.output
+    assert "progress: reference outputs 1/3" in asked.output or "progress: validating cleanup" in asked.output
     kept = [line.split()[0] for line in asked.output.splitlines() if not line.startswith("progress: ")]
     assert kept == [line.split()[0] for line in plain.output.splitlines()]  # the same summary, nothing repeated
     assert quiet.output == ""

@@ -459,7 +459,8 @@ class _Run:
         records = [p.record for p in self.group]
         t0 = time.perf_counter()
         verdict = self.validator.check(self.model, exact=all(r.exact for r in records),
-                                       on_serialized=self.on_serialized if last else None)
+                                       on_serialized=self.on_serialized if last else None,
+                                       task=f"validating {', '.join(r.name for r in records)}")
         if verdict.comparison is not None:
             for record in records:
                 record.validation = verdict.comparison

@@ -649,21 +649,22 @@ class Validator:
             self._reference.close()
 
     def _run(self, model: onnx.ModelProto, data: bytes | None = None, *,
-             before_runs: Callable[[], None] | None = None) -> list[Outputs]:
+             before_runs: Callable[[], None] | None = None, task: str = "validation") -> list[Outputs]:
         runner = Runner(model, data=data)
         try:
             if before_runs is not None:
                 before_runs()
-            return runner.run_all(self.feeds)
+            return runner.run_all(self.feeds, task)
         finally:
             runner.close()
 
     def check(self, model: onnx.ModelProto, *, exact: bool,
-              on_serialized: Callable[[bytes], None] | None = None) -> Verdict:
+              on_serialized: Callable[[bytes], None] | None = None, task: str = "validation") -> Verdict:
         """Check and run ``model`` (the candidate after one pass or one group of them) and compare its outputs
         with the last accepted model's: by rtol/atol when ``exact`` (quantized outputs in quantization steps),
         else by the approximate bound. A passing candidate becomes the accepted model. ``on_serialized`` gets
-        the candidate's bytes once the checker accepted them, before onnxruntime runs them."""
+        the candidate's bytes once the checker accepted them, before onnxruntime runs them. ``task``: what its
+        progress steps are called (progress.Step)."""
         data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
         problem = check_structure(model, data)
         if problem:
@@ -673,7 +674,7 @@ class Validator:
         try:
             # The session is built while the original's runs may still be going; its own runs wait for them
             # (two models computing at once would only fight over the cores).
-            outputs = self._run(model, data, before_runs=self._wait)
+            outputs = self._run(model, data, before_runs=self._wait, task=task)
         except runtime_errors() as exc:
             self._wait()  # an original that cannot run either is the input's problem, not this pass's
             return Verdict(f"onnxruntime cannot run the model after this pass: {first_line(exc)}", None, data)
