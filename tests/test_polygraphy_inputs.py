@@ -148,3 +148,23 @@ def test_polygraphy_reads_what_npufix_writes_and_npufix_reads_what_polygraphy_wr
     assert result.exit_code in (0, 1), result.output
     assert json.loads(report.read_text())["final_validation"]["passed"]
     assert read_feeds(str(written), written.read_text())[1]["image"].shape == (1, 1, 32, 32)
+
+
+def test_a_folder_of_polygraphy_iteration_files_is_read_in_order(tmp_path, fixture_path):
+    """Polygraphy's per-iteration folder (0000000000.json, ...: one feed dict or a list each) next to .npz sets."""
+    from onnx_npu_fix.pipeline.inputs import load_validation_data
+
+    model = onnx.load(fixture_path("tcn.onnx"))
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    sets = [{"mix": np.full(shape, k, np.float32)} for k in range(4)]
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "0000000000.json").write_text(json.dumps(encode_feeds(sets[:1])[0]))  # a single feed dict
+    (folder / "0000000001.json").write_text(json.dumps(encode_feeds(sets[1:3])))
+    np.savez(folder / "0000000002.npz", mix=sets[3]["mix"])
+    loaded = load_validation_data(model, str(folder))
+    assert [float(s["mix"].flat[0]) for s in loaded] == [0.0, 1.0, 2.0, 3.0]
+    (folder / "0000000003.json").write_text(json.dumps(encode_feeds([{"mix": np.zeros(shape, np.float64)}])))
+    with pytest.raises(InputError) as info:
+        load_validation_data(model, str(folder))
+    assert "0000000003.json: input 'mix' is float64, the model takes FLOAT" in str(info.value)
