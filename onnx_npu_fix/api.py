@@ -26,6 +26,7 @@ from typing import Any
 import onnx
 import onnx.external_data_helper
 
+from onnx_npu_fix import progress
 from onnx_npu_fix.analysis.constraints import CheckReport, Violation
 from onnx_npu_fix.analysis.plot import write_memory_plot
 from onnx_npu_fix.config.options import FixOptions
@@ -140,8 +141,9 @@ def fix(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None =
 def _fix_in_place(model: onnx.ModelProto, options: FixOptions | None = None,
                   passes: Sequence[Pass] | None = None, *, reference: Reference | None = None,
                   on_serialized: Callable[[bytes], None] | None = None,
-                  source: str | os.PathLike | None = None) -> FixResult:
-    """:func:`fix` on ``model`` itself (edited in place): for a model nobody else holds, e.g. just read."""
+                  source: str | os.PathLike | None = None, keep_inputs: bool = False) -> FixResult:
+    """:func:`fix` on ``model`` itself (edited in place): for a model nobody else holds, e.g. just read.
+    ``keep_inputs``: FixResult.inputs holds the validation inputs (``--save-inputs``)."""
     from onnx_npu_fix.analysis.cost import input_cost, model_cost
 
     options = options or FixOptions()
@@ -152,7 +154,7 @@ def _fix_in_place(model: onnx.ModelProto, options: FixOptions | None = None,
     try:
         result = run_passes(model, options, list(passes) if passes is not None else select_passes(),
                             reference=reference or own_reference, on_serialized=on_serialized, reload=reload,
-                            reference_feeds={name: f.value for name, f in frozen.items()})
+                            reference_feeds={name: f.value for name, f in frozen.items()}, keep_inputs=keep_inputs)
     finally:
         if own_reference is not None:
             own_reference.close()
@@ -225,6 +227,8 @@ class RunOutcome:
     """``split_dir``: the segments that fit the SRAM budget (or why none could), see :func:`split_model`."""
     memory_plot: str | None = None
     """``memory_plot``: the picture written (its numbers are next to it, ``+ '.json'``)."""
+    saved_inputs: dict[str, Any] | None = None
+    """``save_inputs``: where the validation inputs went and how many sets (written also when a pass failed)."""
 
     @property
     def report(self) -> FixReport | None:
@@ -249,6 +253,8 @@ class _RunState:
     wants_record: bool
     """``report_path`` or ``record=True``: the record hashes both models (0.2 s at 100 MB), built only when read."""
     command: Sequence[str] | None
+    save_inputs: str | None = None
+    """Where the validation inputs go, in Polygraphy's JSON (``--save-inputs``)."""
     started: float = field(default_factory=time.perf_counter)
     external: bool = False
     """The input has external data (and so will the output)."""
@@ -262,7 +268,8 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
         options: FixOptions | None = None, *, passes: Sequence[Pass] | None = None,
         report_path: str | os.PathLike | None = None, check: bool = False, shapes: bool = False,
         record: bool = False, command: Sequence[str] | None = None,
-        split_dir: str | os.PathLike | None = None, memory_plot: str | os.PathLike | None = None) -> RunOutcome:
+        split_dir: str | os.PathLike | None = None, memory_plot: str | os.PathLike | None = None,
+        save_inputs: str | os.PathLike | None = None, on_event: Callable[[Any], None] | None = None) -> RunOutcome:
     """Load ``input_path``, fix it (``passes``, default order unless given), re-check the constraints, write
     ``output`` atomically and the build record to ``report_path``; or with ``check=True`` only check the input.
 
@@ -273,11 +280,22 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
     ``report_path``. ``command``: recorded as the command line (default sys.argv).
     ``split_dir``: once fixed, cut the model into segments that each fit ``options.sram_bytes`` and write them
     with ``manifest.json`` there (:func:`split_model`; before the model is saved, so a failed split writes
-    nothing). ``memory_plot``: draw the activation profile (:func:`write_memory_plot`).
+    nothing). ``memory_plot``: draw the activation profile (:func:`write_memory_plot`). ``save_inputs``: write
+    the input sets the run validated with in Polygraphy's JSON (``polygraphy run --load-inputs``), also when a
+    pass failed (the case to replay); a fixing run that validates only. ``on_event``: gets the run's
+    progress events as they happen (:mod:`onnx_npu_fix.progress`: each pass as it is settled, steps of long
+    tasks); the same as running inside ``progress.listening(on_event)``.
     """
+    if on_event is not None:
+        with progress.listening(on_event):
+            return run(input_path, output, options, passes=passes, report_path=report_path, check=check,
+                       shapes=shapes, record=record, command=command, split_dir=split_dir,
+                       memory_plot=memory_plot, save_inputs=save_inputs)
     job = _RunState(os.fspath(input_path), _fspath(output), options or FixOptions(), _fspath(report_path),
-               _fspath(split_dir), _fspath(memory_plot), shapes, bool(report_path) or record, command)
+               _fspath(split_dir), _fspath(memory_plot), shapes, bool(report_path) or record, command,
+               _fspath(save_inputs))
     _check_fitting(job.options, job.input_path, check, job.split_dir, job.memory_plot)
+    _check_save_inputs(job, check)
     with job.files:  # any exception, KeyboardInterrupt and SIGTERM included, removes every staged file
         if check:
             _write_plan(job).check()
@@ -291,11 +309,15 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
 
 
 def _write_plan(job: _RunState, external_files: Sequence[str] = ()) -> WritePlan:
-    """Every path the run reads and will write, in commit order (the split directory, the plot and its
-    sidecar, the output's external data and the output, the report): no two may be one file."""
+    """Every path the run reads and will write, in commit order (the saved inputs, the split directory, the
+    plot and its sidecar, the output's external data and the output, the report): no two may be one file."""
     plan = WritePlan().reads(job.input_path, "the input model")
     for path in sorted(external_files):
         plan.reads(path, "the input's external data")
+    if job.options.validation_data:
+        plan.reads(job.options.validation_data, "--validation-data")
+    if job.save_inputs:
+        plan.writes(job.save_inputs, "--save-inputs")
     if job.split_dir:
         plan.writes(job.split_dir, "--split", directory=True)
     if job.memory_plot:
@@ -348,6 +370,7 @@ def _fix_and_write(job: _RunState, chosen: list[Pass]) -> RunOutcome:
     try:
         result = _load_and_fix(job, chosen, early)
         outcome = RunOutcome(EXIT_OK, "fix", job.input_path, result=result)
+        _save_inputs(job, outcome)  # a failing run too: its inputs are the case to replay
         if not result.ok:
             outcome.exit_code, outcome.error = EXIT_PASS_FAILED, _failure(result.report)
             return outcome
@@ -378,7 +401,8 @@ def _load_and_fix(job: _RunState, chosen: list[Pass], early: EarlyWrite) -> FixR
         _write_plan(job, loaded.external_files).check()
         job.external = bool(loaded.external_files)
         result = _fix_in_place(loaded.model, job.options, chosen, reference=reference,
-                               on_serialized=None if job.external else early.start, source=job.input_path)
+                               on_serialized=None if job.external else early.start, source=job.input_path,
+                               keep_inputs=bool(job.save_inputs))
         job.read_digest = reference.digest() if reference is not None else None
     finally:
         if reference is not None:
@@ -467,6 +491,7 @@ def _record(job: _RunState, outcome: RunOutcome) -> None:
                                       outcome.not_requested, job.read_digest.hex() if job.read_digest else None,
                                       written_digest)
         outcome.record["split"] = outcome.split.to_json() if outcome.split is not None else None
+        outcome.record["saved_inputs"] = outcome.saved_inputs
     if job.report_path:
         try:
             write_json(job.report_path, outcome.record, transaction=job.files)
@@ -492,6 +517,40 @@ def _check_fitting(options: FixOptions, input_path: str, check: bool, split_dir:
 
         check_plot_path(memory_plot)
         check_output_path(memory_plot, input_path, what="--memory-plot")
+
+
+def _check_save_inputs(job: _RunState, check: bool) -> None:
+    """--save-inputs needs a run that validates, and a .json path that can be written (before any work)."""
+    path = job.save_inputs
+    if not path:
+        return
+    if check:
+        raise InputError("--save-inputs writes the inputs a fixing run validated with; --check validates nothing")
+    if job.options.validate == "none":
+        raise InputError("--save-inputs writes the validation inputs; with --validate none there are none")
+    if not path.lower().endswith(".json"):
+        raise InputError(f"--save-inputs {path}: give a .json file name (Polygraphy's JSON input format)")
+    check_output_path(path, job.input_path, what="--save-inputs")
+
+
+def _save_inputs(job: _RunState, outcome: RunOutcome) -> None:
+    """Stage the validation inputs in Polygraphy's JSON (committed with the run's other files)."""
+    inputs = outcome.result.inputs
+    if not job.save_inputs or inputs is None:
+        return
+    from onnx_npu_fix.io.polygraphy_json import encode_feeds
+
+    try:
+        document = encode_feeds(inputs)
+    except ValueError as exc:  # np.save without pickle: string (object) inputs have no .npy form
+        raise InputError(f"--save-inputs {job.save_inputs}: these inputs cannot be written as .npy arrays "
+                         f"({first_line(exc)}); nothing written") from None
+    try:
+        write_json(job.save_inputs, document, transaction=job.files)
+    except OSError as exc:
+        raise InputError(f"cannot write --save-inputs {job.save_inputs}: {exc.strerror or exc}; nothing "
+                         f"written") from None
+    outcome.saved_inputs = {"path": job.save_inputs, "sets": len(inputs), "format": "polygraphy-json"}
 
 
 def _plot(outcome: RunOutcome, model: onnx.ModelProto, job: _RunState, *, prepared: bool) -> None:

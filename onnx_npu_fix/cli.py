@@ -141,13 +141,18 @@ def _one_line(text: str) -> str:
 def _parse_input_shape(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     for value in values:
+        # NAME:D1,D2,... or, for a model with one input, D1,D2,... (onnxsim's nameless form; name "" resolved
+        # by ir.graph.set_input_shapes)
         name, sep, dims = value.rpartition(":")
         try:
-            parsed = tuple(int(d) for d in dims.split(",")) if sep and name else None
+            parsed = tuple(int(d) for d in dims.split(",")) if name or not sep else None
         except ValueError:
             parsed = None
         if not parsed:  # the dims' range is FixOptions' rule (options.check_value), as for a profile's
-            raise click.BadParameter(f"'{value}' is not NAME:D1,D2,... (e.g. input:1,1,16000)",
+            raise click.BadParameter(f"'{value}' is not [NAME:]D1,D2,... (e.g. input:1,1,16000, or 1,3,224,224 "
+                                     f"for a model with one input)", param_hint="--input-shape")
+        if name in shapes:
+            raise click.BadParameter(f"input {f'{name!r}' if name else 'without a name'} is given twice",
                                      param_hint="--input-shape")
         shapes[name] = parsed
     return shapes
@@ -196,7 +201,8 @@ def _split_names(value: str | None) -> list[str] | None:
 @_option(CONSTRAINTS, "--max-rank", type=click.IntRange(min=1), default=None,
          help="Largest tensor rank the NPU accepts (checked; no pass lowers a rank).")
 @_option(MEMORY, "--sram", "sram", default=None, metavar="SIZE",
-              help="Activation-memory budget for the memory estimate, e.g. 384KiB, 2MiB.")
+              help="Activation-memory budget for the memory estimate, e.g. 384KiB, 2MiB (units B, KiB, MiB, GiB or "
+                   "K, M, G; KB/MB are refused as ambiguous; whole bytes).")
 @_option(MEMORY, "--act-bytes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Bytes per activation element in the memory estimate (1 int8, 4 float32).")
 @_option(FIXING, "--passes", "only", help="Run only these passes (comma-separated, default order kept).")
@@ -205,9 +211,9 @@ def _split_names(value: str | None) -> list[str] | None:
          help="List the passes (plugins included) in their default order and exit.")
 @_option(FIXING, "--plugin", "plugins", multiple=True, metavar="MODULE:NAME|FILE.py[:NAME]|NAME",
               help="Load a plugin pass (repeatable); it joins the run (see docs/plugins.md).")
-@_option(FIXING, "--input-shape", multiple=True, metavar="NAME:D1,D2,...",
+@_option(FIXING, "--input-shape", multiple=True, metavar="[NAME:]D1,D2,...",
               help="Freeze a graph input's shape (repeatable), e.g. input:1,1,16000, like onnxsim's "
-                   "--overwrite-input-shape.")
+                   "--overwrite-input-shape; no name for a model with one input.")
 @_option(FIXING, "--freeze-input", multiple=True, metavar="NAME=VALUE",
               help="Replace a graph input by a constant (repeatable): a number, 1,2,3, [[1,2],[3,4]] or an .npy "
                    "file, e.g. sr=16000. The model no longer takes that input; what depends on it folds. A "
@@ -229,9 +235,12 @@ def _split_names(value: str | None) -> list[str] | None:
               show_default=True, help="Validate after every changed pass, once at the end, or never (none writes the "
                                      "model unvalidated and says so last).")
 @_option(VALIDATION, "--no-validate", is_flag=True, help="Same as --validate none.")
-@_option(VALIDATION, "--validation-data", type=click.Path(), default=None, metavar="FILE.npz|DIR",
+@_option(VALIDATION, "--validation-data", type=click.Path(), default=None, metavar="FILE.npz|FILE.json|DIR",
               help="Validate on these inputs instead of generated ones: an .npz keyed by input name (one set), "
-                   "or a folder of .npz files / <input>.npy files.")
+                   "Polygraphy's --save-inputs JSON (its sets), or a folder of .npz / .json / <input>.npy files.")
+@_option(VALIDATION, "--save-inputs", "save_inputs", type=click.Path(dir_okay=False), metavar="FILE.json",
+              help="Write the inputs the run validated with, in Polygraphy's JSON (polygraphy run --load-inputs); "
+                   "also when validation fails.")
 @_option(VALIDATION, "--input-range", multiple=True, metavar="NAME:LO,HI",
               help="Range of generated values for an input (repeatable): floats uniform, integers inclusive.")
 @_option(VALIDATION, "--strict", is_flag=True,
@@ -261,6 +270,9 @@ def _split_names(value: str | None) -> list[str] | None:
               help="Rewrite convs even when the target runs every candidate form's ops on its CPU.")
 @_option(FIXING, "--max-convtranspose-stride", type=click.IntRange(min=1), default=None,
               help="Largest ConvTranspose stride; exact Resize forms above it are split into stages.")
+@_option(OUTPUT, "--progress/--no-progress", "show_progress", default=None,
+         help="A progress line for validation sets and long searches (default: when stderr is a terminal "
+              "and not -q; pass lines are printed as each pass finishes either way).")
 @_option(OUTPUT, "-q", "--quiet", is_flag=True, help="Print only errors, the unfixed: lines and the APPROXIMATE: line.")
 @_option(OUTPUT, "-v", "--verbose", count=True, help="More detail: every change and rejection (-vv: tracebacks).")
 @click.version_option(__version__, "--version", cls=_GroupedOption, group=OUTPUT)
@@ -342,9 +354,9 @@ def _stdout_closed() -> None:
 def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, target: str | None,
           list_targets: bool, check: bool, output_format: str, dump_shapes: bool, only: str | None,
           skip: str | None, list_passes: bool, report_path: str | None, quiet: bool, verbose: int,
-          plugins: tuple[str, ...] = (), **opts: Any) -> None:
+          plugins: tuple[str, ...] = (), show_progress: bool | None = None, **opts: Any) -> None:
     from onnx_npu_fix import api
-    split_dir, memory_plot = opts.pop("split_dir"), opts.pop("memory_plot")
+    split_dir, memory_plot, save_inputs = opts.pop("split_dir"), opts.pop("memory_plot"), opts.pop("save_inputs")
     split_at, schedule_budget = _split_names(opts.pop("split_at")), opts.pop("schedule_budget")
     if list_passes:
         try:
@@ -368,9 +380,13 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
                                "the model with --freeze-input first, then --check the output")
     if check and memory_plot and len(models) > 1:
         raise click.UsageError("--memory-plot draws one model: give one MODEL with --check --memory-plot")
+    if check and save_inputs:
+        raise click.UsageError("--save-inputs writes the inputs a fixing run validated with; --check validates "
+                               "nothing")
     if output is None and not check:
         raise click.UsageError("missing -o/--output (where to write the fixed model), or use --check")
     _setup_logging(quiet, verbose)
+    shown = _Progress(quiet, verbose, _wants_progress_line(show_progress, quiet))
     try:
         options = _build_options(ctx, target, opts, check)
         fitting: dict[str, Any] = {"split_at": tuple(split_at or ())}
@@ -379,13 +395,16 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
         options = dataclasses.replace(options, **fitting)
         if check:
             ctx.exit(_check_models(models, options, output_format, dump_shapes, report_path, quiet, verbose,
-                                   memory_plot))
+                                   memory_plot, shown))
         passes = api.select_passes(_split_names(only), _split_names(skip) or (), plugins=plugins)
         outcome = api.run(models[0], output, options, passes=passes, report_path=report_path, shapes=dump_shapes,
-                          record=output_format == "json", split_dir=split_dir, memory_plot=memory_plot)
+                          record=output_format == "json", split_dir=split_dir, memory_plot=memory_plot,
+                          save_inputs=save_inputs, on_event=shown)
     except NpufixError as exc:
         raise _InputProblem(str(exc), exc.exit_code) from None
-    _print_outcome(outcome, quiet, verbose, dump_shapes)
+    finally:
+        shown.close()
+    _print_outcome(outcome, quiet, verbose, dump_shapes, shown.printed)
     if output_format == "json":
         from onnx_npu_fix.io.save import dumps
 
@@ -398,10 +417,13 @@ _DEFAULTS_LINE = ("checking npufix's default constraints (align 8, nearest Resiz
 
 
 def _check_models(models: tuple[str, ...], options: FixOptions, output_format: str, dump_shapes: bool,
-                  report_path: str | None, quiet: bool, verbose: int, memory_plot: str | None = None) -> int:
+                  report_path: str | None, quiet: bool, verbose: int, memory_plot: str | None = None,
+                  shown: _Progress | None = None) -> int:
     """--check over every model: findings prefixed with the file, like ruff; with --format json one document
-    (the model's object, or an array of them with several models). Returns the exit code (the worst)."""
+    (report.check_document: an object whose ``models`` holds one entry per model). Returns the exit code (the
+    worst)."""
     from onnx_npu_fix import api
+    from onnx_npu_fix.pipeline.report import check_document, check_entry, check_error_entry
     if options.requested is None:
         _say(quiet or output_format == "json", _DEFAULTS_LINE)
     exit_code = 0
@@ -409,32 +431,28 @@ def _check_models(models: tuple[str, ...], options: FixOptions, output_format: s
     for path in models:
         try:
             outcome = api.run(path, options=options, check=True, report_path=report_path, shapes=dump_shapes,
-                              memory_plot=memory_plot if len(models) == 1 else None)
+                              memory_plot=memory_plot if len(models) == 1 else None, on_event=shown)
         except NpufixError as exc:
-            if len(models) == 1:
+            if shown is not None:
+                shown.close()
+            if len(models) == 1 and output_format != "json":  # json: the document says it (one shape always)
                 raise
             click.echo(f"{_one_line(path)}: error: {_one_line(str(exc))}", err=True)
-            documents.append({"path": path, "error": str(exc)})
+            documents.append(check_error_entry(path, str(exc)))
             exit_code = max(exit_code, exc.exit_code)
             continue
+        if shown is not None:
+            shown.close()
         exit_code = max(exit_code, outcome.exit_code)
         if output_format == "json":
-            documents.append(_check_json(path, outcome))
+            documents.append(check_entry(path, outcome.checked, outcome.violations, outcome.not_requested))
         else:
             _print_check(path, outcome, quiet, verbose)
     if output_format == "json":
         from onnx_npu_fix.io.save import dumps
 
-        click.echo(dumps(documents[0] if len(models) == 1 else documents))
+        click.echo(dumps(check_document(documents, exit_code)))
     return exit_code
-
-
-def _check_json(path: str, outcome) -> dict[str, Any]:
-    data = {"path": path, **outcome.checked.to_json()}
-    data["clean"] = not outcome.violations
-    data["violations"] = [v.to_json() for v in outcome.violations]
-    data["not_requested"] = [{**v.to_json(), "reason": why} for v, why in outcome.not_requested]
-    return data
 
 
 def _print_check(path: str, outcome, quiet: bool, verbose: int) -> None:
@@ -465,13 +483,18 @@ def _print_check(path: str, outcome, quiet: bool, verbose: int) -> None:
         click.echo("\n" + render_shapes(checked.shapes))
 
 
-def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool) -> None:
+def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool, printed: set[int] = frozenset()) -> None:
+    """The summary after the run; ``printed``: the pass records already printed as they finished (by id)."""
     report = outcome.report
     for name, frozen in report.frozen_inputs.items():
         shown = frozen["value"] if "value" in frozen else f"<sha256 {frozen['sha256'][:12]}…>"
         _say(quiet, f"frozen input {name} = {shown} ({frozen['dtype']} {frozen['shape']}): the model no longer "
                     f"takes it")
-    _print_passes(report, quiet, verbose)
+    _print_passes(report, quiet, verbose, printed)
+    if outcome.saved_inputs:  # also when the run failed: they are the case to replay
+        saved = outcome.saved_inputs
+        _say(quiet, f"wrote {saved['path']} ({saved['sets']} input set{'s' if saved['sets'] != 1 else ''}; "
+                    f"polygraphy run MODEL --onnxrt --load-inputs {saved['path']})")
     if outcome.error:
         click.echo(f"error: {outcome.error}", err=True)
         return
@@ -604,9 +627,8 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any],
 
             try:
                 value = parse_size(value)
-            except (InputError, ValueError):
-                raise click.BadParameter(f"'{value}' is not a size like 384KiB or 2MiB", param_hint="--sram") \
-                    from None
+            except (InputError, ValueError) as exc:  # parse_size says why (not whole bytes, which units exist)
+                raise click.BadParameter(str(exc), param_hint="--sram") from None
         values[field_name] = value
         if ctx.get_parameter_source(param) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
             explicit[field_name] = value
@@ -658,25 +680,100 @@ def _render_pass_list(rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _print_passes(report, quiet: bool, verbose: int) -> None:
-    from onnx_npu_fix.pipeline.report import render_pass_line
+def _print_passes(report, quiet: bool, verbose: int, printed: set[int] = frozenset()) -> None:
+    """The pass lines not yet printed as their passes finished, then the run's validation note."""
     from onnx_npu_fix.pipeline.scheduler import NOT_VALIDATED
 
     for record in report.passes:
-        _say(quiet, render_pass_line(record))
-        if verbose:
-            for change in record.changes:
-                _say(quiet, f"    {change.node} ({change.op}): {change.action}"
-                     + (f" {change.old} -> {change.new}" if change.old is not None else ""))
-            for rejection in record.rejections:
-                _say(quiet, f"    kept {rejection.node} ({rejection.op}): {rejection.reason}")
-        for warning in record.warnings:
-            _say(quiet, f"    warning: {warning}")
+        if id(record) not in printed:
+            _print_pass(record, quiet, verbose)
     if report.validation_note and report.validation_note != NOT_VALIDATED:  # that one ends the summary
         _say(quiet, f"note: {report.validation_note}")
     if verbose > 1:
         for warning in report.warnings:
             _say(quiet, warning)
+
+
+def _print_pass(record, quiet: bool, verbose: int) -> None:
+    """One pass's line, with -v its changes and rejections, and its warnings."""
+    from onnx_npu_fix.pipeline.report import render_pass_line
+
+    _say(quiet, render_pass_line(record))
+    if verbose:
+        for change in record.changes:
+            _say(quiet, f"    {change.node} ({change.op}): {change.action}"
+                 + (f" {change.old} -> {change.new}" if change.old is not None else ""))
+        for rejection in record.rejections:
+            _say(quiet, f"    kept {rejection.node} ({rejection.op}): {rejection.reason}")
+    for warning in record.warnings:
+        _say(quiet, f"    warning: {warning}")
+
+
+def _wants_progress_line(asked: bool | None, quiet: bool) -> bool:
+    """--progress / --no-progress, else a terminal's stderr without -q (CI logs and pipes get no redraws)."""
+    if asked is not None:
+        return asked
+    return not quiet and _stderr_is_terminal()
+
+
+def _stderr_is_terminal() -> bool:
+    stream = sys.stderr
+    return stream is not None and hasattr(stream, "isatty") and stream.isatty()
+
+
+class _Progress:
+    """The run's progress events (onnx_npu_fix.progress) on stderr: each pass line as its pass is settled (the
+    summary prints only the rest), and with ``line`` a progress line of long steps (validation sets, the schedule
+    search), redrawn in place on a terminal and at most every REDRAW seconds, cleared before any other line.
+    Events may come from the reference worker thread: one lock orders the writes."""
+
+    REDRAW = 0.2
+
+    def __init__(self, quiet: bool, verbose: int, line: bool) -> None:
+        self.quiet, self.verbose, self.line = quiet, verbose, line
+        self.printed: set[int] = set()
+        """ids of the pass records printed."""
+        self._lock = threading.Lock()
+        self._shown = False
+        self._drawn_at: float | None = None
+        self._terminal = line and _stderr_is_terminal()
+
+    def __call__(self, event: Any) -> None:
+        from onnx_npu_fix import progress
+
+        with self._lock:
+            if isinstance(event, progress.PassFinished):
+                self._clear()
+                _print_pass(event.record, self.quiet, self.verbose)
+                self.printed.add(id(event.record))
+            elif isinstance(event, progress.Step) and self.line:
+                self._draw(event)
+
+    def _draw(self, step: Any) -> None:
+        import time
+
+        if step.total is not None and step.done >= step.total:
+            self._clear()
+            return
+        now = time.monotonic()
+        if self._drawn_at is not None and now - self._drawn_at < self.REDRAW:
+            return
+        self._drawn_at = now
+        text = f"{step.task} {step.done}" + (f"/{step.total}" if step.total else "")
+        if self._terminal:
+            click.echo(f"\r{text}\x1b[K", err=True, nl=False)
+            self._shown = True
+        else:  # --progress into a log: plain lines
+            click.echo(f"progress: {text}", err=True)
+
+    def _clear(self) -> None:
+        if self._shown:
+            click.echo("\r\x1b[K", err=True, nl=False)
+            self._shown = False
+
+    def close(self) -> None:
+        with self._lock:
+            self._clear()
 
 
 def _print_validation_verdict(report, quiet: bool) -> None:

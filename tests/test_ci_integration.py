@@ -111,7 +111,7 @@ def test_github_actions_job_passes_on_a_model_it_can_fix(tmp_path, fixture_path,
     done = _run_job(tmp_path, {"MODEL": fixture_path("tcn.onnx"), "TARGET": target})
     assert [p.returncode for p in done] == [0, 0], [p.stderr for p in done]
     report = json.loads((tmp_path / "npufix-report.json").read_text())
-    check = json.loads((tmp_path / "npufix-check.json").read_text())
+    check = json.loads((tmp_path / "npufix-check.json").read_text())["models"][0]
     assert report["exit_code"] == 0 and report["output"]["sha256"]
     assert check["clean"] is True and check["violations"] == []
     assert (tmp_path / "github_output").read_text() == "exit_code=0\n"
@@ -123,7 +123,7 @@ def test_github_actions_gate_fails_when_constraints_remain(tmp_path, fixture_pat
     done = _run_job(tmp_path, {"MODEL": fixture_path("tcn.onnx"), "TARGET": "k210"})
     assert [p.returncode for p in done] == [0, 1], [p.stderr for p in done]
     assert (tmp_path / "github_output").read_text() == "exit_code=1\n"
-    check = json.loads((tmp_path / "npufix-check.json").read_text())
+    check = json.loads((tmp_path / "npufix-check.json").read_text())["models"][0]
     assert check["clean"] is False and {v["constraint"] for v in check["violations"]} == {"forbidden-op"}
 
 
@@ -146,7 +146,7 @@ def test_minimum_pins_are_the_declared_floors():
     pins = module.floors(text)
     names = [p.split("==")[0] for p in pins]
     assert names == ["onnx", "onnxruntime", "numpy", "click", "tomli", "pytest", "pytest-xdist", "hypothesis",
-                     "onnx-graphsurgeon", "matplotlib"]
+                     "onnx-graphsurgeon", "matplotlib", "jsonschema", "polygraphy"]
     assert "onnxruntime==1.19" in pins  # 1.16-1.18 compute valid models wrongly
     assert "tomli==2.0; python_version < '3.11'" in pins
     with pytest.raises(SystemExit, match="no '>=' floor"):

@@ -105,7 +105,7 @@ def test_dynamic_shape_without_input_shape(tmp_path, fixture_path):
 
 def test_bad_option_values(tmp_path, fixture_path):
     out = tmp_path / "o.onnx"
-    for args, expect in [(["--input-shape", "mix"], "NAME:D1"), (["--passes", "nope"], "unknown pass"),
+    for args, expect in [(["--input-shape", "mix"], "[NAME:]D1"), (["--passes", "nope"], "unknown pass"),
                          (["--max-dilation", "0"], "max-dilation")]:
         result = invoke(fixture_path("tcn.onnx"), "-o", out, *args)
         assert result.exit_code == 2, result.output
@@ -228,7 +228,7 @@ def test_check_json_and_dump_shapes(fixture_path):
     result = invoke(fixture_path("unet.onnx"), "--check", "--format", "json", "--dump-shapes", "--sram", "100KiB",
                     "--act-bytes", "1")
     assert result.exit_code == 1
-    data = json.loads(result.output)
+    data = json.loads(result.output)["models"][0]
     assert data["clean"] is False and data["path"] == fixture_path("unet.onnx")
     # Only --sram was asked for: the default constraints are findings that do not count.
     assert {v["constraint"] for v in data["violations"]} == {"sram", "sram-layer"}  # a layer alone is above 100 KiB
@@ -452,7 +452,7 @@ def test_check_several_models_one_json_document_and_prefixed_text(fixture_path):
     tcn, unet = fixture_path("tcn.onnx"), fixture_path("unet.onnx")
     result = invoke(tcn, unet, "--check", "--format", "json", "--max-dilation", "4")
     assert result.exit_code == 1
-    data = json.loads(result.output)  # one document, not concatenated objects
+    data = json.loads(result.output)["models"]  # one document, not concatenated objects
     assert [d["path"] for d in data] == [tcn, unet]
     assert [d["clean"] for d in data] == [False, True]
     text = invoke(tcn, unet, "--check", "--max-dilation", "4", "-q")
@@ -462,8 +462,8 @@ def test_check_several_models_one_json_document_and_prefixed_text(fixture_path):
     assert f"{tcn}: block3.depth_conv_138 (Conv): dilation: [8] vs max 4 -> fixed by dilated-conv" in lines
     broken = invoke(tcn, "/nonexistent/m.onnx", "--check", "--format", "json", "--max-dilation", "4")
     assert broken.exit_code == 2
-    document = json.loads(broken.output[broken.output.index("["):])
-    assert "no such file" in document[1]["error"]
+    document = json.loads(broken.output[broken.output.index("{"):])
+    assert "no such file" in document["models"][1]["error"] and document["exit_code"] == 2
 
 
 # --- files: nothing the run writes is anything it reads or writes ------------------------------------------------
@@ -653,3 +653,38 @@ def test_options_that_cannot_all_hold_are_refused(tmp_path, args, message):
     result = invoke(model, *[names.get(a, a) for a in args])
     assert message in assert_one_line_error(result)
     assert os.listdir(tmp_path) == ["m.onnx"]
+
+
+def test_input_shape_without_a_name_freezes_the_one_input(tmp_path, fixture_path):
+    """onnxsim's nameless form: --input-shape 1,1,300 on a model with one input is that input's shape."""
+    out = tmp_path / "o.onnx"
+    result = invoke(fixture_path("tcn_dynamic.onnx"), "-o", out, "--input-shape", "1,1,300", "--report",
+                    tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    dims = [d.dim_value for d in onnx.load(out).graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [1, 1, 300]
+    named = invoke(fixture_path("tcn_dynamic.onnx"), "--check", "--input-shape", "mix:1,1,300")
+    nameless = invoke(fixture_path("tcn_dynamic.onnx"), "--check", "--input-shape", "1,1,300")
+    assert nameless.output == named.output and nameless.exit_code == named.exit_code
+
+
+def test_input_shape_without_a_name_on_several_inputs_names_them(tmp_path):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "two",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 4]),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])])
+    path = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    text = assert_one_line_error(invoke(path, "-o", tmp_path / "o.onnx", "--input-shape", "2,4"))
+    assert "--input-shape without a name needs a model with one input; this one has 2 (a, b)" in text
+    assert not (tmp_path / "o.onnx").exists()
+    twice = assert_one_line_error(invoke(path, "--check", "--input-shape", "2,4", "--input-shape", "3,4"))
+    assert "given twice" in twice
+
+
+@pytest.mark.parametrize(("size", "says"), [("3.1MiB", "not whole bytes"), ("384KB", "the binary units are B, KiB")])
+def test_sram_size_errors_say_why(fixture_path, size, says):
+    text = assert_one_line_error(invoke(fixture_path("tcn.onnx"), "--check", "--sram", size))
+    assert says in text and "--sram" in text

@@ -20,9 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # Lowest first: a layer may import from itself and from the layers before it, never from one after it.
 LAYERS = ("ir", "config", "io", "passes", "analysis", "pipeline", "judge", "plugins", "api", "cli", "__main__")
-# Usable from every layer: the exceptions and exit codes, and the package root (``__version__``; its public
-# names are loaded on attribute access, so ``onnx_npu_fix/__init__.py`` imports nothing at module level).
-SHARED = ("errors", "")
+# Usable from every layer: the exceptions and exit codes, the progress events, and the package root
+# (``__version__``; its public names are loaded on attribute access, so ``onnx_npu_fix/__init__.py`` imports
+# nothing at module level).
+SHARED = ("errors", "progress", "")
 
 
 def _module_name(path: Path) -> str:

@@ -621,5 +621,20 @@ def test_cli_schedule_budget_reaches_the_pass_and_the_check(tmp_path):
 
     check = runner.invoke(main, [str(path), "--check", "--align", "0", "--schedule-budget", "0", "--format", "json"])
     floor = max(node_floors(_lv(_greedy_trap())))
-    assert json.loads(check.output)["memory"]["schedule"] == {"peak_bytes": 128, "lower_bound_bytes": floor,
-                                                               "optimal": False}
+    assert json.loads(check.output)["models"][0]["memory"]["schedule"] == {
+        "peak_bytes": 128, "lower_bound_bytes": floor, "optimal": False}
+
+
+def test_the_exact_search_reports_its_progress(monkeypatch):
+    """A long search tells a listener how far it is (states expanded of the budget), every PROGRESS_EVERY
+    states; nobody listening costs nothing but the check."""
+    from onnx_npu_fix import progress
+    from onnx_npu_fix.ir import schedule
+
+    monkeypatch.setattr(schedule, "PROGRESS_EVERY", 2)
+    lv = _lv(_greedy_trap())
+    steps = []
+    with progress.listening(steps.append):
+        found = schedule.best_schedule(lv, budget=100)
+    reported = [(s.task, s.done, s.total) for s in steps]
+    assert reported == [("schedule search", k, 100) for k in range(2, found.expanded + 1, 2)] and reported

@@ -151,7 +151,7 @@ def test_check_on_the_original_reports_violations(runs, key, args):
     result = invoke(os.path.join(FIXTURES, runs[key].case.fixture), "--check", *CONSTRAINTS, *args,
                     "--format", "json")
     assert result.exit_code == 1, result.output
-    found = json.loads(result.output)
+    found = json.loads(result.output)["models"][0]
     assert not found["clean"]
     kinds = {v["constraint"] for v in found["violations"]}
     assert ("dilation" in kinds) == (key == "convtasnet")
@@ -217,7 +217,7 @@ def test_check_on_the_output_is_clean_but_for_the_graph_input_channels(runs, key
     run = runs[key]
     result = invoke(run.path, "--check", *CONSTRAINTS, "--format", "json")
     assert result.exit_code == 0, result.output
-    found = json.loads(result.output)
+    found = json.loads(result.output)["models"][0]
     assert found["clean"] and not found["violations"]
     # the one exemption: the first conv reads the 1-channel graph input (--align-io would pad it in the graph)
     assert [(e["constraint"], e["value"]) for e in found["exempt"]] == [("in-channels-align", 1)]

@@ -84,3 +84,63 @@ def test_fixture_files_are_what_the_build_script_writes(tmp_path):
     for name in os.listdir(tmp_path):
         committed = open(os.path.join(ROOT, "fixtures", name), "rb").read()
         assert committed == (tmp_path / name).read_bytes(), f"{name} is stale: run make fixtures"
+
+
+# --- one JSON contract: the shipped schemas hold for the real outputs --------------------------------------------
+
+jsonschema = pytest.importorskip("jsonschema")
+
+
+def _validator(name: str):
+    """The shipped schema ``name``, with the shared parts resolvable (as a user's validator would load them)."""
+    from referencing import Registry, Resource
+
+    from onnx_npu_fix.pipeline.report import SCHEMAS, schema
+
+    registry = Registry().with_resources((schema(n)["$id"], Resource.from_contents(schema(n))) for n in SCHEMAS)
+    cls = jsonschema.validators.validator_for(schema(name))
+    cls.check_schema(schema(name))
+    return cls(schema(name), registry=registry)
+
+
+def test_the_schemas_are_package_data():
+    pyproject = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
+    assert '"onnx_npu_fix.pipeline" = ["schemas/*.schema.json"]' in pyproject
+    from onnx_npu_fix.pipeline.report import CHECK_VERSION, REPORT_VERSION, schema
+
+    assert schema("record")["properties"]["report_version"] == {"const": REPORT_VERSION}
+    assert schema("check")["properties"]["check_version"] == {"const": CHECK_VERSION}
+
+
+@pytest.mark.parametrize("mode", ["fix", "check", "split"])
+def test_the_build_record_holds_its_schema(tmp_path, fixture_path, mode):
+    report = tmp_path / "r.json"
+    args = [fixture_path("unet.onnx"), "--report", str(report), "-q"]
+    args += {"check": ["--check", "--sram", "64KiB"], "fix": ["-o", str(tmp_path / "o.onnx"), "--sram", "64KiB"],
+             "split": ["-o", str(tmp_path / "o.onnx"), "--split", str(tmp_path / "seg"), "--sram", "200KiB",
+                       "--align", "0", "--split-at", "pool1_10_out", "--save-inputs", str(tmp_path / "in.json")]}[mode]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    record = json.loads(report.read_text())
+    _validator("record").validate(record)
+    assert record["exit_code"] == result.exit_code
+    if mode == "split":  # the optional parts filled in
+        assert len(record["split"]["segments"]) == 2 and record["saved_inputs"]["sets"] >= 3
+    assert set(record) <= set(_validator("record").schema["properties"])
+    broken = dict(record, passes=[{"name": "x"}])  # the schema can fail: a pass without its fields
+    assert not _validator("record").is_valid(broken)
+
+
+def test_check_json_is_one_object_whatever_the_number_of_models(fixture_path):
+    tcn, unet = fixture_path("tcn.onnx"), fixture_path("unet.onnx")
+    documents = []
+    for models in ([tcn], [tcn, unet], [tcn, "/nonexistent/m.onnx"], ["/nonexistent/m.onnx"]):
+        result = CliRunner().invoke(main, [*models, "--check", "--format", "json",
+                                                "--max-dilation", "4", "--dump-shapes"])
+        document = json.loads(result.stdout)
+        _validator("check").validate(document)
+        assert [m["path"] for m in document["models"]] == models
+        assert document["exit_code"] == result.exit_code
+        documents.append(document)
+    assert [m["clean"] for m in documents[1]["models"]] == [False, True]
+    assert documents[3]["exit_code"] == 2 and "no such file" in documents[3]["models"][0]["error"]
+    assert documents[0]["models"][0] == documents[1]["models"][0]  # an entry does not depend on the others

@@ -243,7 +243,7 @@ def test_cli_split_each_segment_passes_check(tmp_path):
         check = runner.invoke(main, [str(seg / s["path"]), "--check", "--act-bytes", "4", "--sram", str(budget),
                                      "--align", "0", "--format", "json"])
         assert check.exit_code == 0, check.output
-        assert json.loads(check.output)["memory"]["peak"]["bytes"] == s["peak_bytes"] <= budget
+        assert json.loads(check.output)["models"][0]["memory"]["peak"]["bytes"] == s["peak_bytes"] <= budget
     record = json.loads((tmp_path / "r.json").read_text())
     assert record["split"]["manifest"] == manifest and record["split"]["validation"]["passed"]
     feeds = {"image": np.random.default_rng(5).standard_normal((1, 1, 16, 16)).astype(np.float32)}
@@ -381,7 +381,7 @@ def test_split_of_a_model_quantized_by_onnxruntime(tmp_path):
         assert not set(s["inputs"]) & dq_weights  # recomputed, never passed between segments
         check = CliRunner().invoke(main, [str(tmp_path / "seg" / s["path"]), "--check", "--sram", str(budget),
                                           "--align", "0", "--format", "json"])
-        data = json.loads(check.output)
+        data = json.loads(check.output)["models"][0]
         assert not [v for v in data["violations"] if v["constraint"].startswith("sram")]
         assert data["memory"]["peak"]["bytes"] == s["peak_bytes"] <= budget
     feeds = {"image": np.random.default_rng(9).standard_normal((1, 1, 16, 16)).astype(np.float32)}
@@ -516,7 +516,11 @@ def test_memory_plot_is_reproducible_and_its_labels_stay_inside(tmp_path):
         out.name = long.get(out.name, out.name)
     del model.graph.value_info[:]
     prepare(model)
-    data = profile_data(model, 1, None)
+    est = estimate(model)
+    budget = est.floor_bytes + (est.best_peak - est.floor_bytes) // 2
+    split = api.split_model(model, tmp_path / "seg", FixOptions(sram_bytes=budget, align=0))
+    assert len(split.segments) >= 2  # the legend holds the segments too
+    data = profile_data(model, 1, budget, segments=split.segments, cuts=split.plan.cuts)
     assert max(len(t["name"]) for t in data["peak"]["live"]) > 200
     a, b = tmp_path / "a.svg", tmp_path / "b.svg"
     draw(data, str(a))
@@ -534,6 +538,66 @@ def test_memory_plot_is_reproducible_and_its_labels_stay_inside(tmp_path):
         for t in texts:
             e = t.get_window_extent(renderer)
             assert box.x0 <= e.x0 and e.x1 <= box.x1 and box.y0 <= e.y0 and e.y1 <= box.y1, t
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_memory_plot_draws_a_split_on_the_curves_step_axis(tmp_path):
+    """A quantized model's segments recompute their weight DequantizeLinears (more nodes than the steps they
+    cover): each segment's fill is still drawn on the best order's steps it covers, contiguous, with its peak at
+    the step of the node the segment's own estimate names (it was drawn 9 steps late before)."""
+    pytest.importorskip("matplotlib")
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from onnx_npu_fix.analysis.plot import figure
+    from onnx_npu_fix.ir.schedule import best_schedule, liveness
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.sets = iter([{"image": np.random.default_rng(i).standard_normal((1, 1, 16, 16)).astype(np.float32)}
+                              for i in range(2)])
+
+        def get_next(self):
+            return next(self.sets, None)
+
+    src, quantized = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(skip_unet(), src)
+    quantize_static(str(src), str(quantized), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    fixed = api.fix(api.load_model(quantized), FixOptions(align=0)).model
+    est = estimate(fixed)
+    budget = est.floor_bytes + (est.best_peak - est.floor_bytes) // 2
+    out, seg, png = tmp_path / "out.onnx", tmp_path / "seg", tmp_path / "mem.png"
+    result = CliRunner().invoke(main, [str(quantized), "-o", str(out), "--align", "0", "--sram", str(budget),
+                                       "--split", str(seg), "--memory-plot", str(png), "-q"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "mem.png.json").read_text())
+    _, best, *segments = data["series"]
+    manifest = json.loads((seg / "manifest.json").read_text())
+    assert len(segments) == len(manifest["segments"]) >= 2
+    index = GraphIndex(onnx.load(out))
+    lv = liveness(index, 1)
+    step_of = {lv.nodes[v].name: step for step, v in enumerate(best_schedule(lv).order)}
+    # the fills tile the curve's steps, in order, without gaps or overlaps
+    assert [s["start"] for s in segments] == [0, *[s["start"] + len(s["profile"]) for s in segments][:-1]]
+    assert segments[-1]["start"] + len(segments[-1]["profile"]) == len(best["profile"]) == data["steps"]
+    stretched = False
+    for s, m in zip(segments, manifest["segments"]):
+        own = estimate(onnx.load(seg / m["path"]), reorder=False)
+        stretched |= len(own.profile) != len(s["profile"])
+        assert max(s["profile"]) == s["peak_bytes"] == own.peak_bytes == m["peak_bytes"] <= budget
+        assert s["peak_step"] == step_of[own.peak_node]
+        assert s["profile"][s["peak_step"] - s["start"]] == own.peak_bytes
+    assert stretched  # the case the old placement got wrong: a segment with more nodes than its steps
+    fig = figure(data)
+    try:
+        fills = fig.axes[0].collections
+        assert len(fills) == len(segments)
+        for fill, s in zip(fills, segments):
+            xs = fill.get_paths()[0].vertices[:, 0]
+            assert (xs.min(), xs.max()) == (s["start"] - 0.5, s["start"] + len(s["profile"]) - 0.5)
     finally:
         import matplotlib.pyplot as plt
 

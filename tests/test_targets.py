@@ -217,7 +217,7 @@ def test_profile_sizes_and_typed_freeze_values_are_converted_before_the_check():
     profile = parse_profile('[constraints]\nsram_bytes = "384KiB"\nfreeze_inputs = { sr = 16000, w = [1, 2] }\n',
                             where="p.toml", default_name="p")
     assert profile.constraints == {"sram_bytes": 384 << 10, "freeze_inputs": {"sr": "16000", "w": "[1, 2]"}}
-    with pytest.raises(InputError, match=re.escape("[constraints] sram_bytes cannot read '384KB' as a size")):
+    with pytest.raises(InputError, match=re.escape("[constraints] sram_bytes '384KB': KB is ambiguous")):
         parse_profile('[constraints]\nsram_bytes = "384KB"\n', where="p.toml", default_name="p")
 
 
@@ -387,6 +387,20 @@ def test_parse_size(text, expected):
 def test_parse_size_refuses(text):
     with pytest.raises(ValueError):
         parse_size(text)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("3.1MiB", "'3.1MiB' is 3250585.6 bytes, not whole bytes: write a whole number of bytes or of a smaller unit, "
+               "e.g. 3250585 or 3174KiB"),
+    ("384KB", "KB is ambiguous (vendors use it for both 1000 and 1024 bytes); the binary units are B, KiB, MiB, GiB "
+              "(K, M, G mean the same), e.g. 384KiB"),
+    ("2 MB", "e.g. 2MiB"),
+    ("lots", "a binary unit: B, KiB, MiB, GiB"),
+])
+def test_parse_size_says_why_and_which_units_exist(text, says):
+    with pytest.raises(ValueError) as info:
+        parse_size(text)
+    assert says in str(info.value)
 
 
 # --- every constraint of every shipped profile is reported by the checker --------------------------------------

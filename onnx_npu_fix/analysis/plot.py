@@ -1,10 +1,12 @@
 """``--memory-plot``: the live activation bytes per step, as data (a JSON sidecar) and as a picture.
 
 The data come from the same estimate as ``--check`` (memory.py): the stored order's profile, the best order's
-(schedule.best_schedule) and, after ``--split``, each segment's own profile placed at the steps of the best order it
-covers. The picture (matplotlib, the optional extra ``plot``) draws them with the SRAM budget as a
-horizontal line, and below them the tensors live at the best order's peak as bars from producer to last reader, so
-a skip connection shows as a long bar.
+(schedule.best_schedule) and, after ``--split``, each segment's own profile placed on the best order's step axis:
+each of the segment's nodes at the step its node has in the best order (a node the segment recomputes, e.g. a
+weight DequantizeLinear, at the segment's first step), so a segment's peak is drawn at the step of the curve's
+node that makes it. The picture (matplotlib, the optional extra ``plot``) draws them with the SRAM
+budget as a horizontal line, and below them the tensors live at the best order's peak as bars from producer to last
+reader, so a skip connection shows as a long bar.
 """
 
 from __future__ import annotations
@@ -79,17 +81,37 @@ def profile_data(model: onnx.ModelProto, act_bytes: int = 1, sram_bytes: int | N
     series = [{"label": "stored order", "start": 0, "profile": stored.profile, "peak_bytes": stored.peak_bytes},
               {"label": "best order" + (" (optimal)" if found.optimal else ""), "start": 0,
                "profile": best.profile, "peak_bytes": best.peak_bytes}]
-    starts = [0, *cuts]
+    step_of = {lv.nodes[v].name: step for step, v in enumerate(found.order)}
+    bounds = [0, *cuts, len(found.order)]
     for k, segment in enumerate(segments):
-        seg = estimate_index(GraphIndex(segment), act_bytes, sram_bytes, reorder=False)
-        series.append({"label": f"segment {k}", "start": starts[k], "profile": seg.profile,
-                       "peak_bytes": seg.peak_bytes})
+        seg = estimate_index(GraphIndex(segment), act_bytes, sram_bytes, reorder=False)  # in its stored order
+        profile = on_steps(seg.profile, [step_of.get(node.name, -1) for node in segment.graph.node],
+                           bounds[k], bounds[k + 1])
+        series.append({"label": f"segment {k}", "start": bounds[k], "profile": profile,
+                       "peak_bytes": seg.peak_bytes,
+                       "peak_step": step_of.get(seg.peak_node, bounds[k]) if seg.peak_node else None})
     live = [{"name": t.name, "bytes": t.bytes, "start": t.producer_step, "end": t.last_step,
              "producer": t.producer, "last_consumer": t.last_consumer} for t in best.live_at_peak if t.bytes]
     return {"act_bytes": act_bytes, "sram_bytes": sram_bytes, "steps": stored.steps, "series": series,
             "peak": {"series": series[1]["label"], "step": best.peak_step, "node": best.peak_node,
                      "bytes": best.peak_bytes, "live": live},
             "lower_bound_bytes": found.lower_bound}
+
+
+def on_steps(profile: Sequence[int], steps: Sequence[int], start: int, end: int) -> list[int]:
+    """A segment's ``profile`` (bytes per step of its own node order) on the whole model's steps
+    ``start .. end - 1``: its node i runs at whole step ``steps[i]`` (outside the range, or -1: a node the segment
+    recomputes, at ``start``); several nodes at one step give the largest, a step where none of its nodes runs
+    keeps the bytes of the step before (nothing of the segment's starts or ends there)."""
+    values: list[int | None] = [None] * max(0, end - start)
+    for value, step in zip(profile, steps):
+        k = step - start if start <= step < end else 0
+        if values and (values[k] is None or value > values[k]):
+            values[k] = value
+    previous = profile[0] if profile else 0
+    for k, value in enumerate(values):
+        values[k] = previous = previous if value is None else value
+    return values
 
 
 LABEL_CHARS = 48

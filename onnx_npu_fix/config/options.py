@@ -84,8 +84,8 @@ class FixOptions:
     """Roll back a pass that fails validation and continue, instead of failing the run."""
     # --- validation data and approximations (docs/validation.md) --------------------------------
     validation_data: str | None = None
-    """An .npz file (one input set) or a folder of .npz / <input>.npy files: the validation inputs, instead of
-    generated ones (see onnx_npu_fix.pipeline.inputs)."""
+    """An .npz file (one input set), Polygraphy's --save-inputs JSON, or a folder of .npz / .json / <input>.npy
+    files: the validation inputs, instead of generated ones (see onnx_npu_fix.pipeline.inputs)."""
     input_ranges: tuple[str, ...] = ()
     """``NAME:LO,HI`` per graph input: the range of its generated values (floats uniform, integers inclusive);
     parsed by inputs.parse_input_ranges."""

@@ -61,6 +61,8 @@ _SIZE_FIELDS = frozenset({"sram_bytes", "large_tensor_bytes"})
 _NOT_SETTABLE = frozenset({"target", "requested"})
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_DECIMAL_UNITS = {"kb": "KiB", "mb": "MiB", "gb": "GiB"}
+"""Refused (ambiguous), each with the binary unit a message suggests instead."""
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
@@ -110,13 +112,18 @@ def parse_size(text: str | int) -> int:
         return text
     match = _SIZE_RE.match(str(text))
     unit = match.group(2).lower() if match else ""
+    if match and unit in _DECIMAL_UNITS:
+        raise ValueError(f"{text!r}: {match.group(2)} is ambiguous (vendors use it for both 1000 and 1024 bytes); "
+                         f"the binary units are B, KiB, MiB, GiB (K, M, G mean the same), e.g. "
+                         f"{match.group(1)}{_DECIMAL_UNITS[unit]}")
     if not match or unit not in _UNITS:
-        raise ValueError(
-            f"cannot read {text!r} as a size; write bytes (393216) or a binary unit: 384KiB, 2MiB, 1GiB"
-        )
+        raise ValueError(f"cannot read {text!r} as a size; write bytes (393216) or a binary unit: B, KiB, MiB, GiB "
+                         f"(K, M, G mean the same), e.g. 384KiB, 2MiB")
     value = float(match.group(1)) * _UNITS[unit]
     if value != int(value):
-        raise ValueError(f"{text!r} is not a whole number of bytes")
+        kib = f" or {int(value) >> 10}KiB" if value >= 1024 else ""
+        raise ValueError(f"{text!r} is {value:.1f} bytes, not whole bytes: write a whole number of bytes or of a "
+                         f"smaller unit, e.g. {int(value)}{kib}")
     return int(value)
 
 

@@ -15,7 +15,14 @@ import onnx.external_data_helper
 from google.protobuf.message import DecodeError
 
 from onnx_npu_fix.errors import InputError, first_line
-from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, infer_shapes, name_unnamed_nodes, set_input_shapes
+from onnx_npu_fix.ir.graph import (
+    TWO_GB,
+    approx_model_bytes,
+    feedable_inputs,
+    infer_shapes,
+    name_unnamed_nodes,
+    set_input_shapes,
+)
 from onnx_npu_fix.ir.structure import structural_problem
 
 
@@ -185,6 +192,10 @@ def prepare(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | 
         try:
             set_input_shapes(model, dict(input_shapes))
         except KeyError as exc:
+            if exc.args[0] == "":
+                fed = feedable_inputs(model)
+                raise InputError(f"--input-shape without a name needs a model with one input; this one has "
+                                 f"{len(fed)} ({', '.join(fed) or 'none'}): write NAME:D1,D2,... for each") from None
             names = ", ".join(i.name for i in model.graph.input) or "none"
             raise InputError(f"--input-shape names '{exc.args[0]}', which is not a graph input "
                              f"(inputs: {names})") from None

@@ -758,8 +758,15 @@ def payload_bytes(tensor: onnx.TensorProto) -> int:
 
 
 def set_input_shapes(model: onnx.ModelProto, shapes: dict[str, Sequence[int]]) -> None:
-    """Freeze graph input shapes (like onnxsim's --overwrite-input-shape). Unknown names raise KeyError."""
+    """Freeze graph input shapes (like onnxsim's --overwrite-input-shape). Unknown names raise KeyError. The name
+    ``""`` (onnxsim's nameless form, ``--input-shape 1,3,224,224``) is the model's one input that is not an
+    initializer; with several, KeyError("")."""
     by_name = {i.name: i for i in model.graph.input}
+    if "" in shapes and "" not in by_name:
+        fed = feedable_inputs(model)
+        if len(fed) != 1:
+            raise KeyError("")
+        shapes = {(fed[0] if name == "" else name): dims for name, dims in shapes.items()}
     for name, dims in shapes.items():
         if name not in by_name:
             raise KeyError(name)
@@ -767,6 +774,13 @@ def set_input_shapes(model: onnx.ModelProto, shapes: dict[str, Sequence[int]]) -
         del shape.dim[:]
         for d in dims:
             shape.dim.add().dim_value = int(d)
+
+
+def feedable_inputs(model: onnx.ModelProto) -> list[str]:
+    """The graph inputs a caller must feed: those that are not initializers (an initializer-backed input is a
+    default)."""
+    inits = {t.name for t in model.graph.initializer}
+    return [vi.name for vi in model.graph.input if vi.name not in inits]
 
 
 def dynamic_inputs(model: onnx.ModelProto) -> dict[str, Shape | None]:

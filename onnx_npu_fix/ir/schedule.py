@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from onnx_npu_fix import progress
 from onnx_npu_fix.ir.graph import GraphIndex, Shape, all_known, has_subgraphs, subgraph_outer_inputs
 from onnx_npu_fix.ir.ops import RANDOM_OPS, SUBGRAPH_OPS, is_default_domain
 
@@ -308,6 +309,10 @@ class SearchResult:
     expanded: int
 
 
+PROGRESS_EVERY = 1024
+"""The exact search reports its expanded states (progress.Step) every this many."""
+
+
 def _exact_search(lv: Liveness, incumbent_peak: int, lower: int, budget: int,
                   seconds: float) -> tuple[list[int] | None, int, int, bool, int]:
     """Bottleneck best-first search over the sets of scheduled nodes (each a down-set of the DAG).
@@ -357,6 +362,8 @@ def _exact_search(lv: Liveness, incumbent_peak: int, lower: int, budget: int,
             found, peak = _complete_best(lv, heap, info, best_g, closed, incumbent_peak)
             return found, peak, min(bound, peak), False, expanded
         expanded += 1
+        if expanded % PROGRESS_EVERY == 0:
+            progress.emit(progress.Step("schedule search", expanded, budget))
         closed.add(mask)
         resident, ready, _, _ = info[mask]
         for v, done, after, ng in _moves(lv, keeps, step_bytes, mask, resident, ready, g,

@@ -3,8 +3,9 @@
 Loaded data (like Polygraphy's ``--load-inputs`` and onnxsim's ``--input-data-path``) replaces generated inputs:
 
   FILE.npz          one input set: one array per graph input, keyed by the input's name
-  FOLDER/           every ``*.npz`` in it (sorted by name) is one input set; ``<input>.npy`` files (one per graph
-                    input, a ``/`` in the input's name written as ``_``) form one more set
+  FILE.json         Polygraphy's ``--save-inputs`` JSON: a list of feed dicts, each one input set (io.polygraphy_json)
+  FOLDER/           every ``*.npz`` and ``*.json`` in it (sorted by name) holds input sets; ``<input>.npy`` files (one
+                    per graph input, a ``/`` in the input's name written as ``_``) form one more set
 
 Every graph input that is not an initializer must be given, with the graph input's element type and, on every
 static dimension, its size; an array for a name that is no graph input is an error too (a typo would otherwise
@@ -34,6 +35,7 @@ import numpy as np
 import onnx
 
 from onnx_npu_fix.errors import InputError, first_line
+from onnx_npu_fix.io import polygraphy_json
 from onnx_npu_fix.ir.graph import dynamic_inputs, format_shape, shape_of_value_info
 from onnx_npu_fix.ir.ops import is_default_domain
 
@@ -262,15 +264,36 @@ def load_validation_data(model: onnx.ModelProto, path: str) -> list[Feeds]:
         raise InputError(f"--validation-data {path}: no such file or directory")
     if os.path.isdir(path):
         names = sorted(os.listdir(path))
-        sets = [_read_npz(model, os.path.join(path, n)) for n in names if n.endswith(".npz")]
+        sets = []
+        for name in names:
+            if name.endswith(".npz"):
+                sets.append(_read_npz(model, os.path.join(path, name)))
+            elif name.endswith(".json"):
+                sets.extend(_read_polygraphy(os.path.join(path, name)))
         npy = [n for n in names if n.endswith(".npy")]
         if npy:
             sets.append((path, {_input_of_npy(model, n): _read_npy(os.path.join(path, n)) for n in npy}))
         if not sets:
-            raise InputError(f"--validation-data {path}: the folder holds no .npz or .npy files")
+            raise InputError(f"--validation-data {path}: the folder holds no .npz, .json or .npy files")
+    elif path.lower().endswith(".json"):
+        sets = _read_polygraphy(path)
     else:
         sets = [_read_npz(model, path)]
     return [_check_set(model, where, arrays) for where, arrays in sets]
+
+
+def _read_polygraphy(path: str) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """The input sets of a Polygraphy ``--save-inputs`` file, each named ``path[k]`` in messages."""
+    _regular_file(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"--validation-data {path}: cannot read it ({first_line(exc)})") from None
+    sets = polygraphy_json.read_feeds(path, text)
+    if not sets:
+        raise InputError(f"--validation-data {path}: holds no input set (an empty list)")
+    return [(f"{path}[{k}]" if len(sets) > 1 else path, feed) for k, feed in enumerate(sets)]
 
 
 def _regular_file(path: str) -> None:
@@ -282,7 +305,7 @@ def _regular_file(path: str) -> None:
         raise InputError(f"--validation-data {path}: cannot read it ({first_line(exc)})") from None
     if not stat.S_ISREG(mode):
         raise InputError(f"--validation-data {path}: not a regular file (a FIFO, a device or a socket); give an "
-                         f".npz or .npy file")
+                         f".npz, .json or .npy file")
 
 
 NPY_HEADER_BYTES = 1 << 16

@@ -19,6 +19,22 @@ from onnx_npu_fix.passes.base import Change, Rejection
 from onnx_npu_fix.pipeline.validate import Comparison, quant_summary
 
 REPORT_VERSION = 1
+CHECK_VERSION = 1
+"""The version of the ``--check --format json`` document (schemas/check.schema.json)."""
+SCHEMAS = ("record", "check", "common")
+"""The JSON Schemas shipped in the package (``onnx_npu_fix/pipeline/schemas/<name>.schema.json``): the build
+record, the --check document, and the parts they share."""
+
+
+def schema(name: str) -> dict[str, Any]:
+    """The JSON Schema ``name`` (one of SCHEMAS), as shipped in the package."""
+    import json
+    from importlib import resources
+
+    if name not in SCHEMAS:
+        raise ValueError(f"no schema {name!r}; schemas: {', '.join(SCHEMAS)}")
+    text = resources.files("onnx_npu_fix.pipeline").joinpath("schemas", f"{name}.schema.json").read_text("utf-8")
+    return json.loads(text)
 
 
 class PassStatus(str, Enum):
@@ -290,3 +306,31 @@ def approximation_summary(report: FixReport) -> str | None:
     else:
         measured = "not measured"
     return f"APPROXIMATE: {'; '.join(parts)} ({measured}) — use {' or '.join([*hints, '--strict'])}"
+
+
+# --- the --check document (README "Check output"; schemas/check.schema.json) ---------------------------------
+
+
+def check_entry(path: str, checked: Any, violations: Sequence[Any], not_requested: Sequence[tuple[Any, str]]) -> \
+        dict[str, Any]:
+    """One model of the --check document: ``checked`` (constraints.CheckReport) with the violations that count
+    and the others with why (constraints.split_requested)."""
+    data = {"path": path, "error": None, **checked.to_json()}
+    data["clean"] = not violations
+    data["violations"] = [v.to_json() for v in violations]
+    data["not_requested"] = [{**v.to_json(), "reason": why} for v, why in not_requested]
+    return data
+
+
+def check_error_entry(path: str, error: str) -> dict[str, Any]:
+    """A model --check could not read: not clean, the reason, empty lists (the same keys as check_entry)."""
+    return {"path": path, "error": error, "clean": False, "violations": [], "exempt": [], "memory": None,
+            "not_requested": []}
+
+
+def check_document(models: Sequence[dict[str, Any]], exit_code: int) -> dict[str, Any]:
+    """The --check --format json document: one object for one model or many (a script reads ``.models[]``)."""
+    from onnx_npu_fix import __version__
+
+    return {"check_version": CHECK_VERSION, "npufix_version": __version__, "exit_code": exit_code,
+            "models": list(models)}

@@ -38,6 +38,7 @@ from enum import Enum
 
 import onnx
 
+from onnx_npu_fix import progress
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError, StrictRefused, first_line
 from onnx_npu_fix.io import load
@@ -95,6 +96,9 @@ class FixResult:
     report: FixReport
     serialized: bytes | None = None
     """``model`` as checked bytes, when the final check produced them (save_model then writes these)."""
+    inputs: list[Feeds] | None = None
+    """With ``keep_inputs``: the input sets the run validated with, as the original takes them (frozen inputs
+    included); None when it did not validate."""
 
     @property
     def ok(self) -> bool:
@@ -113,7 +117,7 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
                reference: Reference | None = None,
                on_serialized: Callable[[bytes], None] | None = None,
                reload: Callable[[], onnx.ModelProto] | None = None,
-               reference_feeds: Feeds | None = None) -> FixResult:
+               reference_feeds: Feeds | None = None, keep_inputs: bool = False) -> FixResult:
     """Run ``passes`` over ``model`` (edited in place) and return it with the report.
 
     Call :func:`prepare` first. Never raises for a failing pass: the report says which pass failed and why.
@@ -129,6 +133,7 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     undone with it instead of a copy kept for the whole run.
     ``reference_feeds``: inputs only ``reference`` takes (``--freeze-input``: the original still has the inputs
     frozen in ``model``), added to every input set it runs.
+    ``keep_inputs``: FixResult.inputs holds the validation inputs (``--save-inputs``), also when a pass failed.
     """
     started = time.perf_counter()
     report = FixReport()
@@ -142,7 +147,9 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     finally:
         validator.close()
     report.seconds = time.perf_counter() - started
-    return FixResult(model=model, report=report, serialized=data)
+    inputs = [{**feeds, **(reference_feeds or {})} for feeds in validator.feeds] \
+        if keep_inputs and validator.feeds else None
+    return FixResult(model=model, report=report, serialized=data, inputs=inputs)
 
 
 def _may_change(pass_: Pass, model: onnx.ModelProto, options: FixOptions) -> bool:
@@ -280,6 +287,8 @@ class _Run:
         self.here = RestorePoint(RestoreKind.REREAD) if reload is not None else _CHANGED
         """A restore point at the model as it is now that costs nothing (the input re-read while no pass changed
         it, the bytes of the last validation while nothing changed it since), else NONE."""
+        self.announced = 0
+        """Records before this index were announced (progress.PassFinished), in order."""
 
     def run(self) -> bytes | None:
         i: int | None = 0
@@ -293,7 +302,17 @@ class _Run:
                 return self._finish()
             else:
                 i = self._next(self._step(i), i + 1)
+            self._announce()
         return None
+
+    def _announce(self) -> None:
+        """progress.PassFinished for every record settled since the last call, in pass order: a record waits for
+        the pending group before it (a replay drops only pending records, never announced ones)."""
+        pending = {id(p.record) for p in self.group}
+        records = self.report.passes
+        while self.announced < len(records) and id(records[self.announced]) not in pending:
+            progress.emit(progress.PassFinished(records[self.announced]))
+            self.announced += 1
 
     def _measured_alone(self, pass_: Pass) -> bool:
         return not pass_.exact and _may_change(pass_, self.model, self.options)
@@ -440,7 +459,8 @@ class _Run:
         records = [p.record for p in self.group]
         t0 = time.perf_counter()
         verdict = self.validator.check(self.model, exact=all(r.exact for r in records),
-                                       on_serialized=self.on_serialized if last else None)
+                                       on_serialized=self.on_serialized if last else None,
+                                       task=f"validating {', '.join(r.name for r in records)}")
         if verdict.comparison is not None:
             for record in records:
                 record.validation = verdict.comparison

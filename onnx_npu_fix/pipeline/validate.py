@@ -13,6 +13,7 @@ with them under the run's criteria (rtol/atol, the approximate bound, quantizati
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import hashlib
 import os
 import tempfile
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from onnx_npu_fix import progress
 from onnx_npu_fix.config.options import check_output_names
 from onnx_npu_fix.errors import InputError, first_line
 from onnx_npu_fix.io.save import write_with_external_data
@@ -87,8 +89,13 @@ class Runner:
         values = self.session.run(self.output_names, feeds)
         return dict(zip(self.output_names, values))
 
-    def run_all(self, feeds: Sequence[Feeds]) -> list[Outputs]:
-        return [self.run(f) for f in feeds]
+    def run_all(self, feeds: Sequence[Feeds], task: str = "validation") -> list[Outputs]:
+        """Every input set, in order; progress.Step(``task``) after each."""
+        outputs = []
+        for feed in feeds:
+            outputs.append(self.run(feed))
+            progress.emit(progress.Step(task, len(outputs), len(feeds)))
+        return outputs
 
     def close(self) -> None:
         self.session = None
@@ -118,7 +125,9 @@ class Reference:
         self._read_from = read_from
         self._digest: concurrent.futures.Future = concurrent.futures.Future()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="npufix-reference")
-        self._outputs = self._executor.submit(self._work)
+        # The worker reports its progress to the run's listener (progress.listening): it runs in a copy of the
+        # caller's context, which a plain thread would not inherit.
+        self._outputs = self._executor.submit(contextvars.copy_context().run, self._work)
 
     def _work(self) -> list[Outputs]:
         source, self._source = self._source, None
@@ -141,10 +150,12 @@ class Reference:
             del source
         try:
             outputs = []
-            for feeds in self._feeds.result():
+            sets = self._feeds.result()
+            for feeds in sets:
                 if self._closing:  # nobody will read them (no pass changed the model): stop between runs
                     break
                 outputs.append(runner.run(feeds))
+                progress.emit(progress.Step("reference outputs", len(outputs), len(sets)))
             return outputs
         finally:
             runner.close()
@@ -566,7 +577,7 @@ def validate_chain(whole: onnx.ModelProto, segments: Sequence[onnx.ModelProto], 
     try:
         runner = Runner(whole)
         try:
-            reference = runner.run_all(feeds)
+            reference = runner.run_all(feeds, "split validation")
         finally:
             runner.close()
     except runtime_errors() as exc:
@@ -762,21 +773,22 @@ class Validator:
             self._reference.close()
 
     def _run(self, model: onnx.ModelProto, data: bytes | None = None, *,
-             before_runs: Callable[[], None] | None = None) -> list[Outputs]:
+             before_runs: Callable[[], None] | None = None, task: str = "validation") -> list[Outputs]:
         runner = Runner(model, data=data)
         try:
             if before_runs is not None:
                 before_runs()
-            return runner.run_all(self.feeds)
+            return runner.run_all(self.feeds, task)
         finally:
             runner.close()
 
     def check(self, model: onnx.ModelProto, *, exact: bool,
-              on_serialized: Callable[[bytes], None] | None = None) -> Verdict:
+              on_serialized: Callable[[bytes], None] | None = None, task: str = "validation") -> Verdict:
         """Check and run ``model`` (the candidate after one pass or one group of them) and compare its outputs
         with the last accepted model's: by rtol/atol when ``exact`` (quantized outputs in quantization steps),
         else by the approximate bound. A passing candidate becomes the accepted model. ``on_serialized`` gets
-        the candidate's bytes once the checker accepted them, before onnxruntime runs them."""
+        the candidate's bytes once the checker accepted them, before onnxruntime runs them. ``task``: what its
+        progress steps are called (progress.Step)."""
         data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
         problem = check_structure(model, data)
         if problem:
@@ -786,7 +798,7 @@ class Validator:
         try:
             # The session is built while the original's runs may still be going; its own runs wait for them
             # (two models computing at once would only fight over the cores).
-            outputs = self._run(model, data, before_runs=self._wait)
+            outputs = self._run(model, data, before_runs=self._wait, task=task)
         except runtime_errors() as exc:
             self._wait()  # an original that cannot run either is the input's problem, not this pass's
             return Verdict(f"onnxruntime cannot run the model after this pass: {first_line(exc)}", None, data)
