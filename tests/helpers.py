@@ -70,3 +70,40 @@ def small_model() -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 2])],
                               [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [3, 4])], [w])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def quantize_with_onnxruntime(model: onnx.ModelProto, directory, *, sets: int = 4, seed: int = 7,
+                              activation: str = "QUInt8") -> onnx.ModelProto:
+    """``model`` quantized by onnxruntime's own quantizer (QDQ, int8 weights, ``activation`` activations),
+    calibrated on ``sets`` seeded input sets; the float and quantized files are kept in ``directory``."""
+    from onnxruntime import quantization
+
+    src, dst = directory / "float.onnx", directory / "qdq.onnx"
+    onnx.save(model, src)
+
+    class Reader(quantization.CalibrationDataReader):
+        def __init__(self) -> None:
+            self._sets = iter(make_inputs(model, sets, seed))
+
+        def get_next(self):  # noqa: ANN201 - the quantizer's interface
+            return next(self._sets, None)
+
+    quantization.quantize_static(str(src), str(dst), Reader(), quant_format=quantization.QuantFormat.QDQ,
+                                 activation_type=getattr(quantization.QuantType, activation),
+                                 weight_type=quantization.QuantType.QInt8)
+    return onnx.load(dst)
+
+
+def break_cleanup(monkeypatch) -> None:
+    """Make the cleanup pass change the model's first weight (a wrong pass that validation must catch)."""
+    from onnx_npu_fix.passes.cleanup import CleanupPass
+
+    original_run = CleanupPass.run
+
+    def broken(self, model, options):
+        result = original_run(self, model, options)
+        weight = model.graph.initializer[0]
+        weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) + 1, weight.name))
+        return result
+
+    monkeypatch.setattr(CleanupPass, "run", broken)

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from helpers import break_cleanup
 
 from onnx_npu_fix.cli import main
 from onnx_npu_fix.errors import InputError
@@ -87,17 +88,7 @@ def test_save_inputs_then_validation_data_replays_the_same_validation(tmp_path, 
 
 
 def test_a_failing_run_still_saves_the_inputs_it_failed_on(tmp_path, fixture_path, monkeypatch):
-    from onnx_npu_fix.passes.cleanup import CleanupPass
-
-    original_run = CleanupPass.run
-
-    def broken(self, model, options):
-        result = original_run(self, model, options)
-        weight = model.graph.initializer[0]
-        weight.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(weight) + 1, weight.name))
-        return result
-
-    monkeypatch.setattr(CleanupPass, "run", broken)
+    break_cleanup(monkeypatch)
     saved = tmp_path / "failing.json"
     result = invoke(fixture_path("tcn.onnx"), "-o", tmp_path / "o.onnx", "--save-inputs", saved)
     assert result.exit_code == 3 and "pass cleanup failed" in result.output

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import threading
 
-import onnx
 import pytest
 from click.testing import CliRunner
+from helpers import break_cleanup
 
 from onnx_npu_fix import api, progress
 from onnx_npu_fix.cli import main
@@ -51,17 +51,7 @@ def test_each_pass_is_announced_once_when_settled_in_order(tmp_path, fixture_pat
 
 
 def test_a_replayed_group_announces_only_what_the_report_keeps(tmp_path, fixture_path, monkeypatch):
-    from onnx_npu_fix.passes.cleanup import CleanupPass
-
-    original_run = CleanupPass.run
-
-    def broken(self, model, options):
-        result = original_run(self, model, options)
-        weight = model.graph.initializer[0]
-        weight.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(weight) + 1, weight.name))
-        return result
-
-    monkeypatch.setattr(CleanupPass, "run", broken)
+    break_cleanup(monkeypatch)
     log = _Log()
     outcome = api.run(fixture_path("unet.onnx"), tmp_path / "o.onnx", FixOptions(keep_going=True), on_event=log)
     finished = [(name, status, ident) for kind, name, status, ident in (e for e in log if e[0] == "finished")]

@@ -17,6 +17,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
+from helpers import quantize_with_onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
@@ -355,20 +356,9 @@ def test_the_field_reports_512_to_384():
 def test_split_of_a_model_quantized_by_onnxruntime(tmp_path):
     """QDQ from onnxruntime's own quantizer: weight DequantizeLinear nodes are constant-only, so they are
     recomputed in each segment that reads them and only (quantized) activations cross the cuts."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.sets = iter([{"image": np.random.default_rng(i).standard_normal((1, 1, 16, 16)).astype(np.float32)}
-                              for i in range(4)])
-
-        def get_next(self):
-            return next(self.sets, None)
-
-    src, quantized = tmp_path / "f.onnx", tmp_path / "q.onnx"
-    onnx.save(skip_unet(), src)
-    quantize_static(str(src), str(quantized), Reader(), quant_format=QuantFormat.QDQ,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    quantize_with_onnxruntime(skip_unet(), tmp_path, sets=4, activation="QInt8")
+    quantized = tmp_path / "qdq.onnx"
     fixed = api.fix(api.load_model(quantized), FixOptions(align=0)).model
     est = estimate(fixed)
     assert est.floor_bytes < est.best_peak
@@ -549,23 +539,12 @@ def test_memory_plot_draws_a_split_on_the_curves_step_axis(tmp_path):
     cover): each segment's fill is still drawn on the best order's steps it covers, contiguous, with its peak at
     the step of the node the segment's own estimate names (it was drawn 9 steps late before)."""
     pytest.importorskip("matplotlib")
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     from onnx_npu_fix.analysis.plot import figure
     from onnx_npu_fix.ir.schedule import best_schedule, liveness
 
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.sets = iter([{"image": np.random.default_rng(i).standard_normal((1, 1, 16, 16)).astype(np.float32)}
-                              for i in range(2)])
-
-        def get_next(self):
-            return next(self.sets, None)
-
-    src, quantized = tmp_path / "f.onnx", tmp_path / "q.onnx"
-    onnx.save(skip_unet(), src)
-    quantize_static(str(src), str(quantized), Reader(), quant_format=QuantFormat.QDQ,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    quantize_with_onnxruntime(skip_unet(), tmp_path, sets=2, activation="QInt8")
+    quantized = tmp_path / "qdq.onnx"
     fixed = api.fix(api.load_model(quantized), FixOptions(align=0)).model
     est = estimate(fixed)
     budget = est.floor_bytes + (est.best_peak - est.floor_bytes) // 2

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from helpers import quantize_with_onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
@@ -18,7 +19,6 @@ from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.ir.qdq import output_step_bound
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
-from onnx_npu_fix.pipeline.inputs import make_inputs
 
 quantization = pytest.importorskip("onnxruntime.quantization")
 
@@ -49,21 +49,7 @@ def _float_conv_tanh(tail: tuple[str, ...] = ("Tanh",)) -> onnx.ModelProto:
 
 def _quantized(tmp_path, tail: tuple[str, ...] = ("Tanh",)) -> onnx.ModelProto:
     """The model quantized by onnxruntime's own quantizer (QDQ, uint8 activations, int8 weights)."""
-    model = _float_conv_tanh(tail)
-    src, dst = tmp_path / "float.onnx", tmp_path / "qdq.onnx"
-    onnx.save(model, src)
-
-    class Reader(quantization.CalibrationDataReader):
-        def __init__(self) -> None:
-            self._sets = iter(make_inputs(model, 4, 7))
-
-        def get_next(self):  # noqa: ANN201 - the quantizer's interface
-            return next(self._sets, None)
-
-    quantization.quantize_static(str(src), str(dst), Reader(), quant_format=quantization.QuantFormat.QDQ,
-                                 activation_type=quantization.QuantType.QUInt8,
-                                 weight_type=quantization.QuantType.QInt8)
-    quantized = onnx.load(dst)
+    quantized = quantize_with_onnxruntime(_float_conv_tanh(tail), tmp_path)
     assert [n.op_type for n in quantized.graph.node][-1 - len(tail)] == "DequantizeLinear"
     return quantized
 
