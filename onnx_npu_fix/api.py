@@ -35,6 +35,7 @@ from onnx_npu_fix.io.paths import WritePlan, check_output_path, check_run_paths,
 from onnx_npu_fix.io.save import EarlyWrite, Transaction, save_model, sha256_file, write_json
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, copy_model, infer_shapes
 from onnx_npu_fix.judge.command import Judge
+from onnx_npu_fix.judge.forms import JudgeFit
 from onnx_npu_fix.judge.record import reduction_record
 from onnx_npu_fix.judge.reduce import Reduction, reduce_model
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
@@ -225,6 +226,8 @@ class RunOutcome:
     """``split_dir``: the segments that fit the SRAM budget (or why none could), see :func:`split_model`."""
     memory_plot: str | None = None
     """``memory_plot``: the picture written (its numbers are next to it, ``+ '.json'``)."""
+    judge: JudgeFit | None = None
+    """``judge``: what the judge said of the output and which forms were tried (judge/forms.py)."""
 
     @property
     def report(self) -> FixReport | None:
@@ -249,6 +252,8 @@ class _RunState:
     wants_record: bool
     """``report_path`` or ``record=True``: the record hashes both models (0.2 s at 100 MB), built only when read."""
     command: Sequence[str] | None
+    judge: Judge | None = None
+    progress: Callable[[str], None] | None = None
     started: float = field(default_factory=time.perf_counter)
     external: bool = False
     """The input has external data (and so will the output)."""
@@ -262,7 +267,8 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
         options: FixOptions | None = None, *, passes: Sequence[Pass] | None = None,
         report_path: str | os.PathLike | None = None, check: bool = False, shapes: bool = False,
         record: bool = False, command: Sequence[str] | None = None,
-        split_dir: str | os.PathLike | None = None, memory_plot: str | os.PathLike | None = None) -> RunOutcome:
+        split_dir: str | os.PathLike | None = None, memory_plot: str | os.PathLike | None = None,
+        judge: Judge | None = None, progress: Callable[[str], None] | None = None) -> RunOutcome:
     """Load ``input_path``, fix it (``passes``, default order unless given), re-check the constraints, write
     ``output`` atomically and the build record to ``report_path``; or with ``check=True`` only check the input.
 
@@ -274,9 +280,16 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
     ``split_dir``: once fixed, cut the model into segments that each fit ``options.sram_bytes`` and write them
     with ``manifest.json`` there (:func:`split_model`; before the model is saved, so a failed split writes
     nothing). ``memory_plot``: draw the activation profile (:func:`write_memory_plot`).
+    ``judge``: a fixing run's output must be accepted by this judge command; when it is not, the other emission
+    forms the passes know are tried on the region it rejects (judge/forms.py) and the first accepted one is
+    written; none accepted: the output is written with a ``judge`` violation (exit 1). ``progress``: one line per
+    judge call.
     """
     job = _RunState(os.fspath(input_path), _fspath(output), options or FixOptions(), _fspath(report_path),
-               _fspath(split_dir), _fspath(memory_plot), shapes, bool(report_path) or record, command)
+               _fspath(split_dir), _fspath(memory_plot), shapes, bool(report_path) or record, command,
+               judge, progress)
+    if judge is not None and check:
+        raise InputError("--judge judges a fixing run's output: use it with -o, not with --check")
     _check_fitting(job.options, job.input_path, check, job.split_dir, job.memory_plot)
     with job.files:  # any exception, KeyboardInterrupt and SIGTERM included, removes every staged file
         if check:
@@ -352,6 +365,8 @@ def _fix_and_write(job: _RunState, chosen: list[Pass]) -> RunOutcome:
             outcome.exit_code, outcome.error = EXIT_PASS_FAILED, _failure(result.report)
             return outcome
         _check_output(job, outcome)
+        if job.judge is not None:
+            _fit_judge(job, outcome, chosen)
         _split(job, outcome)
         if job.memory_plot and outcome.error is None:
             _plot(outcome, result.model, job, prepared=True)
@@ -384,6 +399,32 @@ def _load_and_fix(job: _RunState, chosen: list[Pass], early: EarlyWrite) -> FixR
         if reference is not None:
             reference.close()
     return result
+
+
+def _fit_judge(job: _RunState, outcome: RunOutcome, chosen: list[Pass]) -> None:
+    """``--judge``: judge the output; when rejected, the first accepted form replaces it (judge/forms.py)."""
+    from onnx_npu_fix.judge.forms import fit_judge
+
+    def refix(options: FixOptions) -> FixResult:  # from the input again, validated as the run is
+        return fix(job.input_path, options, chosen)
+
+    def prepare_for_reduction(model: onnx.ModelProto) -> onnx.ModelProto:
+        return _prepared_for_reduction(copy_model(model), job.options)
+
+    fit, result, options = fit_judge(outcome.result, job.options, job.judge, refix, prepare_for_reduction,
+                                     job.progress)
+    outcome.judge = fit
+    if result is not outcome.result:
+        outcome.result, job.options = result, options
+        _check_output(job, outcome)
+
+
+def _judge_violation(fit: JudgeFit) -> Violation:
+    """The ``judge`` constraint: the judge rejects the output in every form tried."""
+    nodes = fit.region
+    node, op = (nodes[0]["name"], nodes[0]["op"]) if nodes else ("model", "-")
+    return Violation(node, op, "judge", fit.signature, "accepted by --judge", None,
+                     f"no form npufix knows was accepted ({len(fit.attempts)} tried)")
 
 
 def _failure(report: FixReport) -> str:
@@ -445,6 +486,8 @@ def _decide(job: _RunState, outcome: RunOutcome, chosen: list[Pass]) -> None:
     outcome.written = job.output
     outcome.violations, outcome.not_requested = split_requested(
         outcome.checked.violations, job.options, [p.name for p in chosen])
+    if outcome.judge is not None and not outcome.judge.accepted:  # asked for by --judge itself
+        outcome.violations.append(_judge_violation(outcome.judge))
     if outcome.violations or (outcome.split is not None and not outcome.split.fits):
         outcome.exit_code = EXIT_VIOLATIONS
 
@@ -466,6 +509,7 @@ def _record(job: _RunState, outcome: RunOutcome) -> None:
                                       outcome.not_requested, job.read_digest.hex() if job.read_digest else None,
                                       written_digest)
         outcome.record["split"] = outcome.split.to_json() if outcome.split is not None else None
+        outcome.record["judge"] = outcome.judge.to_json() if outcome.judge is not None else None
     if job.report_path:
         try:
             write_json(job.report_path, outcome.record, transaction=job.files)

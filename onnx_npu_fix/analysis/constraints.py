@@ -149,6 +149,10 @@ CONSTRAINT_TABLE: tuple[Constraint, ...] = (
                "one node's activation inputs plus outputs alone exceed `--sram`: no order or split can fit it",
                "none — the line names the layer and says what would fit: the largest input size at which the "
                "whole model (or, with `--split`, every layer) fits, or the number of spatial tiles"),
+    Constraint("judge", "{}", (), None,
+               "`--judge CMD` (a fixing run) rejects the output, and every other emission form tried for the "
+               "region it rejects too (reported at the reduced region's first node)",
+               "the first form the judge accepts, found by `--judge` itself (docs/reduce.md); else none"),
 )
 CONSTRAINT: dict[str, Constraint] = {c.name: c for c in CONSTRAINT_TABLE}
 CONSTRAINTS: tuple[str, ...] = tuple(CONSTRAINT)
