@@ -420,11 +420,11 @@ def _fit_judge(job: _RunState, outcome: RunOutcome, chosen: list[Pass]) -> None:
 
 
 def _judge_violation(fit: JudgeFit) -> Violation:
-    """The ``judge`` constraint: the judge rejects the output in every form tried."""
-    nodes = fit.region
-    node, op = (nodes[0]["name"], nodes[0]["op"]) if nodes else ("model", "-")
-    return Violation(node, op, "judge", fit.signature, "accepted by --judge", None,
-                     f"no form npufix knows was accepted ({len(fit.attempts)} tried)")
+    """The ``judge`` violation of a run whose judge rejects the output in every form tried."""
+    from onnx_npu_fix.analysis.constraints import judge_violation
+
+    node, op = (fit.region[0]["name"], fit.region[0]["op"]) if fit.region else ("model", "-")
+    return judge_violation(node, op, fit.signature, len(fit.attempts))
 
 
 def _failure(report: FixReport) -> str:

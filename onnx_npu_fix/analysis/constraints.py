@@ -827,6 +827,14 @@ def render_check(report: CheckReport) -> str:
 # nearest Resize, no BatchNormalization) drive the passes but are not constraints unless asked for.
 
 
+def judge_violation(node: str, op: str, signature: str | None, tried: int) -> Violation:
+    """The ``judge`` constraint: ``--judge`` rejects the output (``signature``) and the ``tried`` other forms;
+    ``node``: the first node of the region it was reduced to. It is asked for by ``--judge`` itself (the caller
+    counts it; no FixOptions field asks for it)."""
+    return Violation(node, op, "judge", signature, "accepted by --judge", None,
+                     f"no form npufix knows was accepted ({tried} tried)")
+
+
 def split_requested(violations: Sequence[Violation], options: FixOptions,
                     passes: Sequence[str] | None = None) -> tuple[list[Violation], list[tuple[Violation, str]]]:
     """(the violations that count, the others with why they do not).
