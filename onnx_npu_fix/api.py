@@ -409,7 +409,8 @@ def _fit_judge(job: _RunState, outcome: RunOutcome, chosen: list[Pass]) -> None:
         return fix(job.input_path, options, chosen)
 
     def prepare_for_reduction(model: onnx.ModelProto) -> onnx.ModelProto:
-        return _prepared_for_reduction(copy_model(model), job.options)
+        # the output's shapes are static already (an --input-shape name may be a frozen input, gone from it)
+        return _prepared_for_reduction(copy_model(model), dataclasses.replace(job.options, input_shapes={}))
 
     fit, result, options = fit_judge(outcome.result, job.options, job.judge, refix, prepare_for_reduction,
                                      job.progress)

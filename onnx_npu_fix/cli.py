@@ -313,7 +313,8 @@ def main(ctx: click.Context, **params: Any) -> None:
     rewrite changed nothing the model computes.
 
     `npufix reduce MODEL --judge CMD -o MIN.onnx` finds the smallest model a compiler still rejects (see
-    `npufix reduce --help`)."""
+    `npufix reduce --help`); with `--judge CMD` a fixing run's output must pass that compiler, and npufix tries
+    the other forms it knows for what the compiler rejects (docs/reduce.md)."""
     _guarded(ctx, params.get("verbose", 0), lambda: _main(ctx, **params))
 
 

@@ -53,6 +53,9 @@ def test_a_judge_that_rejects_rank3_pads_gets_another_remainder_form(tmp_path):
     assert _rank3_pads(out) == []
     assert Judge(f"{PATTERN_JUDGE} pad3 {{model}}").judge(out.read_bytes()).kind == "pass"
     assert json.loads(report.read_text())["options"][key] == change["to"]
+    row = next(line for line in open(os.path.join(HERE, "..", "docs", "record.md"), encoding="utf-8")
+               if line.startswith("| `judge` |"))
+    assert all(f"`{field}`" in row or f"`{field}[]`" in row for field in [*judged, *judged["reduction"]])
 
 
 def test_a_judge_that_rejects_everything_writes_the_output_with_a_judge_violation(tmp_path):
