@@ -99,3 +99,32 @@ def test_judge_options_need_a_fixing_run_with_judge(tmp_path):
         assert result.exit_code == EXIT_USAGE and message in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1
     assert os.listdir(tmp_path) == []
+
+
+def test_the_forms_tried_for_a_region_npufix_did_not_rewrite_cheapest_first():
+    """A dilated 1-D conv with 12 channels and a rank-3 Pad, neither rewritten: each key the region names, in
+    KEY_ORDER, each value once, then pairs; bounded."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_npu_fix.config.options import FixOptions
+    from onnx_npu_fix.judge.forms import MAX_CANDIDATES, candidates, region_limits, relevant_keys
+    from onnx_npu_fix.pipeline.report import FixReport
+
+    weight = numpy_helper.from_array(np.ones((12, 12, 3), np.float32), "w")
+    pads = numpy_helper.from_array(np.array([0, 0, 1, 0, 0, 1], np.int64), "pads")
+    graph = helper.make_graph(
+        [helper.make_node("Pad", ["x", "pads"], ["p"], name="pad"),
+         helper.make_node("Conv", ["p", "w"], ["y"], name="conv", dilations=[6], pads=[6, 6])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, 34])], [weight, pads])
+    region = prepared(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    options = FixOptions(max_dilation=8)
+    why = relevant_keys(region, FixReport(), options)
+    assert set(why) == {"remainder_pad", "lift_conv1d", "max_dilation", "align"}, why
+    tried = candidates(why, options, region_limits(region))
+    singles = [{"remainder_pad": "pad4d"}, {"remainder_pad": "pad"}, {"lift_conv1d": True}, {"max_dilation": 5},
+               {"max_dilation": 4}, {"align": 0}, {"align": 16}]
+    assert tried[:len(singles)] == singles
+    assert tried[len(singles)] == {"remainder_pad": "pad4d", "lift_conv1d": True}
+    assert len(tried) == MAX_CANDIDATES

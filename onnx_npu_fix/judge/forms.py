@@ -8,9 +8,10 @@ emission forms the passes already know for the region the judge objects to, and 
    changed (its name is the changed node's, or starts with it and ``/``) names that pass's keys
    (``PASS_KEYS``); a node npufix did not rewrite names the keys of the emission facts it matches
    (judge/record.py ``EMISSION_FACTS``: a dilated conv under the limit, a 1-D conv, a rank-3 Pad, a
-   ConvTranspose stride) and a non-nearest Resize ``resize_mode``.
+   ConvTranspose stride), a non-nearest Resize ``resize_mode``, a conv with unaligned channels ``align``.
 4. Candidates, cheapest first (:func:`candidates`): one key changed, keys in ``KEY_ORDER`` and each key's
-   values in the order :func:`_values` gives; then two keys changed (pairs of those single changes, in the same
+   values in the order :func:`_values` gives (a numeric limit: first the ones that make a pass rewrite the
+   region's own nodes, :func:`region_limits`); then two keys changed (pairs of those single changes, in the same
    order); at most ``MAX_CANDIDATES`` fix runs. Each candidate re-runs the passes from the input with the changed
    options and is validated as usual (the caller's ``refix``; passes never run onnxruntime); one that fails to
    fix or to validate is skipped, unjudged. A candidate whose bytes were judged before costs no call (the
@@ -33,6 +34,7 @@ import onnx
 from onnx_npu_fix.config.options import CHOICES, FixOptions
 from onnx_npu_fix.errors import InputError, OptionError
 from onnx_npu_fix.ir.graph import GraphIndex, get_attr
+from onnx_npu_fix.ir.ops import conv_aligned, conv_channels
 from onnx_npu_fix.judge.command import PASS, Judge, Verdict
 from onnx_npu_fix.judge.record import EMISSION_FACTS, remaining_nodes
 from onnx_npu_fix.judge.reduce import Progress, Reduction, reduce_model
@@ -43,12 +45,16 @@ PASS_KEYS: dict[str, tuple[str, ...]] = {
     "dilated-conv": ("remainder_pad", "lift_conv1d", "s2b_layout", "max_dilation"),
     "resize-nearest": ("resize_mode", "allow_convtranspose", "max_convtranspose_stride"),
     "fold-batchnorm": ("bn_standalone",),
+    "align-channels": ("align",),
 }
 """The profile keys that choose the forms each pass emits."""
 KEY_ORDER: tuple[str, ...] = ("remainder_pad", "lift_conv1d", "s2b_layout", "max_dilation", "resize_mode",
-                              "allow_convtranspose", "max_convtranspose_stride", "bn_standalone")
+                              "allow_convtranspose", "max_convtranspose_stride", "bn_standalone", "align")
 """Which key is tried first: the cheapest change first (a remainder form touches a few padding nodes, lifting
-1-D convs wraps every one in Reshapes, another layout or block size k rebuilds the whole rewrite)."""
+1-D convs wraps every one in Reshapes, another layout or block size k rebuilds the whole rewrite; another channel
+alignment changes every conv)."""
+ALIGN = 8
+"""The alignment tried for an unaligned conv when the run aligns nothing (``align`` 0)."""
 MAX_CANDIDATES = 12
 """Fix runs tried at most (each is a full, validated fix)."""
 
@@ -120,8 +126,8 @@ def fit_judge(result: FixResult, options: FixOptions, judge: Judge, refix: Refix
     else:
         fit.signature = verdict.signature or verdict.text()
         region = _reduce(fit, result.model, judge, prepare_for_reduction, progress)
-        why = relevant_keys(region, result.report)
-        for changes in candidates(why, options):
+        why = relevant_keys(region, result.report, options)
+        for changes in candidates(why, options, region_limits(region)):
             found = _try(fit, changes, options, judge, refix, progress)
             if found is not None:
                 fit.accepted = True
@@ -150,7 +156,7 @@ def _reduce(fit: JudgeFit, output: onnx.ModelProto, judge: Judge,
     return fit.reduction.model
 
 
-def relevant_keys(region: onnx.ModelProto, report: FixReport) -> dict[str, str]:
+def relevant_keys(region: onnx.ModelProto, report: FixReport, options: FixOptions) -> dict[str, str]:
     """The profile keys that can change ``region``'s nodes, each with why (module docstring, step 3)."""
     why: dict[str, str] = {}
     rewritten: dict[str, str] = {}
@@ -175,7 +181,33 @@ def relevant_keys(region: onnx.ModelProto, report: FixReport) -> dict[str, str]:
                 why.setdefault(fact.key, f"{node.name}: {fact.describe(value)}")
         if node.op_type == "Resize" and get_attr(node, "mode", b"nearest") not in (b"nearest", "nearest"):
             why.setdefault("resize_mode", f"{node.name}: a non-nearest Resize")
+        unaligned = _unaligned(index, node, options.align or ALIGN)
+        if unaligned:
+            why.setdefault("align", f"{node.name}: {unaligned}")
     return why
+
+
+def _unaligned(index: GraphIndex, node: onnx.NodeProto, align: int) -> str | None:
+    """What is unaligned about a Conv / ConvTranspose's channels (None: nothing, or not a conv)."""
+    if node.op_type not in ("Conv", "ConvTranspose") or len(node.input) < 2:
+        return None
+    weight = index.shape(node.input[1])
+    if weight is None:
+        return None
+    group = get_attr(node, "group", 1)
+    c_in, c_out = conv_channels(node.op_type, weight, group)
+    if conv_aligned(align, group, c_in, c_out):
+        return None
+    return f"{node.op_type} channels {c_in} -> {c_out} not multiples of {align}"
+
+
+def region_limits(region: onnx.ModelProto) -> dict[str, list[int]]:
+    """Limits that would make a pass rewrite the region's own nodes: a dilation d -> ``max_dilation`` d - 1
+    (dilated-conv rewrites that conv), a ConvTranspose stride s -> ``max_convtranspose_stride`` s // 2."""
+    dilations = {max(get_attr(n, "dilations", None) or [1]) for n in region.graph.node if n.op_type == "Conv"}
+    strides = {max(get_attr(n, "strides", None) or [1]) for n in region.graph.node if n.op_type == "ConvTranspose"}
+    return {"max_dilation": sorted((d - 1 for d in dilations if d > 1), reverse=True),
+            "max_convtranspose_stride": sorted((s // 2 for s in strides if s > 1), reverse=True)}
 
 
 def _ancestors(name: str) -> list[str]:
@@ -184,9 +216,12 @@ def _ancestors(name: str) -> list[str]:
     return ["/".join(parts[:k]) for k in range(len(parts), 0, -1)]
 
 
-def candidates(why: dict[str, str], options: FixOptions) -> list[dict[str, Any]]:
-    """The option changes to try, cheapest first, at most MAX_CANDIDATES (module docstring, step 4)."""
-    singles = [{key: value} for key in KEY_ORDER if key in why for value in _values(key, options)]
+def candidates(why: dict[str, str], options: FixOptions,
+               limits: dict[str, list[int]] | None = None) -> list[dict[str, Any]]:
+    """The option changes to try, cheapest first, at most MAX_CANDIDATES (module docstring, step 4);
+    ``limits``: :func:`region_limits`."""
+    limits = limits or {}
+    singles = [{key: value} for key in KEY_ORDER if key in why for value in _values(key, options, limits)]
     pairs = [{**a, **b} for i, a in enumerate(singles) for b in singles[i + 1:] if not set(a) & set(b)]
     valid = []
     for changes in [*singles, *pairs]:
@@ -198,19 +233,22 @@ def candidates(why: dict[str, str], options: FixOptions) -> list[dict[str, Any]]
     return valid[:MAX_CANDIDATES]
 
 
-def _values(key: str, options: FixOptions) -> list[Any]:
+def _values(key: str, options: FixOptions, limits: dict[str, list[int]]) -> list[Any]:
     """The values of ``key`` other than the current one: the other choices in their listed order; the other
-    boolean; half the limit for a numeric limit (another block size k, more ConvTranspose stages)."""
+    boolean; for a numeric limit, the region's own limits (:func:`region_limits`, largest first) below the
+    current one, then half the current one (another block size k, more ConvTranspose stages); for ``align``,
+    ALIGN when the run aligns nothing, else no alignment, then twice the current one."""
     current = getattr(options, key)
     if key in CHOICES:
         return [v for v in CHOICES[key] if v != current and v != "auto"]
     if isinstance(current, bool):
         return [not current]
-    if key == "max_dilation" and current is not None and current > 1:
-        return [current // 2]
-    if key == "max_convtranspose_stride":
-        limit = current if current is not None else 8
-        return [limit // 2] if limit > 1 else []
+    if key == "align":
+        return [ALIGN] if current == 0 else [0, 2 * current]
+    if key in ("max_dilation", "max_convtranspose_stride"):
+        below = [v for v in limits.get(key, ()) if v >= 1 and (current is None or v < current)]
+        halved = [current // 2] if current is not None and current > 1 else []
+        return list(dict.fromkeys([*below, *halved]))
     return []
 
 
