@@ -36,6 +36,7 @@ from onnx_npu_fix.io.paths import WritePlan, check_output_path, check_run_paths,
 from onnx_npu_fix.io.save import EarlyWrite, Transaction, save_model, sha256_file, write_json
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, copy_model, infer_shapes
 from onnx_npu_fix.judge.command import Judge
+from onnx_npu_fix.judge.forms import JudgeFit
 from onnx_npu_fix.judge.record import reduction_record
 from onnx_npu_fix.judge.reduce import Reduction, reduce_model
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
@@ -229,6 +230,8 @@ class RunOutcome:
     """``memory_plot``: the picture written (its numbers are next to it, ``+ '.json'``)."""
     saved_inputs: dict[str, Any] | None = None
     """``save_inputs``: where the validation inputs went and how many sets (written also when a pass failed)."""
+    judge: JudgeFit | None = None
+    """``judge``: what the judge said of the output and which forms were tried (judge/forms.py)."""
 
     @property
     def report(self) -> FixReport | None:
@@ -255,6 +258,7 @@ class _RunState:
     command: Sequence[str] | None
     save_inputs: str | None = None
     """Where the validation inputs go, in Polygraphy's JSON (``--save-inputs``)."""
+    judge: Judge | None = None
     started: float = field(default_factory=time.perf_counter)
     external: bool = False
     """The input has external data (and so will the output)."""
@@ -269,7 +273,8 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
         report_path: str | os.PathLike | None = None, check: bool = False, shapes: bool = False,
         record: bool = False, command: Sequence[str] | None = None,
         split_dir: str | os.PathLike | None = None, memory_plot: str | os.PathLike | None = None,
-        save_inputs: str | os.PathLike | None = None, on_event: Callable[[Any], None] | None = None) -> RunOutcome:
+        save_inputs: str | os.PathLike | None = None, on_event: Callable[[Any], None] | None = None,
+        judge: Judge | None = None) -> RunOutcome:
     """Load ``input_path``, fix it (``passes``, default order unless given), re-check the constraints, write
     ``output`` atomically and the build record to ``report_path``; or with ``check=True`` only check the input.
 
@@ -285,15 +290,21 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
     pass failed (the case to replay); a fixing run that validates only. ``on_event``: gets the run's
     progress events as they happen (:mod:`onnx_npu_fix.progress`: each pass as it is settled, steps of long
     tasks); the same as running inside ``progress.listening(on_event)``.
+    ``judge``: a fixing run's output must be accepted by this judge command; when it is not, the other emission
+    forms the passes know are tried on the region it rejects (judge/forms.py) and the first accepted one is
+    written; none accepted: the output is written with a ``judge`` violation (exit 1); each judge call is a
+    ``progress.JudgeCall`` event.
     """
     if on_event is not None:
         with progress.listening(on_event):
             return run(input_path, output, options, passes=passes, report_path=report_path, check=check,
                        shapes=shapes, record=record, command=command, split_dir=split_dir,
-                       memory_plot=memory_plot, save_inputs=save_inputs)
+                       memory_plot=memory_plot, save_inputs=save_inputs, judge=judge)
     job = _RunState(os.fspath(input_path), _fspath(output), options or FixOptions(), _fspath(report_path),
                _fspath(split_dir), _fspath(memory_plot), shapes, bool(report_path) or record, command,
-               _fspath(save_inputs))
+               _fspath(save_inputs), judge)
+    if judge is not None and check:
+        raise InputError("--judge judges a fixing run's output: use it with -o, not with --check")
     _check_fitting(job.options, job.input_path, check, job.split_dir, job.memory_plot)
     _check_save_inputs(job, check)
     with job.files:  # any exception, KeyboardInterrupt and SIGTERM included, removes every staged file
@@ -375,6 +386,8 @@ def _fix_and_write(job: _RunState, chosen: list[Pass]) -> RunOutcome:
             outcome.exit_code, outcome.error = EXIT_PASS_FAILED, _failure(result.report)
             return outcome
         _check_output(job, outcome)
+        if job.judge is not None:
+            _fit_judge(job, outcome, chosen)
         _split(job, outcome)
         if job.memory_plot and outcome.error is None:
             _plot(outcome, result.model, job, prepared=True)
@@ -408,6 +421,32 @@ def _load_and_fix(job: _RunState, chosen: list[Pass], early: EarlyWrite) -> FixR
         if reference is not None:
             reference.close()
     return result
+
+
+def _fit_judge(job: _RunState, outcome: RunOutcome, chosen: list[Pass]) -> None:
+    """``--judge``: judge the output; when rejected, the first accepted form replaces it (judge/forms.py)."""
+    from onnx_npu_fix.judge.forms import fit_judge
+
+    def refix(options: FixOptions) -> FixResult:  # from the input again, validated as the run is
+        return fix(job.input_path, options, chosen)
+
+    def prepare_for_reduction(model: onnx.ModelProto) -> onnx.ModelProto:
+        # the output's shapes are static already (an --input-shape name may be a frozen input, gone from it)
+        return _prepared_for_reduction(copy_model(model), dataclasses.replace(job.options, input_shapes={}))
+
+    fit, result, options = fit_judge(outcome.result, job.options, job.judge, refix, prepare_for_reduction)
+    outcome.judge = fit
+    if result is not outcome.result:
+        outcome.result, job.options = result, options
+        _check_output(job, outcome)
+
+
+def _judge_violation(fit: JudgeFit) -> Violation:
+    """The ``judge`` violation of a run whose judge rejects the output in every form tried."""
+    from onnx_npu_fix.analysis.constraints import judge_violation
+
+    node, op = (fit.region[0]["name"], fit.region[0]["op"]) if fit.region else ("model", "-")
+    return judge_violation(node, op, fit.signature, len(fit.attempts))
 
 
 def _failure(report: FixReport) -> str:
@@ -470,6 +509,8 @@ def _decide(job: _RunState, outcome: RunOutcome, chosen: list[Pass]) -> None:
     outcome.written = job.output
     outcome.violations, outcome.not_requested = split_requested(
         outcome.checked.violations, job.options, [p.name for p in chosen])
+    if outcome.judge is not None and not outcome.judge.accepted:  # asked for by --judge itself
+        outcome.violations.append(_judge_violation(outcome.judge))
     if outcome.violations or (outcome.split is not None and not outcome.split.fits):
         outcome.exit_code = EXIT_VIOLATIONS
 
@@ -492,6 +533,7 @@ def _record(job: _RunState, outcome: RunOutcome) -> None:
                                       written_digest)
         outcome.record["split"] = outcome.split.to_json() if outcome.split is not None else None
         outcome.record["saved_inputs"] = outcome.saved_inputs
+        outcome.record["judge"] = outcome.judge.to_json() if outcome.judge is not None else None
     if job.report_path:
         try:
             write_json(job.report_path, outcome.record, transaction=job.files)
@@ -611,7 +653,7 @@ class ReduceOutcome:
 def reduce(input_path: str | os.PathLike, output: str | os.PathLike, judge: Judge,
            options: FixOptions | None = None, *, min_good: str | os.PathLike | None = None,
            report_path: str | os.PathLike | None = None, shrink: bool = False,
-           progress: Callable[[str], None] | None = None) -> ReduceOutcome:
+           on_event: Callable[[Any], None] | None = None) -> ReduceOutcome:
     """Reduce the model at ``input_path`` to a minimal one ``judge`` still rejects with the same failure
     (judge/reduce.py) and write it to ``output``; ``min_good``: also the nearest candidate the judge passes, when
     there is one; ``report_path``: the record (judge/record.py). The model is reduced with static shapes
@@ -620,8 +662,12 @@ def reduce(input_path: str | os.PathLike, output: str | os.PathLike, judge: Judg
 
     Every path is checked before any work and every file is staged and committed together (io.save.Transaction).
     Raises InputError (exit 2) for unusable input, paths or a judge that cannot be used (judge.command.JudgeError),
-    that passes the model (judge.reduce.NothingToReduce) or times out on it. ``progress``: called with one line
-    per judge call."""
+    that passes the model (judge.reduce.NothingToReduce) or times out on it. ``on_event``: gets a
+    ``progress.JudgeCall`` per judge call, as :func:`run`'s does."""
+    if on_event is not None:
+        with progress.listening(on_event):
+            return reduce(input_path, output, judge, options, min_good=min_good, report_path=report_path,
+                          shrink=shrink)
     started = time.perf_counter()
     options = options or FixOptions()
     input_path, output = os.fspath(input_path), os.fspath(output)
@@ -634,7 +680,7 @@ def reduce(input_path: str | os.PathLike, output: str | os.PathLike, judge: Judg
     plan.check()
     loaded = read_model(input_path)
     model = _prepared_for_reduction(loaded.model, options)
-    reduction = reduce_model(model, judge, shrink=shrink, progress=progress)
+    reduction = reduce_model(model, judge, shrink=shrink)
     outcome = ReduceOutcome(EXIT_OK, input_path, reduction, output)
     outcome.record = reduction_record(reduction, options, command=judge.template, input_path=input_path,
                                       output=output, min_good=min_good if reduction.min_good is not None else None,

@@ -52,8 +52,9 @@ FIXING = "Fixing"
 VALIDATION = "Validation"
 CONSTRAINTS = "Constraints and targets"
 MEMORY = "Memory"
+JUDGING = "Compiler in the loop"
 OUTPUT = "Output and report"
-OPTION_GROUPS = (FIXING, VALIDATION, CONSTRAINTS, MEMORY, OUTPUT)
+OPTION_GROUPS = (FIXING, VALIDATION, CONSTRAINTS, MEMORY, JUDGING, OUTPUT)
 """The --help sections, in order. Every option names its group (_option); -h/--help joins the last one."""
 
 
@@ -70,6 +71,49 @@ class _GroupedOption(click.Option):
 def _option(group: str, *param_decls: str, **attrs: Any):
     """click.option in one of OPTION_GROUPS."""
     return click.option(*param_decls, cls=_GroupedOption, group=group, **attrs)
+
+
+def _judge_options(*, required: bool):
+    """The judge's options (docs/reduce.md), one definition for ``npufix reduce`` (``required``) and a fixing
+    run's ``--judge``."""
+    decorators = (
+        _option(JUDGING, "--judge", "judge_command", required=required, default=None, metavar="CMD",
+                help="Shell command that compiles a model: {model} is its path, {dir} a fresh scratch directory. "
+                     "The model fails when it exits non-zero (or per --fail-regex / --pass-regex)."),
+        _option(JUDGING, "--fail-regex", multiple=True, metavar="RE",
+                help="Judge output matching RE is a failure (repeatable)."),
+        _option(JUDGING, "--pass-regex", multiple=True, metavar="RE",
+                help="A model passes only when the judge's output matches RE (repeatable; the exit status is "
+                     "ignored)."),
+        _option(JUDGING, "--judge-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+                metavar="SECONDS", help="Per-call limit; a call that exceeds it is a timeout (neither pass nor fail)."),
+        _option(JUDGING, "--signature", default=None, metavar="RE",
+                help="The failure's signature is RE's first match in the judge's output (group 1 if any), not the "
+                     "first error line."),
+    )
+
+    def decorate(function):
+        for decorator in reversed(decorators):
+            function = decorator(function)
+        return function
+
+    return decorate
+
+
+def _make_judge(judge_command: str, fail_regex: tuple[str, ...], pass_regex: tuple[str, ...],
+                judge_timeout: float | None, signature: str | None):
+    from onnx_npu_fix.judge.command import Judge
+
+    return Judge(judge_command, fail_regex=fail_regex, pass_regex=pass_regex, timeout=judge_timeout,
+                 signature=signature)
+
+
+def _check_judging(judging: dict[str, Any], check: bool) -> None:
+    """A fixing run's judge options make sense together (click.UsageError otherwise)."""
+    if judging["judge_command"] is None and any(v for k, v in judging.items() if k != "judge_command"):
+        raise click.UsageError("--fail-regex, --pass-regex, --judge-timeout and --signature need --judge CMD")
+    if check and judging["judge_command"] is not None:
+        raise click.UsageError("--judge judges a fixing run's output: use it with -o, not with --check")
 
 
 class _InputProblem(click.ClickException):
@@ -94,17 +138,20 @@ class _OneLineCommand(click.Command):
         except click.UsageError as exc:
             raise _InputProblem(exc.format_message()) from None
 
+    examples: tuple[tuple[str, str], ...] = EXAMPLES
+    exit_codes_line: str = EXIT_CODES_LINE
+
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         self.format_usage(ctx, formatter)
         self.format_help_text(ctx, formatter)
         with formatter.section("Examples"):
-            for command, what in EXAMPLES:  # a command is never wrapped: it must stay copyable
+            for command, what in self.examples:  # a command is never wrapped: it must stay copyable
                 formatter.write(f"{'':>{formatter.current_indent}}{command}\n")
                 with formatter.indentation():
                     formatter.write_text(what)
         self.format_options(ctx, formatter)
         formatter.write_paragraph()
-        formatter.write_text(EXIT_CODES_LINE)
+        formatter.write_text(self.exit_codes_line)
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows: dict[str, list[tuple[str, str]]] = {group: [] for group in OPTION_GROUPS}
@@ -270,6 +317,7 @@ def _split_names(value: str | None) -> list[str] | None:
               help="Rewrite convs even when the target runs every candidate form's ops on its CPU.")
 @_option(FIXING, "--max-convtranspose-stride", type=click.IntRange(min=1), default=None,
               help="Largest ConvTranspose stride; exact Resize forms above it are split into stages.")
+@_judge_options(required=False)
 @_option(OUTPUT, "--progress/--no-progress", "show_progress", default=None,
          help="A progress line for validation sets and long searches (default: when stderr is a terminal "
               "and not -q; pass lines are printed as each pass finishes either way).")
@@ -282,7 +330,8 @@ def main(ctx: click.Context, **params: Any) -> None:
     rewrite changed nothing the model computes.
 
     `npufix reduce MODEL --judge CMD -o MIN.onnx` finds the smallest model a compiler still rejects (see
-    `npufix reduce --help`)."""
+    `npufix reduce --help`); with `--judge CMD` a fixing run's output must pass that compiler, and npufix tries
+    the other forms it knows for what the compiler rejects (docs/reduce.md)."""
     _guarded(ctx, params.get("verbose", 0), lambda: _main(ctx, **params))
 
 
@@ -358,6 +407,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
     from onnx_npu_fix import api
     split_dir, memory_plot, save_inputs = opts.pop("split_dir"), opts.pop("memory_plot"), opts.pop("save_inputs")
     split_at, schedule_budget = _split_names(opts.pop("split_at")), opts.pop("schedule_budget")
+    judging = {k: opts.pop(k) for k in ("judge_command", "fail_regex", "pass_regex", "judge_timeout", "signature")}
     if list_passes:
         try:
             click.echo(_render_pass_list(api.list_passes(plugins)), nl=False)
@@ -385,6 +435,7 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
                                "nothing")
     if output is None and not check:
         raise click.UsageError("missing -o/--output (where to write the fixed model), or use --check")
+    _check_judging(judging, check)
     _setup_logging(quiet, verbose)
     shown = _Progress(quiet, verbose, _wants_progress_line(show_progress, quiet))
     try:
@@ -397,9 +448,10 @@ def _main(ctx: click.Context, models: tuple[str, ...], output: str | None, targe
             ctx.exit(_check_models(models, options, output_format, dump_shapes, report_path, quiet, verbose,
                                    memory_plot, shown))
         passes = api.select_passes(_split_names(only), _split_names(skip) or (), plugins=plugins)
+        judge = _make_judge(**judging) if judging["judge_command"] is not None else None  # JudgeError: exit 2
         outcome = api.run(models[0], output, options, passes=passes, report_path=report_path, shapes=dump_shapes,
                           record=output_format == "json", split_dir=split_dir, memory_plot=memory_plot,
-                          save_inputs=save_inputs, on_event=shown)
+                          save_inputs=save_inputs, on_event=shown, judge=judge)
     except NpufixError as exc:
         raise _InputProblem(str(exc), exc.exit_code) from None
     finally:
@@ -515,6 +567,7 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool, printe
 
         for line in render_cost(*report.cost):
             _say(quiet, line)
+    _print_judge(outcome.judge, quiet)
     _print_findings(outcome, quiet, verbose)
     if verbose:
         for note in checked.exempt:
@@ -545,6 +598,24 @@ def _print_findings(outcome, quiet: bool, verbose: int) -> None:
         _say(quiet, f"note: {_findings(len(defaults))} of constraints not asked for "
                     f"{'remains' if len(defaults) == 1 else 'remain'} (npufix's defaults, not "
                     f"counted; -v lists them, --target or options make them count)")
+
+
+def _print_judge(fit, quiet: bool) -> None:
+    """--judge: accepted as fixed, or with which changed forms (and the profile lines that say so)."""
+    if fit is None:
+        return
+    calls = f"{fit.calls} judge call{'s' if fit.calls != 1 else ''}"
+    if fit.accepted and not fit.changed:
+        _say(quiet, f"{'judge':<16} accepted ({calls})")
+        return
+    if not fit.accepted:  # the judge violation's unfixed: line follows
+        _say(quiet, f"{'judge':<16} rejected: {fit.signature}; {len(fit.attempts)} other forms tried, none "
+                    f"accepted ({calls})")
+        return
+    changed = ", ".join(f"{k} {c['from']} -> {c['to']}" for k, c in fit.changed.items())
+    _say(quiet, f"{'judge':<16} rejected the first output ({fit.signature}); accepted with {changed} ({calls})")
+    for line in fit.snippet().splitlines():
+        _say(quiet, f"    profile: {line}")
 
 
 def _print_fitting(outcome, quiet: bool) -> None:
@@ -748,6 +819,9 @@ class _Progress:
                 self.printed.add(id(event.record))
             elif isinstance(event, progress.Step) and self.line:
                 self._draw(event)
+            elif isinstance(event, progress.JudgeCall) and not self.quiet:
+                self._clear()
+                _print_judge_call(event)
 
     def _draw(self, step: Any) -> None:
         import time
@@ -804,29 +878,22 @@ def _setup_logging(quiet: bool, verbose: int) -> None:
 
 # --- npufix reduce (issue 24) ----------------------------------------------------------------------------------
 
-REDUCE_EXAMPLE = """\b
-Example (a compiler that aborts; the reduced model and what it likely trips):
-  npufix reduce fixed.onnx --judge 'compile.sh {model} {dir}' -o min.onnx --report reduce.json
-  npufix reduce model.onnx --judge 'rknn_build.py {model}' --fail-regex 'CPU fallback' -o min.onnx
-"""
+class _ReduceCommand(_OneLineCommand):
+    examples = (
+        ("npufix reduce fixed.onnx --judge 'compile.sh {model} {dir}' -o min.onnx --report reduce.json",
+         "a compiler that aborts: the smallest model it still rejects, and what that likely trips"),
+        ("npufix reduce model.onnx --judge 'rknn_build.py {model}' --fail-regex 'CPU fallback' -o min.onnx",
+         "a compiler that succeeds but says something: judge its output"),
+    )
+    exit_codes_line = ("Exit codes: 0 written; 2 bad input or judge (not executable, no {model}, passes the model: "
+                       "nothing to reduce, times out on it); 5 internal error; 130 / 143 interrupted.")
 
 
-@click.command(cls=_OneLineCommand, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 118},
-               epilog=REDUCE_EXAMPLE)
+@click.command(cls=_ReduceCommand, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 118})
 @click.argument("model", type=click.Path(dir_okay=True))
-@click.option("--judge", "judge_command", required=True, metavar="CMD",
-              help="Shell command run on each candidate: {model} is its path, {dir} a fresh scratch directory. "
-                   "It fails when it exits non-zero (or per --fail-regex / --pass-regex).")
+@_judge_options(required=True)
 @click.option("-o", "--output", required=True, type=click.Path(), metavar="MIN.onnx",
               help="Where to write the minimal model that still fails with the original signature.")
-@click.option("--fail-regex", multiple=True, metavar="RE", help="Output matching RE is a failure (repeatable).")
-@click.option("--pass-regex", multiple=True, metavar="RE",
-              help="A candidate passes only when its output matches RE (repeatable; the exit status is ignored).")
-@click.option("--judge-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
-              help="Per-call limit; a call that exceeds it is a timeout (neither pass nor fail).")
-@click.option("--signature", default=None, metavar="RE",
-              help="The failure's signature is RE's first match in the output (group 1 if any), not the first "
-                   "error line.")
 @click.option("--min-good", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Also write the passing candidate nearest the minimal model, when the judge passed one.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
@@ -840,10 +907,7 @@ Example (a compiler that aborts; the reduced model and what it likely trips):
 @click.option("-v", "--verbose", count=True, help="-vv: tracebacks.")
 @click.pass_context
 def reduce_command(ctx: click.Context, **params: Any) -> None:
-    """Reduce MODEL to the smallest sub-model the judge command still rejects with the same failure.
-
-    Exit codes: 0 written; 2 bad input or judge (not executable, no {model}, passes the model: nothing to
-    reduce, times out on it); 5 internal error; 130 / 143 interrupted."""
+    """Reduce MODEL to the smallest sub-model the judge command still rejects with the same failure."""
     _guarded(ctx, params.get("verbose", 0), lambda: _reduce(ctx, **params))
 
 
@@ -852,7 +916,6 @@ def _reduce(ctx: click.Context, model: str, judge_command: str, output: str, fai
             report_path: str | None, shrink: bool, input_shape: tuple[str, ...], target: str | None,
             quiet: bool, verbose: int) -> None:
     from onnx_npu_fix import api
-    from onnx_npu_fix.judge.command import Judge
 
     _setup_logging(quiet, verbose)
     try:
@@ -861,14 +924,22 @@ def _reduce(ctx: click.Context, model: str, judge_command: str, output: str, fai
             from onnx_npu_fix.config.targets import apply_target, load_target
 
             options = apply_target(load_target(target), options, {"input_shapes": options.input_shapes})
-        judge = Judge(judge_command, fail_regex=fail_regex, pass_regex=pass_regex, timeout=judge_timeout,
-                      signature=signature)
+        judge = _make_judge(judge_command, fail_regex, pass_regex, judge_timeout, signature)
         outcome = api.reduce(model, output, judge, options, min_good=min_good, report_path=report_path,
-                             shrink=shrink, progress=None if quiet else lambda line: _say(False, line))
+                             shrink=shrink, on_event=None if quiet else _print_judge_call)
     except NpufixError as exc:
         raise _InputProblem(str(exc), exc.exit_code) from None
     _print_reduction(outcome, quiet)
     ctx.exit(outcome.exit_code)
+
+
+def _print_judge_call(event: Any) -> None:
+    """A judge call's line on stderr as it happens (a vendor compile takes seconds to minutes); the reduction's
+    other events (its fold-constants run) are not the user's."""
+    from onnx_npu_fix import progress
+
+    if isinstance(event, progress.JudgeCall):
+        click.echo(event.line, err=True)
 
 
 def _print_reduction(outcome, quiet: bool) -> None:

@@ -38,6 +38,14 @@ class Step:
     total: int | None = None
 
 
+@dataclass(frozen=True)
+class JudgeCall:
+    """A judge command has given its verdict on a candidate (``npufix reduce``, ``--judge``): ``line`` says which
+    candidate and what the judge said. A vendor compile takes seconds to minutes, so each call is worth a line."""
+
+    line: str
+
+
 Listener = Callable[[Any], None]
 _LISTENER: contextvars.ContextVar[Listener | None] = contextvars.ContextVar("npufix_progress", default=None)
 

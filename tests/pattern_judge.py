@@ -4,6 +4,7 @@ message like a compiler's, and accepts the rest (exit 0). Patterns, checked in t
 is reported):
 
 - ``pad3-mul``: a rank-3 Pad whose data input comes from a Mul (tpu-mlir's abort on ConvTasNet);
+- ``pad3``: any rank-3 Pad, with the same message (what ``--remainder-pad pad`` emits on a 1-D conv);
 - ``convt-stride``: a ConvTranspose with a stride above 4;
 - ``conv-channels``: a Conv with more than 512 input channels;
 - ``pad-conv``: a Pad with initializer pads read by a Conv (rknn-toolkit2 2.5.0's crash in its Pad-into-Conv
@@ -46,9 +47,9 @@ def _find(pattern, graph):
     ranks = _ranks(graph)
     dims = {t.name: list(t.dims) for t in graph.initializer}
     for node in graph.node:
-        if pattern == "pad3-mul" and node.op_type == "Pad" and ranks.get(node.input[0]) == 3:
+        if pattern in ("pad3-mul", "pad3") and node.op_type == "Pad" and ranks.get(node.input[0]) == 3:
             source = producer.get(node.input[0])
-            if source is not None and source.op_type == "Mul":
+            if pattern == "pad3" or (source is not None and source.op_type == "Mul"):
                 return (f"/build/tpu-mlir/lib/Dialect/Top/IR/Module.cpp:575: getI64Array: Assertion "
                         f"`arr->size() == num_elem' failed (node {node.name})")
         if pattern == "convt-stride" and node.op_type == "ConvTranspose" and max(_ints(node, "strides") or [1]) > 4:

@@ -149,6 +149,10 @@ CONSTRAINT_TABLE: tuple[Constraint, ...] = (
                "one node's activation inputs plus outputs alone exceed `--sram`: no order or split can fit it",
                "none — the line names the layer and says what would fit: the largest input size at which the "
                "whole model (or, with `--split`, every layer) fits, or the number of spatial tiles"),
+    Constraint("judge", "{}", (), None,
+               "`--judge CMD` (a fixing run) rejects the output, and every other emission form tried for the "
+               "region it rejects too (reported at the reduced region's first node)",
+               "the first form the judge accepts, found by `--judge` itself (docs/reduce.md); else none"),
 )
 CONSTRAINT: dict[str, Constraint] = {c.name: c for c in CONSTRAINT_TABLE}
 CONSTRAINTS: tuple[str, ...] = tuple(CONSTRAINT)
@@ -821,6 +825,14 @@ def render_check(report: CheckReport) -> str:
 # A constraint counts when one of its ``asked_by`` fields was requested (FixOptions.requested: by a target or an
 # explicit option); the ones without a field of their own count under any target. Built-in defaults (align 8,
 # nearest Resize, no BatchNormalization) drive the passes but are not constraints unless asked for.
+
+
+def judge_violation(node: str, op: str, signature: str | None, tried: int) -> Violation:
+    """The ``judge`` constraint: ``--judge`` rejects the output (``signature``) and the ``tried`` other forms;
+    ``node``: the first node of the region it was reduced to. It is asked for by ``--judge`` itself (the caller
+    counts it; no FixOptions field asks for it)."""
+    return Violation(node, op, "judge", signature, "accepted by --judge", None,
+                     f"no form npufix knows was accepted ({tried} tried)")
 
 
 def split_requested(violations: Sequence[Violation], options: FixOptions,

@@ -20,16 +20,15 @@ The judge's cache (by the candidate's bytes) and a cache of the node sets tried 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
 
+from onnx_npu_fix import progress
 from onnx_npu_fix.judge.candidates import Candidate, CandidateBuilder
 from onnx_npu_fix.judge.command import FAIL, PASS, TIMEOUT, Judge, JudgeError, Verdict
-
-Progress = Callable[[str], None]
 
 
 class NothingToReduce(JudgeError):
@@ -78,14 +77,13 @@ class Reduction:
     trials: list[Trial] = field(default_factory=list)
 
 
-def reduce_model(model: onnx.ModelProto, judge: Judge, *, shrink: bool = False,
-                 progress: Progress | None = None) -> Reduction:
+def reduce_model(model: onnx.ModelProto, judge: Judge, *, shrink: bool = False) -> Reduction:
     """Reduce ``model`` (static shapes, inferred; left as it is) to a 1-minimal sub-model ``judge`` rejects with
     the failure it reports on the whole model (see the module docstring).
 
     Raises NothingToReduce when the judge passes the model, JudgeError when it times out on it or, with a
     ``--signature`` regex, when the failure's output does not match it."""
-    search = _Search(model, judge, progress)
+    search = _Search(model, judge)
     seq = search.builder.removable
     whole = search.judge_whole()
     search.signature = whole.signature
@@ -105,10 +103,9 @@ def reduce_model(model: onnx.ModelProto, judge: Judge, *, shrink: bool = False,
 class _Search:
     """The state of one reduction: the builder, the judge, the target signature, what was tried."""
 
-    def __init__(self, model: onnx.ModelProto, judge: Judge, progress: Progress | None) -> None:
+    def __init__(self, model: onnx.ModelProto, judge: Judge) -> None:
         self.builder = CandidateBuilder(model)
         self.judge = judge
-        self.progress = progress
         self.started = time.perf_counter()
         self.signature: str | None = None
         self.nodes_before = len(model.graph.node)
@@ -232,11 +229,9 @@ class _Search:
         return self._built[key]
 
     def _say(self, nodes: int, verdict: Verdict, same: bool = True) -> None:
-        if self.progress is None:
-            return
         what = verdict.text() if same or verdict.kind != FAIL else f"other failure: {verdict.signature}"
-        self.progress(f"judge call {self.judge.calls}: {nodes} nodes -> {what}  "
-                      f"({time.perf_counter() - self.started:.1f}s)")
+        progress.emit(progress.JudgeCall(f"judge call {self.judge.calls}: {nodes} nodes -> {what}  "
+                                         f"({time.perf_counter() - self.started:.1f}s)"))
 
 
 def _last_line(output: str) -> str:

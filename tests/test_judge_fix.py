@@ -1,0 +1,130 @@
+"""``npufix MODEL -o OUT --judge CMD`` (issue 24, part 2), with judges run as real subprocesses: the output is
+judged; when rejected, npufix reduces it, tries the other emission forms for that region and writes the first the
+judge accepts (or the output with a ``judge`` violation, exit 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+
+import onnx
+from click.testing import CliRunner
+from helpers import prepared
+
+from onnx_npu_fix.cli import main
+from onnx_npu_fix.errors import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS
+from onnx_npu_fix.judge.command import Judge
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "..", "fixtures")
+PATTERN_JUDGE = f"{shlex.quote(sys.executable)} {shlex.quote(os.path.join(HERE, 'pattern_judge.py'))}"
+
+
+def _fix(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def _rank3_pads(path) -> list[str]:
+    model = prepared(onnx.load(str(path)))
+    ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in [*model.graph.input, *model.graph.value_info]}
+    return [n.name for n in model.graph.node if n.op_type == "Pad" and ranks.get(n.input[0]) == 3]
+
+
+def test_a_judge_that_rejects_rank3_pads_gets_another_remainder_form(tmp_path):
+    """The tpu-mlir case: ConvTasNet forced to emit rank-3 Pads is rejected; npufix finds a form it accepts."""
+    out, report = tmp_path / "fixed.onnx", tmp_path / "r.json"
+    result = _fix(os.path.join(FIXTURES, "torch_convtasnet.onnx"), "-o", str(out), "--target", "bm1684x",
+                  "--remainder-pad", "pad", "--no-lift-conv1d", "--input-shape", "mix:1,1600",
+                  "--validation-inputs", "1", "--report", str(report),
+                  "--judge", f"{PATTERN_JUDGE} pad3 {{model}}")
+    assert result.exit_code == EXIT_OK, result.output
+    judged = json.loads(report.read_text())["judge"]
+    assert judged["accepted"] and "Assertion" in judged["signature"]
+    assert judged["reduction"]["nodes_after"] < judged["reduction"]["nodes_before"]
+    assert [n["op"] for n in judged["reduction"]["nodes"]] == ["Pad"]
+    (key, change), = judged["changed"].items()
+    assert (key, change["from"]) in {("remainder_pad", "pad"), ("lift_conv1d", False)}, judged["changed"]
+    assert judged["attempts"][-1] == {"changes": {key: change["to"]}, "outcome": "pass"}
+    assert judged["profile_snippet"].startswith(f"{key} = {json.dumps(change['to'])}  # judge: ")
+    assert "profile: " + judged["profile_snippet"] in result.output
+    # the written model is the accepted one: the judge passes it, and the record's options are its options
+    assert _rank3_pads(out) == []
+    assert Judge(f"{PATTERN_JUDGE} pad3 {{model}}").judge(out.read_bytes()).kind == "pass"
+    assert json.loads(report.read_text())["options"][key] == change["to"]
+    row = next(line for line in open(os.path.join(HERE, "..", "docs", "record.md"), encoding="utf-8")
+               if line.startswith("| `judge` |"))
+    assert all(f"`{field}`" in row or f"`{field}[]`" in row for field in [*judged, *judged["reduction"]])
+
+
+def test_a_judge_that_rejects_everything_writes_the_output_with_a_judge_violation(tmp_path):
+    out, report = tmp_path / "fixed.onnx", tmp_path / "r.json"
+    result = _fix(os.path.join(FIXTURES, "tcn.onnx"), "-o", str(out), "--max-dilation", "4", "--report",
+                  str(report), "--judge", "sh -c 'echo \"error: layer 7 rejected\"; exit 1' {model}")
+    assert result.exit_code == EXIT_VIOLATIONS, result.output
+    record = json.loads(report.read_text())
+    judged = record["judge"]
+    assert not judged["accepted"] and judged["signature"] == "error: layer <n> rejected"
+    assert judged["changed"] == {} and judged["attempts"]
+    assert all(a["outcome"].startswith("fail: ") for a in judged["attempts"])
+    assert judged["reduction"]["nodes_after"] == 1  # everything fails: one node is the smallest failing model
+    violation = record["violations"][-1]
+    assert violation["constraint"] == "judge" and violation["node"] == judged["reduction"]["nodes"][0]["name"]
+    assert "unfixed: " in result.output and out.exists()  # written, not accepted
+    reduced = 1 + judged["reduction"]["judge_calls"]  # the output, then the reduction; then one per new form
+    assert reduced < judged["judge_calls"] <= reduced + len(judged["attempts"])
+
+
+def test_a_judge_that_accepts_the_output_is_called_once(tmp_path):
+    calls = tmp_path / "calls"
+    out, report = tmp_path / "fixed.onnx", tmp_path / "r.json"
+    result = _fix(os.path.join(FIXTURES, "tcn.onnx"), "-o", str(out), "--max-dilation", "4", "--report",
+                  str(report), "--judge", f"sh -c 'echo call >> {calls}' {{model}}")
+    assert result.exit_code == EXIT_OK, result.output
+    judged = json.loads(report.read_text())["judge"]
+    assert judged["accepted"] and judged["judge_calls"] == 1 and judged["changed"] == {}
+    assert calls.read_text() == "call\n"
+    plain = tmp_path / "plain.onnx"
+    assert _fix(os.path.join(FIXTURES, "tcn.onnx"), "-o", str(plain), "--max-dilation", "4").exit_code == EXIT_OK
+    assert plain.read_bytes() == out.read_bytes()  # opt-in: an accepted output is the output without --judge
+
+
+def test_judge_options_need_a_fixing_run_with_judge(tmp_path):
+    source = os.path.join(FIXTURES, "tcn.onnx")
+    for args, message in ((["--check", "--judge", "true {model}"], "not with --check"),
+                          (["-o", str(tmp_path / "o.onnx"), "--fail-regex", "x"], "need --judge CMD"),
+                          (["-o", str(tmp_path / "o.onnx"), "--judge", "true"], "has no {model}")):
+        result = _fix(source, *args)
+        assert result.exit_code == EXIT_USAGE and message in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_forms_tried_for_a_region_npufix_did_not_rewrite_cheapest_first():
+    """A dilated 1-D conv with 12 channels and a rank-3 Pad, neither rewritten: each key the region names, in
+    KEY_ORDER, each value once, then pairs; bounded."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_npu_fix.config.options import FixOptions
+    from onnx_npu_fix.judge.forms import MAX_CANDIDATES, candidates, region_limits, relevant_keys
+    from onnx_npu_fix.pipeline.report import FixReport
+
+    weight = numpy_helper.from_array(np.ones((12, 12, 3), np.float32), "w")
+    pads = numpy_helper.from_array(np.array([0, 0, 1, 0, 0, 1], np.int64), "pads")
+    graph = helper.make_graph(
+        [helper.make_node("Pad", ["x", "pads"], ["p"], name="pad"),
+         helper.make_node("Conv", ["p", "w"], ["y"], name="conv", dilations=[6], pads=[6, 6])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, 34])], [weight, pads])
+    region = prepared(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    options = FixOptions(max_dilation=8)
+    why = relevant_keys(region, FixReport(), options)
+    assert set(why) == {"remainder_pad", "lift_conv1d", "max_dilation", "align"}, why
+    tried = candidates(why, options, region_limits(region))
+    singles = [{"remainder_pad": "pad4d"}, {"remainder_pad": "pad"}, {"lift_conv1d": True}, {"max_dilation": 5},
+               {"max_dilation": 4}, {"align": 0}, {"align": 16}]
+    assert tried[:len(singles)] == singles
+    assert tried[len(singles)] == {"remainder_pad": "pad4d", "lift_conv1d": True}
+    assert len(tried) == MAX_CANDIDATES
