@@ -135,6 +135,9 @@ class FixOptions:
     """Rewrite a conv even when every form would put ops on the target's CPU (overrides the do-no-harm rule)."""
     allow_convtranspose: bool = True
     """Whether rewrites may emit ConvTranspose (False: resize-nearest's exact mode uses the MatMul form)."""
+    fold_pad_into_conv: bool = False
+    """fold-pad-conv folds a constant zero Pad on the spatial axes into the Conv that reads it (exact; for
+    compilers that crash on their own Pad-into-Conv fusion: rknn-toolkit2 2.5.0, the Rockchip profiles)."""
     max_convtranspose_stride: int | None = None
     """Largest ConvTranspose stride the target compiles (None: no limit); exact Resize forms above it are
     split into stages (x8 -> x2 then x4)."""
