@@ -401,7 +401,7 @@ def test_parse_size_refuses(text):
 OPTION_ONLY = {"resize_mode", "act_bytes", "s2b_layout", "bn_standalone",
                # emission forms (issue 13): how passes write their rewrites for the target's compiler
                "remainder_pad", "lift_conv1d", "s2b_layouts", "force_rewrite", "allow_convtranspose",
-               "max_convtranspose_stride"}
+               "max_convtranspose_stride", "fold_pad_into_conv"}
 
 
 def _vi(name, shape):
