@@ -81,7 +81,10 @@ of 1.7 (sqrt(3): one pixel of four instead of their mean), 0.24 on a smooth fiel
 validate it at the exact tolerance), ``approximate_nodes`` (names), ``opset`` (when bumped), ``forms``
 (count per action). Every Resize / Upsample left non-nearest (only inside subgraphs or in a foreign domain)
 gets a Rejection, blocking when ``options.require_nearest_resize``. With ``require_nearest_resize`` off (a
-target that runs linear / cubic Resizes) those are kept as they are, with a non-blocking Rejection: do no harm.
+target that runs linear / cubic Resizes) those are kept as they are, with a non-blocking Rejection: do no harm —
+unless the target's factor rule (``resize_factors`` / ``linear_half_pixel_factors``, ethos-u55: Vela keeps
+half-pixel linear only at x2, nearest at x2/x4/x8) refuses the linear form and keeps the nearest one; then it is
+rewritten as above (LR-ASPP's x8 linear Resize -> nearest moves it from Vela's CPU to its NPU).
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ from onnx_npu_fix.ir.graph import (
     set_attr,
     subgraphs,
 )
-from onnx_npu_fix.ir.ops import is_default_domain
+from onnx_npu_fix.ir.ops import is_default_domain, resize_factor_problem
 from onnx_npu_fix.ir.qdq import dequantizer_of, power_of_two_int8, quantize_new_weights, wrap_moves
 from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 
@@ -701,11 +704,15 @@ class ResizeNearestPass(Pass):
                                                blocking=options.require_nearest_resize))
             return None
         if not options.require_nearest_resize:
-            # Do no harm: the target runs linear / cubic Resizes as they are, so neither the lossy nearest form
-            # nor an exact replacement is wanted (bm1684x, Rockchip: rel L2 0.18 on DeepLabV3+ for nothing).
-            result.rejections.append(Rejection(node.name, node.op_type, f"{site.mode} kept: the target accepts it "
-                                               "(require_nearest_resize = false)", blocking=False))
-            return None
+            refused = _factor_rule(site, options, site.mode)
+            if refused is None or _factor_rule(site, options, "nearest") is not None:
+                # Do no harm: the target runs linear / cubic Resizes as they are (bm1684x, Rockchip: rel L2 0.18 on
+                # DeepLabV3+ for nothing), or its factor rule refuses the nearest form as well (ethos-u55: an
+                # align_corners x4.05 stays on the CPU either way), so no replacement is wanted.
+                reason = (f"{site.mode} kept: the target accepts it (require_nearest_resize = false)"
+                          if refused is None else f"{site.mode} kept: {refused}, and the nearest form too")
+                result.rejections.append(Rejection(node.name, node.op_type, reason, blocking=refused is not None))
+                return None
         if site.mode == "bilinear":  # pre-opset-7 spelling of linear
             site.mode = "linear"
         if options.resize_mode == "exact":
@@ -1128,6 +1135,16 @@ def _bump_blockers(model: onnx.ModelProto, opset: int) -> list[str]:
         if old != new and op_type not in _BUMP_COMPATIBLE:
             blockers.add(f"{op_type} changes schema ({old} -> {new})")
     return sorted(blockers)
+
+
+def _factor_rule(site: _Site, options: FixOptions, mode: str) -> str | None:
+    """Why the target's Resize factor rule (resize_factors, linear_half_pixel_factors) refuses ``site`` in ``mode``
+    (None: it keeps it, or the target has no such rule, or the shapes are unknown)."""
+    if (options.resize_factors is None and options.linear_half_pixel_factors is None) or site.in_shape is None \
+            or site.out_shape is None:
+        return None
+    return resize_factor_problem(site.in_shape, site.out_shape, mode, site.coord, options.resize_factors,
+                                 options.linear_half_pixel_factors)
 
 
 def _qdq_weights_problem(index: GraphIndex, plan: _Form) -> str:
