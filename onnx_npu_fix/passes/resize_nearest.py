@@ -684,6 +684,8 @@ class ResizeNearestPass(Pass):
             site.opset = target_opset
             form = self._plan(site, options, forbidden, result)
             problem = _qdq_weights_problem(index, form) if form is not None else ""
+            if problem and form is not None and _make_separable(form, options.max_convtranspose_stride):
+                problem = _qdq_weights_problem(index, form)
             if problem:
                 result.rejections.append(Rejection(node.name, node.op_type, problem,
                                                    blocking=options.require_nearest_resize))
@@ -1147,12 +1149,40 @@ def _factor_rule(site: _Site, options: FixOptions, mode: str) -> str | None:
                                  options.linear_half_pixel_factors)
 
 
+def _make_separable(plan: _Form, max_stride: int | None) -> bool:
+    """Turn a 2-D (or higher) ConvTranspose form into one stage per axis (and per split of that axis's stride
+    above ``max_stride``), each stage's kernel 1-D: ``K = k_h (x) k_w`` is separable, so the depthwise
+    ConvTranspose with ``K`` equals the one with ``k_h`` along H followed by the one with ``k_w`` along W (each
+    output is ``sum_i sum_j k_h[i] k_w[j] x[..]``, summed in another order). Used on a quantized input when
+    ``K``'s products leave int8 (half_pixel x8: 225/256) but each 1-D kernel ({1, 3, ..., 15}/16) is exact in
+    int8 with a power-of-two scale. False when the form has one resized axis or an axis cannot be staged."""
+    if plan.action != "conv-transpose" or len(plan.axis_forms) < 2:
+        return False
+    stages: list[dict[int, tuple[np.ndarray, int]]] = []
+    for axis, form in sorted(plan.axis_forms.items()):
+        per_axis = (conv_transpose_stages(form.kernel, form.stride, max_stride) if max_stride is not None
+                    else [(form.kernel, form.stride)])
+        if per_axis is None:
+            return False
+        stages += [{axis: stage} for stage in per_axis]
+    plan.stages = stages
+    plan.note += f"; separable: {len(stages)} ConvTransposes with 1-D kernels (int8-exact weights)"
+    return True
+
+
 def _qdq_weights_problem(index: GraphIndex, plan: _Form) -> str:
     """On a quantized Resize input, an exact form is used only when its weights are exactly int8 with a
     power-of-two scale (qdq.power_of_two_int8), so the rewrite stays QDQ; else the reason ("" when fine)."""
     if plan.action not in ("conv-transpose", "matmul") or not dequantizer_of(index, plan.site.node.input[0]):
         return ""
-    if plan.action == "conv-transpose":
+    if plan.action == "conv-transpose" and len(plan.stages) > 1:
+        weights = []  # the kernels the stages write: per stage, the outer product of its axes' kernels
+        for stage in plan.stages:
+            kernel = np.ones(1)
+            for stage_kernel, _ in stage.values():
+                kernel = np.multiply.outer(kernel, stage_kernel)
+            weights.append(kernel)
+    elif plan.action == "conv-transpose":
         kernel = np.ones(1)
         for form in plan.axis_forms.values():
             kernel = np.multiply.outer(kernel, form.kernel)
