@@ -175,3 +175,20 @@ def test_a_float_pad_before_a_quantizer_keeps_the_q_dq_pair(tmp_path):
     q = next(n for n in fixed.graph.node if dq.input[0] in n.output)
     assert (dq.op_type, q.op_type, q.input[0]) == ("DequantizeLinear", "QuantizeLinear", "x")
     assert_equivalent(quantized, fixed, rtol=0, atol=0)
+
+
+def test_rv1106_run_folds_the_pad_fold_constants_made_constant():
+    """The smp encoders' "same" padding: a Pad whose pads an exporter computed at run time (here a Cast of a
+    constant) becomes a constant under fold-constants, then part of the Conv under the rv1106 profile: no Pad
+    reaches rknn-toolkit2's own (crashing) Pad-into-Conv fusion."""
+    from onnx_npu_fix import api
+    from onnx_npu_fix.config.options import FixOptions
+    from onnx_npu_fix.config.targets import apply_target
+
+    model = _pad_conv()
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array([0, 0, 1, 2, 0, 0, 1, 0], np.float32),
+                                                                "pads_float"))
+    model.graph.node.insert(0, helper.make_node("Cast", ["pads_float"], ["pads"], name="cast", to=TensorProto.INT64))
+    result = api.fix(model, apply_target(load_target("rv1106"), FixOptions(), {}), api.select_passes())
+    assert ops(result.model) == ["Conv"] and _pads(_conv(result.model)) == [1, 2, 1, 0]
+    assert_equivalent(model, result.model, rtol=0, atol=0)
