@@ -359,3 +359,39 @@ def test_rknn_profile_layout_keeps_a_forced_rewrite_on_the_npu(fixture_path, tmp
     assert verdicts["auto"] == []
     if target in ("rk3566", "rk3588"):
         assert verdicts["channel"] and {op for op, _ in verdicts["channel"]} <= {"Transpose", "Reshape"}
+
+
+def same_pad_conv() -> onnx.ModelProto:
+    """timm's "same" padding as smp's encoders export it: pads computed from the input's Shape (Slice, Mod,
+    Concat) feed a Pad before a stride-2 Conv. fold-constants makes them an initializer."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {"starts": [2], "ends": [4], "two": [2], "zeros": [0, 0]}
+    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in consts.items()]
+    inits.append(numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 3, 3, 3)).astype(np.float32),
+                                         "w"))
+    nodes = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+             helper.make_node("Slice", ["shape", "starts", "ends"], ["hw"], name="hw"),
+             helper.make_node("Mod", ["hw", "two"], ["odd"], name="odd"),
+             helper.make_node("Concat", ["zeros", "odd", "zeros", "odd"], ["pads"], name="pads", axis=0),
+             helper.make_node("Pad", ["x", "pads"], ["xp"], name="same_pad"),
+             helper.make_node("Conv", ["xp", "w"], ["y"], name="conv", strides=[2, 2])]
+    graph = helper.make_graph(nodes, "same", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 33, 33])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@requires_rknn
+@pytest.mark.parametrize("target", RKNN_TARGETS)
+def test_rknn_builds_the_rockchip_output_of_a_computed_same_pad(tmp_path, target):
+    """Issue 25 item 1: rknn-toolkit2 2.5.0's own Pad-into-Conv fusion crashed on npufix's folded pads
+    (_p_fuse_pad_into_conv: ValueError: assignment destination is read-only); the Rockchip profiles fold the zero
+    Pad into the Conv (fold-pad-conv), so no Pad reaches it, and the build runs on the NPU."""
+    original = same_pad_conv()
+    outcome = fix(same_pad_conv(), apply_target(load_target(target), FixOptions(), {}))
+    assert outcome.ok and "Pad" not in [n.op_type for n in outcome.model.graph.node]
+    build = build_rknn(outcome.model, target, str(tmp_path), [(1, 3, 33, 33)])
+    record("rknn-toolkit2", target, f"same_pad_conv --target {target}", _summary(build))
+    assert build.built, build.log[-2000:]
+    assert introduced_by_npufix(build, original, outcome.model) == [] and not build.cpu
