@@ -643,10 +643,10 @@ def _stride_problem(ctx: _Context, node: onnx.NodeProto, strides: list[int], gro
     options = ctx.options
     limit = options.max_stride
     assert limit is not None
-    if not options.stride_split_width:
-        return ""
+    if not options.stride_split_width or node.op_type != "Conv":
+        return ""  # a ConvTranspose's stride is no input stride to split (Vela: TRANSPOSE_CONV 1x1 / 2x2 only)
     in_shape, out_shape = ctx.index.static_shape(node.input[0]), ctx.index.static_shape(node.output[0])
-    if in_shape is None or out_shape is None or len(strides) not in (1, 2) or node.op_type != "Conv":
+    if in_shape is None or out_shape is None or len(strides) not in (1, 2):
         return "shapes unknown or not a 1-D / 2-D Conv: the stride is judged by max_stride alone"
     depthwise = group > 1 and group == conv_channels(node.op_type, w_shape, group)[0]
     width = len(strides) - 1
