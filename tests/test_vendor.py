@@ -395,3 +395,13 @@ def test_rknn_builds_the_rockchip_output_of_a_computed_same_pad(tmp_path, target
     record("rknn-toolkit2", target, f"same_pad_conv --target {target}", _summary(build))
     assert build.built, build.log[-2000:]
     assert introduced_by_npufix(build, original, outcome.model) == [] and not build.cpu
+    # The control: the same run with the Pad kept and its folded pads stored as raw bytes (npufix before issue
+    # 25 item 1) still crashes rknn's fusion, so the fold is what protects the build from that compiler bug.
+    kept = fix(same_pad_conv(), apply_target(load_target(target), FixOptions(), {"fold_pad_into_conv": False}))
+    from onnx import numpy_helper
+
+    for tensor in kept.model.graph.initializer:
+        if tensor.data_type == onnx.TensorProto.INT64:
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))  # raw_data
+    crashed = build_rknn(kept.model, target, str(tmp_path / "kept"), [(1, 3, 33, 33)])
+    assert not crashed.built and "assignment destination is read-only" in crashed.log
