@@ -192,3 +192,11 @@ def test_rv1106_run_folds_the_pad_fold_constants_made_constant():
     result = api.fix(model, apply_target(load_target("rv1106"), FixOptions(), {}), api.select_passes())
     assert ops(result.model) == ["Conv"] and _pads(_conv(result.model)) == [1, 2, 1, 0]
     assert_equivalent(model, result.model, rtol=0, atol=0)
+
+
+def test_a_symmetric_pads_target_keeps_a_pad_that_would_make_the_conv_asymmetric():
+    fixed, result = apply_pass(_pad_conv(), FoldPadConvPass(), fold_pad_into_conv=True, symmetric_pads=True)
+    assert ops(fixed) == ["Pad", "Conv"] and "asymmetrically" in result.rejections[0].reason
+    even = _pad_conv(pads=(0, 0, 1, 2, 0, 0, 1, 2))
+    folded, _ = apply_pass(even, FoldPadConvPass(), fold_pad_into_conv=True, symmetric_pads=True)
+    assert ops(folded) == ["Conv"] and _pads(_conv(folded)) == [1, 2, 1, 2]

@@ -6,8 +6,9 @@ A Conv pads its input with zeros before it convolves, so ``Conv(pads c)(Pad(p, 0
 zeros on each spatial side and then convolves: the same sums over the same values, term for term (exact, bit for
 bit). Conditions, each refused with its reason otherwise: the Pad's mode is ``constant`` and its value 0 (or
 absent), its pads are constants >= 0 and 0 on the batch and channel axes, its output is read only by that Conv
-(not a graph output), and the Conv is a default-domain Conv whose ``auto_pad`` is NOTSET / VALID or resolvable
-from the static input shape (``ConvGeometry``).
+(not a graph output), the Conv is a default-domain Conv whose ``auto_pad`` is NOTSET / VALID or resolvable
+from the static input shape (``ConvGeometry``), and, under a target that pads symmetrically only
+(``symmetric_pads``), the summed pads stay symmetric.
 
 Quantized (QDQ) models, as onnxruntime's quantizer and exporters write them; each stays exact:
 
@@ -126,14 +127,15 @@ class FoldPadConvPass(Pass):
         for pad in model.graph.node:
             if pad.op_type != "Pad" or not is_default_domain(pad):
                 continue
-            plan, reason = self._plan(index, pad, opset)
+            plan, reason = self._plan(index, pad, opset, options.symmetric_pads)
             if plan is not None:
                 found.plans.append(plan)
             elif reason is not None:
                 found.rejections.append(Rejection(pad.name, pad.op_type, reason))
         return found
 
-    def _plan(self, index: GraphIndex, pad: onnx.NodeProto, opset: int) -> tuple[FoldPad | None, str | None]:
+    def _plan(self, index: GraphIndex, pad: onnx.NodeProto, opset: int,
+              symmetric: bool) -> tuple[FoldPad | None, str | None]:
         """The plan for ``pad``, or (None, why) — (None, None) when no Conv reads it (not a candidate)."""
         chain = self._chain_to_conv(index, pad.output[0])
         if chain is None:
@@ -154,6 +156,10 @@ class FoldPadConvPass(Pass):
         if why is not None:
             return None, why
         conv_pads = [c + p for c, p in zip(geometry.pads, spatial)]  # type: ignore[arg-type]
+        rank = geometry.rank
+        if symmetric and any(conv_pads[a] != conv_pads[a + rank] for a in range(rank)):
+            return None, (f"{conv.name} would pad asymmetrically {conv_pads}, which the target refuses "
+                          "(symmetric_pads)")
         form = "+".join(n.op_type for n in between) or "float"
         requantize = between if self._requantizes(index, pad.input[0], between) else []
         return FoldPad((pad.name, conv.name), "folded into conv pads", pad=pad, conv=conv,
