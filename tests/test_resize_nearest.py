@@ -759,14 +759,18 @@ def test_quantized_x8_bilinear_becomes_one_int8_conv_transpose_per_axis(tmp_path
         assert dq.op_type == "DequantizeLinear" and q.dtype == np.int8 and float(scale) == 1 / 16
         assert sorted(set(np.abs(q).reshape(-1).tolist())) == list(range(1, 16, 2))  # {1, 3, ..., 15}
         assert sorted(q.shape[2:]) == [1, 16]  # one axis each
-    # Judged in the output's quantization steps (the pass declares quantized_tolerance): the float sums before
-    # the last QuantizeLinear agree up to float32 rounding, so an output moves by at most one step (a tie).
+    # Canonical QDQ: the tensor between the stages is requantized on the input's grid (DQ -> ConvT -> Q units).
+    from onnx_npu_fix.ir.qdq import walk_non_qdq
+
+    assert walk_non_qdq(fixed) == walk_non_qdq(quantized) == []
+    # Judged in the output's quantization steps (the pass declares quantized_tolerance): the stage's outputs
+    # round to the grid (half a step at most) and ties round either way, so an output moves by one step at most.
     feeds = make_inputs(quantized, 3, 0)
     out_dq = quantized.graph.node[-1]
     step = float(numpy_helper.to_array(next(t for t in quantized.graph.initializer if t.name == out_dq.input[1])))
     for ref, got in zip(Runner(quantized).run_all(feeds), Runner(fixed).run_all(feeds)):
         steps = np.abs(ref["y"] - got["y"]) / step
-        assert steps.max() <= 1 + 1e-4 and (steps > 0.5).mean() < 0.01
+        assert steps.max() <= 1 + 1e-4 and (steps > 0.5).mean() < 0.25
     # With ConvTranspose strides limited to 4 (bm1684x-like), the staged 2-D form's kernels are int8 already.
     staged, staged_result = apply_pass(quantized, ResizeNearestPass(), resize_mode="exact",
                                        max_convtranspose_stride=4)

@@ -107,7 +107,13 @@ from onnx_npu_fix.ir.graph import (
     subgraphs,
 )
 from onnx_npu_fix.ir.ops import is_default_domain, resize_factor_problem
-from onnx_npu_fix.ir.qdq import dequantizer_of, power_of_two_int8, quantize_new_weights, wrap_moves
+from onnx_npu_fix.ir.qdq import (
+    dequantizer_of,
+    power_of_two_int8,
+    quantize_new_weights,
+    wrap_inserted,
+    wrap_moves,
+)
 from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 
 _RESIZE_OPS = ("Resize", "Upsample")
@@ -1066,9 +1072,33 @@ def _replace_quantized(editor: GraphEditor, node: onnx.NodeProto, nodes: list[on
     integer tensor (moves -> Q -> DQ) and the new weights become int8 with a 2^-p scale. The nodes written."""
     nodes = wrap_moves(editor.index, editor, node.input[0], nodes)
     if dequantizer_of(editor.index, node.input[0]):
+        nodes = _requantize_stages(editor, node, nodes)
         nodes = [*quantize_new_weights(editor.index, editor, nodes), *nodes]
     editor.replace(node, nodes)
     return nodes
+
+
+def _requantize_stages(editor: GraphEditor, node: onnx.NodeProto, nodes: list[onnx.NodeProto]
+                       ) -> list[onnx.NodeProto]:
+    """Between the ConvTranspose stages of a form on a quantized input, a Q -> DQ on the input's own grid, so
+    that every stage is a DQ -> ConvTranspose -> Q unit and no float tensor runs between them (an integer compiler
+    has nowhere to keep one). Not exact: a stage's outputs are k/16 between grid points and round to the grid
+    (half a step at most, carried to the output by weights that sum to 1; the pass declares quantized_tolerance
+    and is measured). Only for kernels without negative taps (linear): their outputs stay within the input's
+    range, so the grid's saturation never clips them; a cubic stage keeps its float tensor."""
+    found = dequantizer_of(editor.index, node.input[0])
+    stages = [n for n in nodes if n.op_type == "ConvTranspose"]
+    if found is None or found[1].per_channel or len(stages) < 2:
+        return nodes
+    inner = {id(stage) for stage in stages[:-1]}
+    out: list[onnx.NodeProto] = []
+    for n in nodes:
+        weight = editor.pending_initializer(n.input[1]) if id(n) in inner else None
+        if weight is not None and (onnx.numpy_helper.to_array(weight) >= 0).all():
+            out.extend(wrap_inserted(editor.index, editor, [n], found[1]))
+        else:
+            out.append(n)
+    return out
 
 
 def _split_stages(forms: dict[int, AxisConvTranspose], max_stride: int | None
