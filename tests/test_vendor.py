@@ -405,3 +405,35 @@ def test_rknn_builds_the_rockchip_output_of_a_computed_same_pad(tmp_path, target
             tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))  # raw_data
     crashed = build_rknn(kept.model, target, str(tmp_path / "kept"), [(1, 3, 33, 33)])
     assert not crashed.built and "assignment destination is read-only" in crashed.log
+
+
+@requires_tpu_mlir
+def test_tpu_mlir_refuses_a_qdq_model_and_the_profile_says_so(fixture_path, tmp_path):
+    """Issue 25 item 4: tpu-mlir 1.30.2's importer fails on a model quantized by onnxruntime (QDQ), exported or
+    fixed ("KeyError: Should addWeight first"); the float export compiles. ``--target bm1684x`` reports the QDQ
+    model (quantized-input, exit 1) and not the float one."""
+    import numpy as np
+    from onnxruntime import quantization
+
+    from onnx_npu_fix.analysis.constraints import find_violations
+    from onnx_npu_fix.pipeline.inputs import make_inputs
+
+    src, dst = fixture_path("torch_unet.onnx"), str(tmp_path / "unet_qdq.onnx")
+    sets = iter(make_inputs(onnx.load(src), 4, 7))
+
+    class Reader(quantization.CalibrationDataReader):
+        def get_next(self):  # noqa: ANN201 - the quantizer's interface
+            return next(sets, None)
+
+    quantization.quantize_static(src, dst, Reader(), quant_format=quantization.QuantFormat.QDQ)
+    options = apply_target(load_target("bm1684x"), FixOptions(), {})
+    shape = list(MODELS["torch_unet.onnx"]["image"])
+    for path, quantized in ((dst, True), (src, False)):
+        done = compile_bm1684x(path, str(tmp_path), "q" if quantized else "f", shape)
+        record("tpu-mlir", "bm1684x", os.path.basename(path), "compiles" if done.returncode == 0 else
+               f"rejected: {(done.stdout + done.stderr).strip().splitlines()[-1][-160:]}")
+        assert (done.returncode != 0) is quantized, (done.stdout + done.stderr)[-2000:]
+        if quantized:
+            assert "Should addWeight first" in done.stdout + done.stderr
+        flagged = [v for v in find_violations(onnx.load(path), options) if v.constraint == "quantized-input"]
+        assert bool(flagged) is quantized and np.all([v.fixed_by is None for v in flagged])
