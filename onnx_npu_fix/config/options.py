@@ -116,7 +116,8 @@ class FixOptions:
     """If set, every Conv kernel must be square, k x k with k one of these (K210 KPU: 1x1 or 3x3 only, no 1x3;
     None: not checked)."""
     symmetric_pads: bool = False
-    """Every Conv must pad each spatial axis equally at both ends (K210 KPU: "same" symmetric paddings only)."""
+    """Every Conv must pad each spatial axis equally at both ends (a user profile's key: the nncase FAQ says so for
+    the K210, but nncase 1.9 ran asymmetric pads on the KPU, so the k210 profile does not set it)."""
     allow_qdq: bool = True
     """Whether the target's compiler takes quantized ONNX (QuantizeLinear / DequantizeLinear or QOperator ops).
     False: a ``quantized-input`` violation (tpu-mlir 1.30.2 quantizes float models itself and refuses QDQ)."""
