@@ -559,14 +559,14 @@ def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
             ctx.add_fixable(node, "resize-mode", mode, "nearest",
                             "--resize-mode nearest approximates it (bounded by --max-approx-error); exact keeps it "
                             "exact where an exact form exists")
-    elif standard and op == "Resize" and (options.resize_factors is not None
-                                          or options.linear_half_pixel_factors is not None):
-        _check_resize_factor(ctx, node)
     elif standard and op == "Concat" and options.concat_align > 0:
         _check_concat(ctx, node)
     elif standard and op in ("Dropout", "Identity"):
         ctx.add_fixable(node, "leftover-op", "present", "removed",
                         "an inference no-op; vendor compilers may reject or mis-handle it")
+    if standard and op == "Resize" and (options.resize_factors is not None
+                                        or options.linear_half_pixel_factors is not None):
+        _check_resize_factor(ctx, node)
     if standard and op in CONTROL_FLOW_OPS and not options.allow_control_flow:
         _check_control_flow(ctx, node)
     if op in options.forbidden_ops and not _reported_as_op(op, options):
