@@ -402,8 +402,8 @@ OPTION_ONLY = {"resize_mode", "act_bytes", "s2b_layout", "bn_standalone",
                # emission forms (issue 13): how passes write their rewrites for the target's compiler
                "remainder_pad", "lift_conv1d", "s2b_layouts", "force_rewrite", "allow_convtranspose",
                "max_convtranspose_stride", "fold_pad_into_conv",
-               # how max_stride is judged (Vela's width split), tested with max_stride in test_constraints.py
-               "stride_split_width"}
+               # which convs max_stride judges (Vela 5.2), tested with max_stride in test_constraints.py
+               "stride_limit_depthwise_only"}
 
 
 def _vi(name, shape):
@@ -503,8 +503,8 @@ def big_kernel_model(k):
     return _model([conv], [("x", [1, 16, 16, 16])], [w])
 
 
-def strided_model(s):
-    conv, w = _conv("conv_strided", "x", "y", 16, 16, stride=s)
+def strided_model(s, depthwise=False):
+    conv, w = _conv("conv_strided", "x", "y", 16, 16, stride=s, group=16 if depthwise else 1)
     return _model([conv], [("x", [1, 16, 24, 24])], [w])
 
 
@@ -569,7 +569,9 @@ def violations_for(key, value, options):
     if key == "max_kernel":
         return [(f"kernel {value + 2}", big_kernel_model(value + 2), "conv_big_kernel", "max-kernel")]
     if key == "max_stride":
-        return [(f"stride {value + 1}", strided_model(value + 1), "conv_strided", "max-stride")]
+        # stride_limit_depthwise_only (Vela 5.2): only a depthwise Conv's stride counts
+        return [(f"stride {value + 1}", strided_model(value + 1, options.stride_limit_depthwise_only),
+                 "conv_strided", "max-stride")]
     if key == "allow_control_flow":
         return [("an If on a graph input", if_model(), "if_node", "control-flow")]
     if key == "sram_bytes":

@@ -145,9 +145,8 @@ CONSTRAINT_TABLE: tuple[Constraint, ...] = (
                "a Conv kernel extent above the target's `max_kernel`",
                "none"),
     Constraint("max-stride", "max {}", ("max_stride",), None,
-               "a Conv stride above the target's `max_stride` (with `stride_split_width`, Vela's rule: not on an "
-               "axis whose output extent is 1, nor on the width of a non-depthwise Conv whose input width is a "
-               "multiple of stride / s for some s <= `max_stride`)",
+               "a Conv stride above the target's `max_stride` (with `stride_limit_depthwise_only`: a depthwise Conv's "
+               "or a ConvTranspose's only)",
                "none"),
     Constraint("kernel-allowed", "allowed {}", ("allowed_kernels",), None,
                "a Conv kernel that is not k x k with k among the target's `allowed_kernels` (k210: 1x1 or 3x3, so no "
@@ -623,7 +622,7 @@ def _check_conv(ctx: _Context, node: onnx.NodeProto) -> None:
         ctx.add(node, "max-kernel", kernel, options.max_kernel, None,
                 f"dilated extent {[(k - 1) * d + 1 for k, d in zip(kernel, dilations)]}")
     if options.max_stride is not None and max(strides, default=1) > options.max_stride:
-        why = _stride_problem(ctx, node, strides, group, w_shape)
+        why = _stride_problem(ctx, node, group, w_shape)
         if why is not None:
             ctx.add(node, "max-stride", strides, options.max_stride, None, why)
     if options.allowed_kernels is not None and (len(set(kernel)) > 1 or kernel[0] not in options.allowed_kernels):
@@ -636,30 +635,15 @@ def _check_conv(ctx: _Context, node: onnx.NodeProto) -> None:
         _check_conv_channels(ctx, node, w_shape, group)
 
 
-def _stride_problem(ctx: _Context, node: onnx.NodeProto, strides: list[int], group: int,
-                    w_shape: Shape) -> str | None:
-    """Why a stride above ``max_stride`` is one the target cannot run ("" when it is simply above it), or None when
-    ``stride_split_width`` says the compiler splits it away (Vela: options.stride_split_width)."""
-    options = ctx.options
-    limit = options.max_stride
-    assert limit is not None
-    if not options.stride_split_width or node.op_type != "Conv":
-        return ""  # a ConvTranspose's stride is no input stride to split (Vela: TRANSPOSE_CONV 1x1 / 2x2 only)
-    in_shape, out_shape = ctx.index.static_shape(node.input[0]), ctx.index.static_shape(node.output[0])
-    if in_shape is None or out_shape is None or len(strides) not in (1, 2):
-        return "shapes unknown or not a 1-D / 2-D Conv: the stride is judged by max_stride alone"
-    depthwise = group > 1 and group == conv_channels(node.op_type, w_shape, group)[0]
-    width = len(strides) - 1
-    for axis, (stride, l_in, l_out) in enumerate(zip(strides, in_shape[2:], out_shape[2:])):
-        if stride <= limit or (l_out == 1 and not depthwise):
-            continue
-        if axis != width or depthwise:
-            return (f"stride {stride} on axis {axis + 2}" + (" of a depthwise Conv" if depthwise else "")
-                    + f" (output extent {l_out})")
-        split = 1 if l_in % stride == 0 else next(
-            (s for s in range(2, limit + 1) if stride % s == 0 and l_in % (stride // s) == 0), stride)
-        if split > limit:
-            return f"width stride {stride}: input width {l_in} is no multiple of stride / s for any s <= {limit}"
+def _stride_problem(ctx: _Context, node: onnx.NodeProto, group: int, w_shape: Shape) -> str | None:
+    """None when ``stride_limit_depthwise_only`` exempts this stride above ``max_stride`` (an ordinary Conv), else
+    what to add to the finding ("" or why it still counts)."""
+    if not ctx.options.stride_limit_depthwise_only:
+        return ""
+    if node.op_type != "Conv":
+        return "a ConvTranspose (Vela: TRANSPOSE_CONV strides 1x1 / 2x2 only)"
+    if group > 1 and group == conv_channels(node.op_type, w_shape, group)[0]:
+        return "a depthwise Conv: the stride limit applies (Vela 5.2: depthwise stride 4 on the CPU)"
     return None
 
 

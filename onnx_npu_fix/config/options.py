@@ -108,10 +108,9 @@ class FixOptions:
     """Largest Conv kernel extent on any axis worth reporting (None: not checked)."""
     max_stride: int | None = None
     """Largest Conv stride on any axis (None: not checked)."""
-    stride_split_width: bool = False
-    """The compiler runs a Conv stride above ``max_stride`` where it can split it away (Vela 5.2): on an axis whose
-    output extent is 1, and on the width (last) axis of a non-depthwise Conv when the input width is a multiple of
-    stride / s for some s <= max_stride dividing the stride (it folds the rest of the stride into the layout)."""
+    stride_limit_depthwise_only: bool = False
+    """``max_stride`` limits depthwise Convs (and ConvTransposes) only: the compiler runs an ordinary Conv of any
+    stride on its NPU (Vela 5.2: strides 4, 7 and 8 on 1-D and 2-D Convs did, a depthwise stride 4 did not)."""
     allowed_kernels: tuple[int, ...] | None = None
     """If set, every Conv kernel must be square, k x k with k one of these (K210 KPU: 1x1 or 3x3 only, no 1x3;
     None: not checked)."""
