@@ -315,6 +315,8 @@ def _split_names(value: str | None) -> list[str] | None:
               help="Run 1-D Convs as 4-D ones ([B,C,1,L], kernel [1,K]) for compilers that want 4-D convs.")
 @_option(FIXING, "--force-rewrite", is_flag=True,
               help="Rewrite convs even when the target runs every candidate form's ops on its CPU.")
+@_option(FIXING, "--fold-pad-into-conv/--no-fold-pad-into-conv", default=False,
+         help="Fold a constant zero Pad into the following Conv's pads (exact; the Rockchip profiles set it).")
 @_option(FIXING, "--max-convtranspose-stride", type=click.IntRange(min=1), default=None,
               help="Largest ConvTranspose stride; exact Resize forms above it are split into stages.")
 @_judge_options(required=False)

@@ -733,3 +733,92 @@ def test_unknown_shape_verdict_comes_from_fold_constants_itself():
     model = _model(nodes, [_vi("x", [1, 8])], [_vi("y", [2, 3])])
     (violation,) = find_violations(model, FixOptions())
     assert violation.fixed_by is None and "fold-constants:" in violation.message
+
+
+# --- the constraints issue 25's compiler runs showed missing --------------------------------------------------
+
+def _strided(in_shape, w_shape, strides, group=1):
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv_s", strides=list(strides), group=group)
+    return _model([node], [_vi("x", list(in_shape))], [_vi("y", None)], [_w("w", w_shape)])
+
+
+@pytest.mark.parametrize("in_shape, w_shape, strides, group, flagged", [
+    ((1, 1, 8000), (64, 1, 16), (8,), 1, False),       # the ConvTasNet encoder Vela 5.2 runs on its NPU
+    ((1, 1, 8001), (16, 1, 16), (7,), 1, False),       # 1-D stride 7: on the NPU too
+    ((1, 4, 64, 64), (8, 4, 4, 1), (4, 1), 1, False),  # 2-D stride 4 on the height: on the NPU too
+    ((1, 4, 64, 64), (4, 1, 3, 3), (4, 4), 4, True),   # depthwise stride 4: Vela 5.2 runs it on the CPU
+])
+def test_vela_stride_rule_flags_only_what_vela_keeps_off_the_npu(in_shape, w_shape, strides, group, flagged):
+    options = FixOptions(max_stride=3, stride_limit_depthwise_only=True)
+    model = _strided(in_shape, w_shape, strides, group)
+    assert bool([v for v in find_violations(model, options) if v.constraint == "max-stride"]) is flagged
+    # without the exemption every stride above 3 is flagged, as before
+    assert [v.constraint for v in find_violations(model, FixOptions(max_stride=3))] == ["max-stride"]
+
+
+def test_k210_kernel_shapes_and_asymmetric_pads():
+    """k210's allowed_kernels: 1x3 / 3x1 are not 1x1 or 3x3 (nncase 1.9 runs them on the CPU). symmetric_pads is a
+    key for a target that needs it (nncase 1.9 ran asymmetric pads on the KPU: the k210 profile does not set it)."""
+    from onnx_npu_fix.config.targets import apply_target, load_target
+
+    options = apply_target(load_target("k210"), FixOptions(), {"symmetric_pads": True})
+    nodes = [helper.make_node("Conv", ["x", "w13"], ["a"], name="conv_1x3", pads=[0, 1, 0, 1]),
+             helper.make_node("Conv", ["a", "w33"], ["b"], name="conv_asym", pads=[0, 0, 1, 1]),
+             helper.make_node("Conv", ["b", "w33"], ["y"], name="conv_same", pads=[1, 1, 1, 1])]
+    model = _model(nodes, [_vi("x", [1, 8, 16, 16])], [_vi("y", None)],
+                   [_w("w13", (8, 8, 1, 3)), _w("w33", (8, 8, 3, 3))])
+    found = find_violations(model, options)
+    assert kinds(found) == [("conv_1x3", "kernel-allowed"), ("conv_asym", "asymmetric-pads")]
+    assert "[(0, 1), (0, 1)]" in found[1].message
+
+
+def _qdq_relu():
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["xq"], name="quant"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "zp"], ["xd"], name="dequant"),
+             helper.make_node("Relu", ["xd"], ["y"], name="relu")]
+    inits = [numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+             numpy_helper.from_array(np.array(128, np.uint8), "zp")]
+    return _model(nodes, [_vi("x", [1, 8, 4, 4])], [_vi("y", [1, 8, 4, 4])], inits)
+
+
+def test_check_target_bm1684x_refuses_a_qdq_model_with_exit_1(tmp_path):
+    from click.testing import CliRunner
+
+    from onnx_npu_fix.cli import main
+
+    path = tmp_path / "q.onnx"
+    onnx.save(_qdq_relu(), path)
+    result = CliRunner().invoke(main, [str(path), "--check", "--target", "bm1684x"])
+    assert result.exit_code == 1, result.output
+    assert "quant (QuantizeLinear): quantized-input: 2 quantized ops vs float model" in result.output
+    float_model = _model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [_vi("x", [1, 8, 4, 4])],
+                         [_vi("y", [1, 8, 4, 4])])
+    onnx.save(float_model, path)
+    assert CliRunner().invoke(main, [str(path), "--check", "--target", "bm1684x"]).exit_code == 0
+
+
+def _resize(h, out, coord, mode="linear"):
+    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="up", mode=mode,
+                            coordinate_transformation_mode=coord)
+    sizes = numpy_helper.from_array(np.array([1, 4, out, out], np.int64), "sizes")
+    return _model([node], [_vi("x", [1, 4, h, h])], [_vi("y", None)], [sizes])
+
+
+@pytest.mark.parametrize("h, out, coord, before, after_mode", [
+    (8, 64, "half_pixel", "fixed by resize-nearest", "nearest"),  # LR-ASPP x8: Vela runs nearest x8 on its NPU
+    (8, 16, "half_pixel", None, "linear"),                         # x2 half-pixel linear: on the NPU as it is
+    (6, 22, "align_corners", "no pass fixes this", "linear"),      # DeepLabV3+ x4.2: on the CPU in either mode
+])
+def test_ethos_u55_resize_factor_rule_and_what_resize_nearest_does(h, out, coord, before, after_mode):
+    from onnx_npu_fix import api
+    from onnx_npu_fix.config.targets import apply_target, load_target
+
+    options = apply_target(load_target("ethos-u55"), FixOptions(), {})
+    model = _resize(h, out, coord)
+    found = [v.text() for v in find_violations(model, options)]
+    assert (found[0].endswith(before) if before else not found), found
+    fixed = api.fix(model, options, api.select_passes()).model
+    resize = next(n for n in fixed.graph.node if n.op_type == "Resize")
+    assert helper.get_attribute_value(next(a for a in resize.attribute if a.name == "mode")).decode() == after_mode
+    assert [v.constraint for v in find_violations(fixed, options)] == (["resize-factor"] if coord ==
+                                                                        "align_corners" else [])

@@ -987,3 +987,38 @@ def test_auto_takes_the_cheapest_layout_and_the_pass_line_shows_the_growth():
     line = render_pass_line(PassRecord("dilated-conv", exact=True, status="unchanged", changes=result.changes,
                                        metrics=result.metrics))
     assert "1 space-to-batch, weights +300% (2.3 KiB -> 9.1 KiB)" in line, line
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_dead_taps_of_a_qdq_conv_are_trimmed_behind_its_dequantize(tmp_path, per_channel):
+    """DeepLabV3 quantized by onnxruntime: an ASPP conv with dilation 36 on an 8x8 map is trimmed to its centre
+    tap on the integer side (weights still int8 behind their DequantizeLinear), as the float export is — not
+    split by space-to-batch, nor left over the limit on rv1106."""
+    quantization = pytest.importorskip("onnxruntime.quantization")
+    from onnx_npu_fix.pipeline.inputs import make_inputs
+
+    float_model = conv_model([1, 6, 8, 8], [5, 6, 3, 3], dilations=[36, 36], pads=[36, 36, 36, 36])
+    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(float_model, src)
+    sets = iter(make_inputs(float_model, 4, 7))
+
+    class Reader(quantization.CalibrationDataReader):
+        def get_next(self):  # noqa: ANN201 - the quantizer's interface
+            return next(sets, None)
+
+    quantization.quantize_static(str(src), str(dst), Reader(), quant_format=quantization.QuantFormat.QDQ,
+                                 per_channel=per_channel, activation_type=quantization.QuantType.QUInt8,
+                                 weight_type=quantization.QuantType.QInt8)
+    quantized = onnx.load(dst)
+    for options in (dict(max_dilation=31, s2b_layouts=("spatial",)), dict(max_dilation=15)):  # rv1106, bm1684x
+        fixed, result = apply_pass(quantized, DilatedConvPass(), **options)
+        assert [c.action for c in result.changes] == ["trim dead taps"], result.rejections
+        assert ops(fixed) == ops(quantized) and max_dilation_of(fixed) == 1
+        conv = next(n for n in fixed.graph.node if n.op_type == "Conv")
+        dq = next(n for n in fixed.graph.node if conv.input[1] in n.output)
+        weight = numpy_helper.to_array(next(t for t in fixed.graph.initializer if t.name == dq.input[0]))
+        assert dq.op_type == "DequantizeLinear" and weight.dtype == np.int8 and weight.shape == (5, 6, 1, 1)
+        feeds = make_inputs(quantized, 3, 0)
+        for ref, got in zip(run_model(quantized, feeds), run_model(fixed, feeds)):
+            for name in ref:
+                np.testing.assert_array_equal(ref[name], got[name])  # the same quantized outputs

@@ -715,3 +715,63 @@ def test_a_target_that_accepts_linear_resize_keeps_it(tmp_path, target, rewritte
     assert (get_attr(resize, "mode") == "nearest") is rewritten, result.output
     if not rewritten:
         assert_equivalent(model, fixed)
+
+
+# --- issue 22: the separable exact form on quantized models ---------------------------------------------------
+
+def _quantized_up8(tmp_path) -> onnx.ModelProto:
+    """Conv -> linear half_pixel x8 Resize (LR-ASPP's head), quantized by onnxruntime's quantize_static (QDQ)."""
+    quantization = pytest.importorskip("onnxruntime.quantization")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["c", "", "scales"], ["y"], name="up", mode="linear",
+                              coordinate_transformation_mode="half_pixel")]
+    inits = [numpy_helper.from_array(rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([1, 1, 8, 8], np.float32), "scales")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(model, src)
+    sets = iter(make_inputs(model, 4, 7))
+
+    class Reader(quantization.CalibrationDataReader):
+        def get_next(self):  # noqa: ANN201 - the quantizer's interface
+            return next(sets, None)
+
+    quantization.quantize_static(str(src), str(dst), Reader(), quant_format=quantization.QuantFormat.QDQ,
+                                 activation_type=quantization.QuantType.QUInt8,
+                                 weight_type=quantization.QuantType.QInt8)
+    return onnx.load(dst)
+
+
+def test_quantized_x8_bilinear_becomes_one_int8_conv_transpose_per_axis(tmp_path):
+    """The 2-D kernel's products reach 225/256 (beyond int8 with a power-of-two scale), each axis's 1-D kernel
+    {1, 3, ..., 15}/16 does not: two depthwise ConvTransposes with int8 weights, no linear Resize left."""
+    quantized = _quantized_up8(tmp_path)
+    fixed, result = apply_pass(quantized, ResizeNearestPass(), resize_mode="exact")
+    assert "Resize" not in ops(fixed) and ops(fixed).count("ConvTranspose") == 2
+    assert result.changes[0].new["stages"] == [{2: 8}, {3: 8}] and result.quantized_tolerance
+    inits = {t.name: numpy_helper.to_array(t) for t in fixed.graph.initializer}
+    producers = {o: n for n in fixed.graph.node for o in n.output}
+    for conv in (n for n in fixed.graph.node if n.op_type == "ConvTranspose"):
+        dq = producers[conv.input[1]]
+        q, scale = inits[dq.input[0]], inits[dq.input[1]]
+        assert dq.op_type == "DequantizeLinear" and q.dtype == np.int8 and float(scale) == 1 / 16
+        assert sorted(set(np.abs(q).reshape(-1).tolist())) == list(range(1, 16, 2))  # {1, 3, ..., 15}
+        assert sorted(q.shape[2:]) == [1, 16]  # one axis each
+    # Canonical QDQ: the tensor between the stages is requantized on the input's grid (DQ -> ConvT -> Q units).
+    from onnx_npu_fix.ir.qdq import walk_non_qdq
+
+    assert walk_non_qdq(fixed) == walk_non_qdq(quantized) == []
+    # Judged in the output's quantization steps (the pass declares quantized_tolerance): the stage's outputs
+    # round to the grid (half a step at most) and ties round either way, so an output moves by one step at most.
+    feeds = make_inputs(quantized, 3, 0)
+    out_dq = quantized.graph.node[-1]
+    step = float(numpy_helper.to_array(next(t for t in quantized.graph.initializer if t.name == out_dq.input[1])))
+    for ref, got in zip(Runner(quantized).run_all(feeds), Runner(fixed).run_all(feeds)):
+        steps = np.abs(ref["y"] - got["y"]) / step
+        assert steps.max() <= 1 + 1e-4 and (steps > 0.5).mean() < 0.25
+    # With ConvTranspose strides limited to 4 (bm1684x-like), the staged 2-D form's kernels are int8 already.
+    staged, staged_result = apply_pass(quantized, ResizeNearestPass(), resize_mode="exact",
+                                       max_convtranspose_stride=4)
+    assert "Resize" not in ops(staged) and "separable" not in staged_result.changes[0].detail["why"]

@@ -83,7 +83,7 @@ def test_facts_from_the_issue_are_encoded():
     """Spot checks of values the issue and the constraint sources state outright."""
     k210 = load_target("k210").constraints
     assert k210["sram_bytes"] == 2 * 1024 * 1024
-    assert (k210["max_kernel"], k210["max_stride"]) == (3, 2)
+    assert (k210["allowed_kernels"], k210["max_stride"]) == ((1, 3), 2) and "symmetric_pads" not in k210
     assert k210["forbidden_ops"] == ("PRelu",)
     assert load_target("mstar-ipu").constraints["max_dilation"] == 4
     mdla = load_target("mdla2").constraints
@@ -415,7 +415,9 @@ def test_parse_size_says_why_and_which_units_exist(text, says):
 OPTION_ONLY = {"resize_mode", "act_bytes", "s2b_layout", "bn_standalone",
                # emission forms (issue 13): how passes write their rewrites for the target's compiler
                "remainder_pad", "lift_conv1d", "s2b_layouts", "force_rewrite", "allow_convtranspose",
-               "max_convtranspose_stride"}
+               "max_convtranspose_stride", "fold_pad_into_conv",
+               # which convs max_stride judges (Vela 5.2), tested with max_stride in test_constraints.py
+               "stride_limit_depthwise_only"}
 
 
 def _vi(name, shape):
@@ -515,8 +517,8 @@ def big_kernel_model(k):
     return _model([conv], [("x", [1, 16, 16, 16])], [w])
 
 
-def strided_model(s):
-    conv, w = _conv("conv_strided", "x", "y", 16, 16, stride=s)
+def strided_model(s, depthwise=False):
+    conv, w = _conv("conv_strided", "x", "y", 16, 16, stride=s, group=16 if depthwise else 1)
     return _model([conv], [("x", [1, 16, 24, 24])], [w])
 
 
@@ -581,13 +583,53 @@ def violations_for(key, value, options):
     if key == "max_kernel":
         return [(f"kernel {value + 2}", big_kernel_model(value + 2), "conv_big_kernel", "max-kernel")]
     if key == "max_stride":
-        return [(f"stride {value + 1}", strided_model(value + 1), "conv_strided", "max-stride")]
+        # stride_limit_depthwise_only (Vela 5.2): only a depthwise Conv's stride counts
+        return [(f"stride {value + 1}", strided_model(value + 1, options.stride_limit_depthwise_only),
+                 "conv_strided", "max-stride")]
     if key == "allow_control_flow":
         return [("an If on a graph input", if_model(), "if_node", "control-flow")]
     if key == "sram_bytes":
         return [("activation above the SRAM budget", large_activation_model(value, options.act_bytes),
                  "relu_big", "sram")]
-    raise AssertionError(f"no violating model for {key}")
+    cases = compiler_run_violations(key, value, options)
+    if cases is None:
+        raise AssertionError(f"no violating model for {key}")
+    return cases
+
+
+def compiler_run_violations(key, value, options):
+    """The constraints issue 25's compiler runs added (k210 kernels and pads, bm1684x QDQ, Vela's resize rule);
+    None for another key."""
+    if key == "allowed_kernels":
+        odd = next(k for k in range(1, 8) if k not in value)
+        node = helper.make_node("Conv", ["x", "w13"], ["y"], name="conv_1xk", pads=[0, odd // 2, 0, odd // 2])
+        return [(f"kernel 1x{odd}", _model([node], [("x", [1, 16, 8, 8])], [_w("w13", [16, 16, 1, odd])]),
+                 "conv_1xk", "kernel-allowed")]
+    if key == "symmetric_pads":
+        node = helper.make_node("Conv", ["x", "w33"], ["y"], name="conv_asym", pads=[0, 0, 1, 1])
+        return [("pads [0, 0, 1, 1]", _model([node], [("x", [1, 16, 8, 8])], [_w("w33", [16, 16, 3, 3])]),
+                 "conv_asym", "asymmetric-pads")]
+    if key == "allow_qdq":
+        nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["xq"], name="quant"),
+                 helper.make_node("DequantizeLinear", ["xq", "s", "zp"], ["y"], name="dequant")]
+        inits = [numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+                 numpy_helper.from_array(np.array(128, np.uint8), "zp")]
+        return [("a QDQ model", _model(nodes, [("x", [1, 16, 8, 8])], inits), "quant", "quantized-input")]
+    if key == "resize_factors":
+        odd = next(f for f in range(2, 9) if f not in value)
+        return [(f"nearest x{odd}", resize_model("nearest", "asymmetric", odd), "up_factor", "resize-factor")]
+    if key == "linear_half_pixel_factors":
+        other = next(f for f in (options.resize_factors or (2, 4, 8)) if f not in value)
+        return [(f"half-pixel linear x{other}", resize_model("linear", "half_pixel", other), "up_factor",
+                 "resize-factor")]
+    return None
+
+
+def resize_model(mode, coord, factor):
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up_factor", mode=mode,
+                            coordinate_transformation_mode=coord)
+    scales = numpy_helper.from_array(np.array([1, 1, factor, factor], np.float32), "scales")
+    return _model([node], [("x", [1, 16, 8, 8])], [scales])
 
 
 # Settings that relax npufix's defaults: (key, value) -> (model, constraints that must then stay silent).
@@ -627,7 +669,9 @@ def test_clean_model_satisfies_every_profile(checker, name):
 # Each constraint switched off, for the control below.
 OFF = {"max_dilation": None, "allowed_dilations": None, "align": 0, "concat_align": 0, "batch_one": False,
        "max_rank": None, "forbidden_ops": (), "allow_batchnorm": True, "require_nearest_resize": False,
-       "max_kernel": None, "max_stride": None, "sram_bytes": None, "allow_control_flow": True}
+       "max_kernel": None, "max_stride": None, "sram_bytes": None, "allow_control_flow": True,
+       "allowed_kernels": None, "symmetric_pads": False, "allow_qdq": True, "resize_factors": None,
+       "linear_half_pixel_factors": None}
 
 
 @pytest.mark.parametrize(("name", "key"), list(_cases("strict")))

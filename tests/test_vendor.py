@@ -359,3 +359,81 @@ def test_rknn_profile_layout_keeps_a_forced_rewrite_on_the_npu(fixture_path, tmp
     assert verdicts["auto"] == []
     if target in ("rk3566", "rk3588"):
         assert verdicts["channel"] and {op for op, _ in verdicts["channel"]} <= {"Transpose", "Reshape"}
+
+
+def same_pad_conv() -> onnx.ModelProto:
+    """timm's "same" padding as smp's encoders export it: pads computed from the input's Shape (Slice, Mod,
+    Concat) feed a Pad before a stride-2 Conv. fold-constants makes them an initializer."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {"starts": [2], "ends": [4], "two": [2], "zeros": [0, 0]}
+    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in consts.items()]
+    inits.append(numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 3, 3, 3)).astype(np.float32),
+                                         "w"))
+    nodes = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+             helper.make_node("Slice", ["shape", "starts", "ends"], ["hw"], name="hw"),
+             helper.make_node("Mod", ["hw", "two"], ["odd"], name="odd"),
+             helper.make_node("Concat", ["zeros", "odd", "zeros", "odd"], ["pads"], name="pads", axis=0),
+             helper.make_node("Pad", ["x", "pads"], ["xp"], name="same_pad"),
+             helper.make_node("Conv", ["xp", "w"], ["y"], name="conv", strides=[2, 2])]
+    graph = helper.make_graph(nodes, "same", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 33, 33])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@requires_rknn
+@pytest.mark.parametrize("target", RKNN_TARGETS)
+def test_rknn_builds_the_rockchip_output_of_a_computed_same_pad(tmp_path, target):
+    """Issue 25 item 1: rknn-toolkit2 2.5.0's own Pad-into-Conv fusion crashed on npufix's folded pads
+    (_p_fuse_pad_into_conv: ValueError: assignment destination is read-only); the Rockchip profiles fold the zero
+    Pad into the Conv (fold-pad-conv), so no Pad reaches it, and the build runs on the NPU."""
+    original = same_pad_conv()
+    outcome = fix(same_pad_conv(), apply_target(load_target(target), FixOptions(), {}))
+    assert outcome.ok and "Pad" not in [n.op_type for n in outcome.model.graph.node]
+    build = build_rknn(outcome.model, target, str(tmp_path), [(1, 3, 33, 33)])
+    record("rknn-toolkit2", target, f"same_pad_conv --target {target}", _summary(build))
+    assert build.built, build.log[-2000:]
+    assert introduced_by_npufix(build, original, outcome.model) == [] and not build.cpu
+    # The control: the same run with the Pad kept and its folded pads stored as raw bytes (npufix before issue
+    # 25 item 1) still crashes rknn's fusion, so the fold is what protects the build from that compiler bug.
+    kept = fix(same_pad_conv(), apply_target(load_target(target), FixOptions(), {"fold_pad_into_conv": False}))
+    from onnx import numpy_helper
+
+    for tensor in kept.model.graph.initializer:
+        if tensor.data_type == onnx.TensorProto.INT64:
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))  # raw_data
+    crashed = build_rknn(kept.model, target, str(tmp_path / "kept"), [(1, 3, 33, 33)])
+    assert not crashed.built and "assignment destination is read-only" in crashed.log
+
+
+@requires_tpu_mlir
+def test_tpu_mlir_refuses_a_qdq_model_and_the_profile_says_so(fixture_path, tmp_path):
+    """Issue 25 item 4: tpu-mlir 1.30.2's importer fails on a model quantized by onnxruntime (QDQ), exported or
+    fixed ("KeyError: Should addWeight first"); the float export compiles. ``--target bm1684x`` reports the QDQ
+    model (quantized-input, exit 1) and not the float one."""
+    import numpy as np
+    from onnxruntime import quantization
+
+    from onnx_npu_fix.analysis.constraints import find_violations
+    from onnx_npu_fix.pipeline.inputs import make_inputs
+
+    src, dst = fixture_path("torch_unet.onnx"), str(tmp_path / "unet_qdq.onnx")
+    sets = iter(make_inputs(onnx.load(src), 4, 7))
+
+    class Reader(quantization.CalibrationDataReader):
+        def get_next(self):  # noqa: ANN201 - the quantizer's interface
+            return next(sets, None)
+
+    quantization.quantize_static(src, dst, Reader(), quant_format=quantization.QuantFormat.QDQ)
+    options = apply_target(load_target("bm1684x"), FixOptions(), {})
+    shape = list(MODELS["torch_unet.onnx"]["image"])
+    for path, quantized in ((dst, True), (src, False)):
+        done = compile_bm1684x(path, str(tmp_path), "q" if quantized else "f", shape)
+        record("tpu-mlir", "bm1684x", os.path.basename(path), "compiles" if done.returncode == 0 else
+               f"rejected: {(done.stdout + done.stderr).strip().splitlines()[-1][-160:]}")
+        assert (done.returncode != 0) is quantized, (done.stdout + done.stderr)[-2000:]
+        if quantized:
+            assert "Should addWeight first" in done.stdout + done.stderr
+        flagged = [v for v in find_violations(onnx.load(path), options) if v.constraint == "quantized-input"]
+        assert bool(flagged) is quantized and np.all([v.fixed_by is None for v in flagged])

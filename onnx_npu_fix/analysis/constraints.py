@@ -44,15 +44,24 @@ from onnx_npu_fix.analysis.memory import (
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.batch_axis import batch_tensors
 from onnx_npu_fix.ir.graph import (
+    ConvGeometry,
     GraphIndex,
     Shape,
     format_bytes,
     format_shape,
     get_attr,
+    opset_version,
     paused_gc,
     values_from,
 )
-from onnx_npu_fix.ir.ops import CONTROL_FLOW_OPS, channels_follow_inputs, conv_channels, is_default_domain
+from onnx_npu_fix.ir.ops import (
+    CONTROL_FLOW_OPS,
+    channels_follow_inputs,
+    conv_channels,
+    is_default_domain,
+    resize_factor_problem,
+)
+from onnx_npu_fix.ir.qdq import is_qoperator
 from onnx_npu_fix.ir.schedule import constant_names
 from onnx_npu_fix.passes.base import Found
 
@@ -136,8 +145,25 @@ CONSTRAINT_TABLE: tuple[Constraint, ...] = (
                "a Conv kernel extent above the target's `max_kernel`",
                "none"),
     Constraint("max-stride", "max {}", ("max_stride",), None,
-               "a Conv stride above the target's `max_stride`",
+               "a Conv stride above the target's `max_stride` (with `stride_limit_depthwise_only`: a depthwise Conv's "
+               "or a ConvTranspose's only)",
                "none"),
+    Constraint("kernel-allowed", "allowed {}", ("allowed_kernels",), None,
+               "a Conv kernel that is not k x k with k among the target's `allowed_kernels` (k210: 1x1 or 3x3, so no "
+               "1x3 / 3x1)",
+               "none"),
+    Constraint("asymmetric-pads", "{}", ("symmetric_pads",), None,
+               "a Conv pads a spatial axis unequally at its two ends (`symmetric_pads`; `auto_pad` resolved)",
+               "none"),
+    Constraint("resize-factor", "{}", ("resize_factors", "linear_half_pixel_factors"), "resize-nearest",
+               "a 4-D Resize whose H / W factors are not equal and among `resize_factors` ((out-1)/(in-1) with "
+               "align_corners), or a half-pixel linear one outside `linear_half_pixel_factors`",
+               "resize-nearest when the nearest form keeps the rule (a half-pixel linear x8 on ethos-u55), else "
+               "none"),
+    Constraint("quantized-input", "{}", ("allow_qdq",), None,
+               "the model holds QuantizeLinear / DequantizeLinear or QOperator ops and the target's compiler "
+               "takes float models only (`allow_qdq = false`)",
+               "none — give the compiler the float export; it quantizes with its own calibration"),
     Constraint("sram", "SRAM {}", ("sram_bytes",), None,
                "the estimated activation peak exceeds `--sram`",
                "reorder-memory if a reordering fits, else `--split` when every layer fits, else none"),
@@ -339,6 +365,8 @@ def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = F
             ctx.input_fixed = channels_follow_inputs(light.graph.node, index.graph_inputs, ctx.const.__contains__)
         for node in light.graph.node:
             _check_node(ctx, node)
+        if not options.allow_qdq:
+            _check_quantized(ctx)
         _check_graph_outputs(ctx)
         if ctx.ask and _ask:
             _ask_passes(model, light, index, options, ctx.ask)
@@ -539,6 +567,9 @@ def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
     elif standard and op in ("Dropout", "Identity"):
         ctx.add_fixable(node, "leftover-op", "present", "removed",
                         "an inference no-op; vendor compilers may reject or mis-handle it")
+    if standard and op == "Resize" and (options.resize_factors is not None
+                                        or options.linear_half_pixel_factors is not None):
+        _check_resize_factor(ctx, node)
     if standard and op in CONTROL_FLOW_OPS and not options.allow_control_flow:
         _check_control_flow(ctx, node)
     if op in options.forbidden_ops and not _reported_as_op(op, options):
@@ -595,9 +626,69 @@ def _check_conv(ctx: _Context, node: onnx.NodeProto) -> None:
         ctx.add(node, "max-kernel", kernel, options.max_kernel, None,
                 f"dilated extent {[(k - 1) * d + 1 for k, d in zip(kernel, dilations)]}")
     if options.max_stride is not None and max(strides, default=1) > options.max_stride:
-        ctx.add(node, "max-stride", strides, options.max_stride, None)
+        why = _stride_problem(ctx, node, group, w_shape)
+        if why is not None:
+            ctx.add(node, "max-stride", strides, options.max_stride, None, why)
+    if options.allowed_kernels is not None and (len(set(kernel)) > 1 or kernel[0] not in options.allowed_kernels):
+        ctx.add(node, "kernel-allowed", kernel, list(options.allowed_kernels), None,
+                f"{op} kernel {'x'.join(map(str, kernel))}: the target runs only "
+                f"{', '.join(f'{k}x{k}' for k in options.allowed_kernels)} kernels on its accelerator")
+    if options.symmetric_pads and op == "Conv":
+        _check_symmetric_pads(ctx, node, kernel)
     if options.align > 0:
         _check_conv_channels(ctx, node, w_shape, group)
+
+
+def _stride_problem(ctx: _Context, node: onnx.NodeProto, group: int, w_shape: Shape) -> str | None:
+    """None when ``stride_limit_depthwise_only`` exempts this stride above ``max_stride`` (an ordinary Conv), else
+    what to add to the finding ("" or why it still counts)."""
+    if not ctx.options.stride_limit_depthwise_only:
+        return ""
+    if node.op_type != "Conv":
+        return "a ConvTranspose (Vela: TRANSPOSE_CONV strides 1x1 / 2x2 only)"
+    if group > 1 and group == conv_channels(node.op_type, w_shape, group)[0]:
+        return "a depthwise Conv: the stride limit applies (Vela 5.2: depthwise stride 4 on the CPU)"
+    return None
+
+
+def _check_symmetric_pads(ctx: _Context, node: onnx.NodeProto, kernel: list[int]) -> None:
+    in_shape = ctx.index.shape(node.input[0])
+    geometry = ConvGeometry(node, kernel, list(in_shape[2:]) if in_shape is not None else None)
+    if not geometry.resolved:
+        return
+    pairs = [geometry.pad_pair(axis) for axis in range(geometry.rank)]
+    if any(begin != end for begin, end in pairs):
+        ctx.add(node, "asymmetric-pads", geometry.pads, "equal begin and end", None,
+                f"pads (begin, end) per axis {pairs}: the target pads symmetrically only")
+
+
+def _check_resize_factor(ctx: _Context, node: onnx.NodeProto) -> None:
+    in_shape, out_shape = ctx.index.static_shape(node.input[0]), ctx.index.static_shape(node.output[0])
+    if in_shape is None or out_shape is None:
+        return
+    opset = opset_version(ctx.index.model)
+    coord = (get_attr(node, "coordinate_transformation_mode", "half_pixel") or "half_pixel") if opset >= 11 \
+        else "asymmetric"
+    mode = get_attr(node, "mode", "nearest") or "nearest"
+    why = resize_factor_problem(in_shape, out_shape, mode, coord, ctx.options.resize_factors,
+                                ctx.options.linear_half_pixel_factors)
+    if why is None:
+        return
+    factors, half_pixel = ctx.options.resize_factors, ctx.options.linear_half_pixel_factors
+    limit = "; ".join(([f"x{'/'.join(map(str, factors))}"] if factors is not None else [])
+                      + ([f"half-pixel linear x{'/'.join(map(str, half_pixel))}"] if half_pixel is not None else []))
+    ctx.add_fixable(node, "resize-factor", why, limit, f"{mode} Resize {why}")
+
+
+def _check_quantized(ctx: _Context) -> None:
+    """One finding for the whole model, at its first quantized op (the compiler refuses the model, not a node)."""
+    quantized = [n for n in ctx.index.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+                 or is_qoperator(n)]
+    if quantized:
+        first = quantized[0]
+        ctx.add(first, "quantized-input", f"{len(quantized)} quantized ops", "float model", None,
+                "the target's compiler takes float models and quantizes them with its own calibration; give it "
+                "the float export")
 
 
 def _check_qoperator_conv(ctx: _Context, node: onnx.NodeProto) -> None:

@@ -37,7 +37,8 @@ LIST_CHOICES: dict[str, tuple[str, ...]] = {
 # Smallest value of a numeric option (for a tuple: of each element); numeric options not listed must be >= 0.
 MINIMUM: dict[str, int] = {
     "max_dilation": 1, "n_inputs": 1, "max_rank": 1, "max_kernel": 1, "max_stride": 1, "act_bytes": 1,
-    "allowed_dilations": 1, "max_convtranspose_stride": 1,
+    "allowed_dilations": 1, "max_convtranspose_stride": 1, "allowed_kernels": 1, "resize_factors": 1,
+    "linear_half_pixel_factors": 1,
 }
 # List options whose every element must be an ONNX op type (a misspelt one would silently match nothing).
 OP_TYPE_LISTS: frozenset[str] = frozenset({"forbidden_ops"})
@@ -111,6 +112,23 @@ class FixOptions:
     """Largest Conv kernel extent on any axis worth reporting (None: not checked)."""
     max_stride: int | None = None
     """Largest Conv stride on any axis (None: not checked)."""
+    stride_limit_depthwise_only: bool = False
+    """``max_stride`` limits depthwise Convs (and ConvTransposes) only: the compiler runs an ordinary Conv of any
+    stride on its NPU (Vela 5.2: strides 4, 7 and 8 on 1-D and 2-D Convs did, a depthwise stride 4 did not)."""
+    allowed_kernels: tuple[int, ...] | None = None
+    """If set, every Conv kernel must be square, k x k with k one of these (K210 KPU: 1x1 or 3x3 only, no 1x3;
+    None: not checked)."""
+    symmetric_pads: bool = False
+    """Every Conv must pad each spatial axis equally at both ends (a user profile's key: the nncase FAQ says so for
+    the K210, but nncase 1.9 ran asymmetric pads on the KPU, so the k210 profile does not set it)."""
+    allow_qdq: bool = True
+    """Whether the target's compiler takes quantized ONNX (QuantizeLinear / DequantizeLinear or QOperator ops).
+    False: a ``quantized-input`` violation (tpu-mlir 1.30.2 quantizes float models itself and refuses QDQ)."""
+    resize_factors: tuple[int, ...] | None = None
+    """If set, a Resize must scale H and W equally by one of these integer factors ((out - 1) / (in - 1) with
+    align_corners), keep its size, or start from 1x1 (Vela's RESIZE_BILINEAR / NEAREST rule: 2, 4, 8)."""
+    linear_half_pixel_factors: tuple[int, ...] | None = None
+    """If set, a linear Resize with half_pixel coordinates only at these factors (Vela 5.2: x2 only)."""
     sram_bytes: int | None = None
     """Activation-memory budget for the memory estimate (None: only reported, never a violation)."""
     allow_control_flow: bool = True
@@ -139,6 +157,9 @@ class FixOptions:
     """Rewrite a conv even when every form would put ops on the target's CPU (overrides the do-no-harm rule)."""
     allow_convtranspose: bool = True
     """Whether rewrites may emit ConvTranspose (False: resize-nearest's exact mode uses the MatMul form)."""
+    fold_pad_into_conv: bool = False
+    """fold-pad-conv folds a constant zero Pad on the spatial axes into the Conv that reads it (exact; for
+    compilers that crash on their own Pad-into-Conv fusion: rknn-toolkit2 2.5.0, the Rockchip profiles)."""
     max_convtranspose_stride: int | None = None
     """Largest ConvTranspose stride the target compiles (None: no limit); exact Resize forms above it are
     split into stages (x8 -> x2 then x4)."""

@@ -75,3 +75,34 @@ def channels_follow_inputs(nodes: Iterable[onnx.NodeProto], graph_inputs: Iterab
             if reads_data:
                 fixed.update(o for o in node.output if o)
     return fixed
+
+
+HALF_PIXEL_COORDS = frozenset({"half_pixel", "pytorch_half_pixel"})
+
+
+def resize_factor_problem(in_shape: Sequence[int], out_shape: Sequence[int], mode: str, coord: str,
+                          factors: Sequence[int] | None, half_pixel_linear: Sequence[int] | None) -> str | None:
+    """Why a 4-D [N, C, H, W] Resize breaks a target's factor rule (FixOptions.resize_factors /
+    linear_half_pixel_factors; Vela's RESIZE_BILINEAR / RESIZE_NEAREST_NEIGHBOR checks), or None when it keeps it.
+
+    Kept: a 1x1 input, an unchanged size, or H and W scaled by one factor out of ``factors`` — out / in, or
+    (out - 1) / (in - 1) with align_corners; a linear Resize with half-pixel coordinates only at a factor out of
+    ``half_pixel_linear``. A mode other than nearest / linear breaks it (no such NPU resize)."""
+    if len(in_shape) != 4 or len(out_shape) != 4:
+        return None
+    (ih, iw), (oh, ow) = in_shape[2:], out_shape[2:]
+    if (ih == 1 and iw == 1) or (ih, iw) == (oh, ow):
+        return None
+    if mode not in ("nearest", "linear", "bilinear"):
+        return f"{mode} resize"
+    if coord == "align_corners" and ih > 1 and iw > 1:
+        fh, fw = (oh - 1) / (ih - 1), (ow - 1) / (iw - 1)
+    else:
+        fh, fw = oh / ih, ow / iw
+    where = f"{coord} {iw}x{ih} -> {ow}x{oh}: factor {fw:.4g} x {fh:.4g}"
+    if factors is not None and (fh != fw or fh not in factors):
+        return f"{where}, not one of {list(factors)} on both axes"
+    if (half_pixel_linear is not None and mode != "nearest" and coord in HALF_PIXEL_COORDS
+            and not (oh / ih == ow / iw and oh / ih in half_pixel_linear)):
+        return f"{mode} {where}: half-pixel linear only at {list(half_pixel_linear)}"
+    return None

@@ -83,7 +83,10 @@ a short clip), the tap contributes exactly 0. The live taps j0..j1 are kept — 
 (pb - j0*D, pe - (K-1-j1)*D), which leaves O unchanged and every output reading the same samples — and an
 axis left with one tap needs no dilation at all. This is exact, lowers MACs and weights, and often removes
 the need for space-to-batch; it is applied only to convs over the limit, with constant weights, and only when
-the new pads stay non-negative ("trim dead taps" in the report).
+the new pads stay non-negative ("trim dead taps" in the report). A QDQ conv's weights, ``DequantizeLinear(Wq,
+scale, zp)`` read by that conv alone, are trimmed on the integer side: the live taps of ``Wq`` keep their scale
+(per tensor, or per output channel: axis 0, which a spatial slice leaves alone), so every remaining weight
+dequantizes to the same float and the dropped ones only ever met zero padding.
 
 Lifting 1-D convs (``lift_conv1d``, before everything else): every Conv on a static [B,C,L] input becomes
 Reshape [B,C,1,L] -> Conv (kernel [1,K], dilation [1,D], stride [1,s], pads [0,pb,0,pe], weights reshaped
@@ -139,7 +142,7 @@ from onnx_npu_fix.ir.graph import (
     set_attr,
 )
 from onnx_npu_fix.ir.ops import is_default_domain
-from onnx_npu_fix.ir.qdq import qoperator_reason
+from onnx_npu_fix.ir.qdq import qoperator_reason, quantized_const
 from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 
 _MIN_OPSET = 11  # Pad with a pads input, Slice with steps
@@ -270,6 +273,7 @@ class TrimPlan(ConvPlan):
     old: dict[str, list[int]]
     new: dict[str, list[int]]
     macs: list[int]  # before, after
+    quantized: bool = False  # ``weight`` is the integer input of the conv's own weight DequantizeLinear
 
 
 @dataclass(kw_only=True)
@@ -344,6 +348,7 @@ class _Conv:
     data_type: int  # of the tensor the input-side ops read (the float one, also with dq_input)
     kernel_attr: bool  # the node spells out kernel_shape
     lifted: bool = False
+    weight_quantized: bool = False  # ``weight`` holds the integers of a DequantizeLinear only this conv reads
 
     @property
     def in_shape(self) -> tuple[int, ...] | None:
@@ -369,6 +374,9 @@ def _read_conv(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> 
     # Weight values are only read for a conv over the limit (its dead taps): a lift needs none.
     over = not _within_limit(_dilations(node), options)
     weight = index.const_value(w_name) if w_name and over else None
+    quantized = weight is None and over and _trimmable_quantized(index, w_name)
+    if quantized:
+        weight = index.const_value(index.producer[w_name].input[0])
     try:
         geo: ConvGeometry | None = conv_geometry(index, node)
     except ValueError:  # no kernel_shape and no weight shape
@@ -381,7 +389,15 @@ def _read_conv(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> 
         bias=_weight_source(index, node.input[2]) if len(node.input) > 2 else None,
         dq_input=dq is not None, q_output=_quantized_output(index, node) is not None,
         data_type=index.elem_type(node.input[0]) or onnx.TensorProto.FLOAT,
-        kernel_attr=get_attr(node, "kernel_shape") is not None)
+        kernel_attr=get_attr(node, "kernel_shape") is not None, weight_quantized=quantized)
+
+
+def _trimmable_quantized(index: GraphIndex, w_name: str) -> bool:
+    """``w_name`` is a DequantizeLinear of a constant, with a scale per tensor or per output channel (axis 0),
+    read by one conv alone: its integer taps can be trimmed without touching anything else."""
+    weight = quantized_const(index, w_name) if w_name else None
+    return (weight is not None and weight.params.axis in (None, 0) and len(index.consumers_of(w_name)) == 1
+            and w_name not in index.output_set)
 
 
 def _geometry(attrs: dict[str, Any]) -> ConvGeometry:
@@ -612,6 +628,8 @@ def _plan_trim(conv: _Conv) -> TrimPlan | Rejection | None:
     node, geo, weight, in_shape = conv.node, conv.geo, conv.weight, conv.in_shape
     if in_shape is None or weight is None or geo is None or not geo.resolved:
         return None
+    if conv.weight_quantized and conv.lifted:
+        return None  # the lift reshapes the weight behind its DequantizeLinear: trimmed as a 1-D conv is not
     window = _live_window(geo, in_shape, weight.ndim)
     if window is None:
         return None
@@ -629,7 +647,7 @@ def _plan_trim(conv: _Conv) -> TrimPlan | Rejection | None:
                     weight=new_weight,
                     old={"kernel_shape": list(geo.kernel), "dilations": list(geo.dilations), "pads": list(geo.pads)},
                     new={"kernel_shape": list(new_weight.shape[2:]), "dilations": new_dil, "pads": pads},
-                    macs=[macs_old, macs_new])
+                    macs=[macs_old, macs_new], quantized=conv.weight_quantized)
 
 
 # --- planning the split --------------------------------------------------------------------------------
@@ -1161,7 +1179,10 @@ def _apply_trims(index: GraphIndex, plans: list[TrimPlan], result: PassResult, l
     editor = GraphEditor(index)
     for plan in plans:
         conv = _live_conv(index, plan, lifted)
-        private_initializer(index, editor, conv, 1, plan.weight)
+        if plan.quantized:  # the integer taps behind the conv's own weight DequantizeLinear
+            private_initializer(index, editor, index.producer[conv.input[1]], 0, plan.weight)
+        else:
+            private_initializer(index, editor, conv, 1, plan.weight)
         set_attr(conv, "auto_pad", None)
         set_attr(conv, "kernel_shape", plan.new["kernel_shape"])
         set_attr(conv, "dilations", plan.new["dilations"])

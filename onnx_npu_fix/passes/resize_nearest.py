@@ -81,7 +81,10 @@ of 1.7 (sqrt(3): one pixel of four instead of their mean), 0.24 on a smooth fiel
 validate it at the exact tolerance), ``approximate_nodes`` (names), ``opset`` (when bumped), ``forms``
 (count per action). Every Resize / Upsample left non-nearest (only inside subgraphs or in a foreign domain)
 gets a Rejection, blocking when ``options.require_nearest_resize``. With ``require_nearest_resize`` off (a
-target that runs linear / cubic Resizes) those are kept as they are, with a non-blocking Rejection: do no harm.
+target that runs linear / cubic Resizes) those are kept as they are, with a non-blocking Rejection: do no harm —
+unless the target's factor rule (``resize_factors`` / ``linear_half_pixel_factors``, ethos-u55: Vela keeps
+half-pixel linear only at x2, nearest at x2/x4/x8) refuses the linear form and keeps the nearest one; then it is
+rewritten as above (LR-ASPP's x8 linear Resize -> nearest moves it from Vela's CPU to its NPU).
 """
 
 from __future__ import annotations
@@ -103,8 +106,14 @@ from onnx_npu_fix.ir.graph import (
     set_attr,
     subgraphs,
 )
-from onnx_npu_fix.ir.ops import is_default_domain
-from onnx_npu_fix.ir.qdq import dequantizer_of, power_of_two_int8, quantize_new_weights, wrap_moves
+from onnx_npu_fix.ir.ops import is_default_domain, resize_factor_problem
+from onnx_npu_fix.ir.qdq import (
+    dequantizer_of,
+    power_of_two_int8,
+    quantize_new_weights,
+    wrap_inserted,
+    wrap_moves,
+)
 from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 
 _RESIZE_OPS = ("Resize", "Upsample")
@@ -681,6 +690,8 @@ class ResizeNearestPass(Pass):
             site.opset = target_opset
             form = self._plan(site, options, forbidden, result)
             problem = _qdq_weights_problem(index, form) if form is not None else ""
+            if problem and form is not None and _make_separable(form, options.max_convtranspose_stride):
+                problem = _qdq_weights_problem(index, form)
             if problem:
                 result.rejections.append(Rejection(node.name, node.op_type, problem,
                                                    blocking=options.require_nearest_resize))
@@ -701,11 +712,15 @@ class ResizeNearestPass(Pass):
                                                blocking=options.require_nearest_resize))
             return None
         if not options.require_nearest_resize:
-            # Do no harm: the target runs linear / cubic Resizes as they are, so neither the lossy nearest form
-            # nor an exact replacement is wanted (bm1684x, Rockchip: rel L2 0.18 on DeepLabV3+ for nothing).
-            result.rejections.append(Rejection(node.name, node.op_type, f"{site.mode} kept: the target accepts it "
-                                               "(require_nearest_resize = false)", blocking=False))
-            return None
+            refused = _factor_rule(site, options, site.mode)
+            if refused is None or _factor_rule(site, options, "nearest") is not None:
+                # Do no harm: the target runs linear / cubic Resizes as they are (bm1684x, Rockchip: rel L2 0.18 on
+                # DeepLabV3+ for nothing), or its factor rule refuses the nearest form as well (ethos-u55: an
+                # align_corners x4.05 stays on the CPU either way), so no replacement is wanted.
+                reason = (f"{site.mode} kept: the target accepts it (require_nearest_resize = false)"
+                          if refused is None else f"{site.mode} kept: {refused}, and the nearest form too")
+                result.rejections.append(Rejection(node.name, node.op_type, reason, blocking=refused is not None))
+                return None
         if site.mode == "bilinear":  # pre-opset-7 spelling of linear
             site.mode = "linear"
         if options.resize_mode == "exact":
@@ -1057,9 +1072,33 @@ def _replace_quantized(editor: GraphEditor, node: onnx.NodeProto, nodes: list[on
     integer tensor (moves -> Q -> DQ) and the new weights become int8 with a 2^-p scale. The nodes written."""
     nodes = wrap_moves(editor.index, editor, node.input[0], nodes)
     if dequantizer_of(editor.index, node.input[0]):
+        nodes = _requantize_stages(editor, node, nodes)
         nodes = [*quantize_new_weights(editor.index, editor, nodes), *nodes]
     editor.replace(node, nodes)
     return nodes
+
+
+def _requantize_stages(editor: GraphEditor, node: onnx.NodeProto, nodes: list[onnx.NodeProto]
+                       ) -> list[onnx.NodeProto]:
+    """Between the ConvTranspose stages of a form on a quantized input, a Q -> DQ on the input's own grid, so
+    that every stage is a DQ -> ConvTranspose -> Q unit and no float tensor runs between them (an integer compiler
+    has nowhere to keep one). Not exact: a stage's outputs are k/16 between grid points and round to the grid
+    (half a step at most, carried to the output by weights that sum to 1; the pass declares quantized_tolerance
+    and is measured). Only for kernels without negative taps (linear): their outputs stay within the input's
+    range, so the grid's saturation never clips them; a cubic stage keeps its float tensor."""
+    found = dequantizer_of(editor.index, node.input[0])
+    stages = [n for n in nodes if n.op_type == "ConvTranspose"]
+    if found is None or found[1].per_channel or len(stages) < 2:
+        return nodes
+    inner = {id(stage) for stage in stages[:-1]}
+    out: list[onnx.NodeProto] = []
+    for n in nodes:
+        weight = editor.pending_initializer(n.input[1]) if id(n) in inner else None
+        if weight is not None and (onnx.numpy_helper.to_array(weight) >= 0).all():
+            out.extend(wrap_inserted(editor.index, editor, [n], found[1]))
+        else:
+            out.append(n)
+    return out
 
 
 def _split_stages(forms: dict[int, AxisConvTranspose], max_stride: int | None
@@ -1130,12 +1169,50 @@ def _bump_blockers(model: onnx.ModelProto, opset: int) -> list[str]:
     return sorted(blockers)
 
 
+def _factor_rule(site: _Site, options: FixOptions, mode: str) -> str | None:
+    """Why the target's Resize factor rule (resize_factors, linear_half_pixel_factors) refuses ``site`` in ``mode``
+    (None: it keeps it, or the target has no such rule, or the shapes are unknown)."""
+    if (options.resize_factors is None and options.linear_half_pixel_factors is None) or site.in_shape is None \
+            or site.out_shape is None:
+        return None
+    return resize_factor_problem(site.in_shape, site.out_shape, mode, site.coord, options.resize_factors,
+                                 options.linear_half_pixel_factors)
+
+
+def _make_separable(plan: _Form, max_stride: int | None) -> bool:
+    """Turn a 2-D (or higher) ConvTranspose form into one stage per axis (and per split of that axis's stride
+    above ``max_stride``), each stage's kernel 1-D: ``K = k_h (x) k_w`` is separable, so the depthwise
+    ConvTranspose with ``K`` equals the one with ``k_h`` along H followed by the one with ``k_w`` along W (each
+    output is ``sum_i sum_j k_h[i] k_w[j] x[..]``, summed in another order). Used on a quantized input when
+    ``K``'s products leave int8 (half_pixel x8: 225/256) but each 1-D kernel ({1, 3, ..., 15}/16) is exact in
+    int8 with a power-of-two scale. False when the form has one resized axis or an axis cannot be staged."""
+    if plan.action != "conv-transpose" or len(plan.axis_forms) < 2:
+        return False
+    stages: list[dict[int, tuple[np.ndarray, int]]] = []
+    for axis, form in sorted(plan.axis_forms.items()):
+        per_axis = (conv_transpose_stages(form.kernel, form.stride, max_stride) if max_stride is not None
+                    else [(form.kernel, form.stride)])
+        if per_axis is None:
+            return False
+        stages += [{axis: stage} for stage in per_axis]
+    plan.stages = stages
+    plan.note += f"; separable: {len(stages)} ConvTransposes with 1-D kernels (int8-exact weights)"
+    return True
+
+
 def _qdq_weights_problem(index: GraphIndex, plan: _Form) -> str:
     """On a quantized Resize input, an exact form is used only when its weights are exactly int8 with a
     power-of-two scale (qdq.power_of_two_int8), so the rewrite stays QDQ; else the reason ("" when fine)."""
     if plan.action not in ("conv-transpose", "matmul") or not dequantizer_of(index, plan.site.node.input[0]):
         return ""
-    if plan.action == "conv-transpose":
+    if plan.action == "conv-transpose" and len(plan.stages) > 1:
+        weights = []  # the kernels the stages write: per stage, the outer product of its axes' kernels
+        for stage in plan.stages:
+            kernel = np.ones(1)
+            for stage_kernel, _ in stage.values():
+                kernel = np.multiply.outer(kernel, stage_kernel)
+            weights.append(kernel)
+    elif plan.action == "conv-transpose":
         kernel = np.ones(1)
         for form in plan.axis_forms.values():
             kernel = np.multiply.outer(kernel, form.kernel)

@@ -1,0 +1,245 @@
+"""Pass ``fold-pad-conv``: fold a constant zero Pad on the spatial axes into the Conv that reads it.
+
+    X -> Pad(pads p, constant 0) -> Y -> Conv(pads c)        becomes   X -> Conv(pads c + p)
+
+A Conv pads its input with zeros before it convolves, so ``Conv(pads c)(Pad(p, 0)(X))`` pads X with ``p + c``
+zeros on each spatial side and then convolves: the same sums over the same values, term for term (exact, bit for
+bit). Conditions, each refused with its reason otherwise: the Pad's mode is ``constant`` and its value 0 (or
+absent), its pads are constants >= 0 and 0 on the batch and channel axes, its output is read only by that Conv
+(not a graph output), the Conv is a default-domain Conv whose ``auto_pad`` is NOTSET / VALID or resolvable
+from the static input shape (``ConvGeometry``), and, under a target that pads symmetrically only
+(``symmetric_pads``), the summed pads stay symmetric.
+
+Quantized (QDQ) models, as onnxruntime's quantizer and exporters write them; each stays exact:
+
+    X -> Pad(0) -> Q -> DQ -> Conv                 becomes   X -> Q -> DQ -> Conv(pads c + p)
+    Xq -> Pad(zp) -> DQ(zp) -> Conv                becomes   Xq -> DQ -> Conv(pads c + p)
+
+QuantizeLinear and DequantizeLinear act element by element and map 0 to 0 (``Q(0) = round(0 / s) + zp = zp``,
+``DQ(zp) = (zp - zp) * s = 0``), so a zero Pad commutes with them: padding before them or letting the Conv pad
+after them gives the same tensor. On the integer side the pad value must be the DequantizeLinear's zero point (a
+per-channel zero point: every channel's), so that the padded elements dequantize to exactly 0. The quantizer's
+own unit around a Pad, ``DQ -> Pad -> Q -> DQ -> Conv`` with one set of parameters, loses its Q -> DQ pair too:
+``Q(DQ(q)) = q`` (qdq.py), so ``DQ -> Conv(pads c + p)`` is what is left. The Q / DQ between Pad and Conv must
+have no other reader, since it would then read the unpadded tensor.
+
+Why a pass for it: rknn-toolkit2 2.5.0 fuses such a Pad into the Conv itself and crashes when the pads are an
+initializer npufix folded (``_p_fuse_pad_into_conv: ValueError: assignment destination is read-only``); the
+Rockchip profiles set ``fold_pad_into_conv``, and ``--fold-pad-into-conv`` asks for it on any target. It runs right
+after cleanup, once fold-constants has turned the exporters' Shape -> ... -> Pad chains into constant pads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.ir.graph import (
+    GraphIndex,
+    conv_geometry,
+    drop_initializers,
+    drop_nodes,
+    get_attr,
+    opset_version,
+    set_attr,
+)
+from onnx_npu_fix.ir.ops import is_default_domain
+from onnx_npu_fix.ir.qdq import dequantizer_of, quant_params
+from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
+
+
+@dataclass(kw_only=True)
+class FoldPad(Plan):
+    """Remove ``pad``; ``conv`` gets ``conv_pads`` (explicit, ``auto_pad`` NOTSET). ``reader`` is the node that
+    read the Pad's output (the Conv, or the QuantizeLinear / DequantizeLinear between them), which reads the Pad's
+    input instead."""
+
+    pad: onnx.NodeProto
+    conv: onnx.NodeProto
+    reader: onnx.NodeProto
+    conv_pads: list[int]
+    form: str
+    requantize: list[onnx.NodeProto] = field(default_factory=list)
+    """A Q -> DQ pair left with nothing to do once the Pad is gone (it requantizes a DequantizeLinear's output
+    with that DequantizeLinear's own parameters): removed too, ``reader`` is then the Conv."""
+
+
+def _pad_parts(index: GraphIndex, pad: onnx.NodeProto, opset: int) -> tuple[list[int] | None, object, str | None]:
+    """(pads per axis as [begin..., end...], the constant pad value (None: absent), why not foldable)."""
+    mode = get_attr(pad, "mode", "constant") or "constant"
+    if mode != "constant":
+        return None, None, f"mode {mode!r} pads with the input's own values, not zeros"
+    if opset < 11:
+        return [int(p) for p in get_attr(pad, "pads") or []], get_attr(pad, "value", 0.0), None
+    pads = index.const_value(pad.input[1]) if len(pad.input) > 1 and pad.input[1] else None
+    if pads is None:
+        return None, None, "its pads are computed at run time"
+    value = None
+    if len(pad.input) > 2 and pad.input[2]:
+        value = index.const_value(pad.input[2])
+        if value is None:
+            return None, None, "its pad value is computed at run time"
+    pads_list = [int(p) for p in np.asarray(pads).reshape(-1)]
+    if len(pad.input) > 3 and pad.input[3]:
+        axes = index.const_value(pad.input[3])
+        rank = len(index.shape(pad.input[0]) or ())
+        if axes is None or not rank:
+            return None, None, "its axes are computed at run time or its rank is unknown"
+        full = [0] * (2 * rank)
+        axes_list = [int(a) % rank for a in np.asarray(axes).reshape(-1)]
+        for i, axis in enumerate(axes_list):
+            full[axis], full[axis + rank] = pads_list[i], pads_list[i + len(axes_list)]
+        pads_list = full
+    return pads_list, value, None
+
+
+def _spatial_pads(pads: list[int]) -> tuple[list[int] | None, str | None]:
+    """The pads of the spatial axes ([begin..., end...]) when the batch and channel axes are not padded."""
+    rank = len(pads) // 2
+    if rank < 3 or len(pads) != 2 * rank:
+        return None, "it does not pad a [N, C, spatial...] tensor"
+    if any(p < 0 for p in pads):
+        return None, "a negative pad crops, which a Conv's pads cannot express"
+    if pads[0] or pads[1] or pads[rank] or pads[rank + 1]:
+        return None, "it pads the batch or channel axis"
+    return pads[2:rank] + pads[rank + 2:], None
+
+
+class FoldPadConvPass(Pass):
+    """Constant zero Pad -> Conv becomes one Conv with the sum of the pads (float and QDQ forms; exact)."""
+
+    name = "fold-pad-conv"
+    summary = "fold a constant zero Pad on the spatial axes into the following Conv's pads (fold_pad_into_conv)"
+    exact = True
+
+    def may_change(self, model: onnx.ModelProto, options: FixOptions) -> bool:
+        return options.fold_pad_into_conv and any(n.op_type == "Pad" for n in model.graph.node)
+
+    def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
+        found = Found()
+        if not self.may_change(model, options):
+            return found
+        index = GraphIndex(model)
+        opset = opset_version(model)
+        for pad in model.graph.node:
+            if pad.op_type != "Pad" or not is_default_domain(pad):
+                continue
+            plan, reason = self._plan(index, pad, opset, options.symmetric_pads)
+            if plan is not None:
+                found.plans.append(plan)
+            elif reason is not None:
+                found.rejections.append(Rejection(pad.name, pad.op_type, reason))
+        return found
+
+    def _plan(self, index: GraphIndex, pad: onnx.NodeProto, opset: int,
+              symmetric: bool) -> tuple[FoldPad | None, str | None]:
+        """The plan for ``pad``, or (None, why) — (None, None) when no Conv reads it (not a candidate)."""
+        chain = self._chain_to_conv(index, pad.output[0])
+        if chain is None:
+            return None, None
+        reader, conv, between = chain
+        pads, value, why = _pad_parts(index, pad, opset)
+        if why is None:
+            assert pads is not None
+            spatial, why = _spatial_pads(pads)
+        if why is None:
+            why = self._value_problem(index, value, between)
+        if why is None:
+            geometry = conv_geometry(index, conv)
+            if not geometry.resolved:
+                why = f"{conv.name}'s auto_pad needs a static input shape"
+            elif len(spatial) != 2 * geometry.rank:  # type: ignore[arg-type]
+                why = f"its rank does not match {conv.name}'s"
+        if why is not None:
+            return None, why
+        conv_pads = [c + p for c, p in zip(geometry.pads, spatial)]  # type: ignore[arg-type]
+        rank = geometry.rank
+        if symmetric and any(conv_pads[a] != conv_pads[a + rank] for a in range(rank)):
+            return None, (f"{conv.name} would pad asymmetrically {conv_pads}, which the target refuses "
+                          "(symmetric_pads)")
+        form = "+".join(n.op_type for n in between) or "float"
+        requantize = between if self._requantizes(index, pad.input[0], between) else []
+        return FoldPad((pad.name, conv.name), "folded into conv pads", pad=pad, conv=conv,
+                       reader=conv if requantize else reader, conv_pads=conv_pads, form=form,
+                       requantize=requantize), None
+
+    @staticmethod
+    def _requantizes(index: GraphIndex, source: str, between: list[onnx.NodeProto]) -> bool:
+        """``DQ(params) -> [Pad] -> Q(params) -> DQ(params)``: without the Pad, ``Q(DQ(q)) = q`` (qdq.py), so the
+        pair after it returns its input and can go."""
+        if [n.op_type for n in between] != ["QuantizeLinear", "DequantizeLinear"]:
+            return False
+        upstream = dequantizer_of(index, source)
+        q_params, dq_params = quant_params(index, between[0]), quant_params(index, between[1])
+        return (upstream is not None and q_params is not None and dq_params is not None
+                and upstream[1].same_as(q_params) and q_params.same_as(dq_params))
+
+    @staticmethod
+    def _chain_to_conv(index: GraphIndex, name: str
+                       ) -> tuple[onnx.NodeProto, onnx.NodeProto, list[onnx.NodeProto]] | None:
+        """(the reader of ``name``, the Conv, the Q / DQ nodes between) when ``name`` reaches a Conv's data input
+        through at most a QuantizeLinear -> DequantizeLinear pair or one DequantizeLinear, each the only reader."""
+        between: list[onnx.NodeProto] = []
+        node = index.single_consumer(name)
+        reader = node
+        while node is not None and node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(between) < 2 \
+                and node.input[0] == name and is_default_domain(node):
+            between.append(node)
+            name = node.output[0]
+            node = index.single_consumer(name)
+        if node is None or reader is None or node.op_type != "Conv" or not is_default_domain(node) \
+                or node.input[0] != name:
+            return None
+        if [n.op_type for n in between] not in ([], ["QuantizeLinear", "DequantizeLinear"], ["DequantizeLinear"]):
+            return None
+        return reader, node, between
+
+    @staticmethod
+    def _value_problem(index: GraphIndex, value: object, between: list[onnx.NodeProto]) -> str | None:
+        """Why the padded elements would not reach the Conv as exact zeros, or None."""
+        pad_value = np.asarray(0 if value is None else value).reshape(-1)
+        if pad_value.size != 1:
+            return "its pad value is not a scalar"
+        if between and between[0].op_type == "DequantizeLinear":
+            params = quant_params(index, between[0])
+            if params is None:
+                return "its DequantizeLinear's scale or zero point is not constant"
+            if not np.all(params.zero_point.astype(np.int64) == int(pad_value[0])):
+                return (f"it pads the quantized tensor with {pad_value[0]}, not the zero point "
+                        f"{params.zero_point.reshape(-1)[:4].tolist()}: the pad does not dequantize to 0")
+            return None
+        if between and quant_params(index, between[0]) is None:
+            return "its QuantizeLinear's scale or zero point is not constant"
+        if float(pad_value[0]) != 0.0:
+            return f"it pads with {float(pad_value[0])}, not 0"
+        return None
+
+    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
+        result = found.report()
+        index = GraphIndex(model) if found.plans else None
+        removed: list[onnx.NodeProto] = []
+        for plan in found.plans:
+            assert isinstance(plan, FoldPad)
+            old = list(get_attr(plan.conv, "pads") or [])
+            read = plan.requantize[-1].output[0] if plan.requantize else plan.pad.output[0]
+            for i, name in enumerate(plan.reader.input):
+                if name == read:
+                    plan.reader.input[i] = plan.pad.input[0]
+            removed += plan.requantize
+            set_attr(plan.conv, "pads", plan.conv_pads)
+            if (get_attr(plan.conv, "auto_pad", "NOTSET") or "NOTSET") != "NOTSET":
+                set_attr(plan.conv, "auto_pad", "NOTSET")
+            removed.append(plan.pad)
+            result.changes.append(Change(plan.conv.name, "Conv", plan.action, old=old or None, new=plan.conv_pads,
+                                         detail={"pad": plan.pad.name, "form": plan.form}))
+        if index is not None:
+            # The Pad's own constants (pads, value, axes) go with it when nothing else reads them.
+            gone = {id(node) for node in removed}
+            drop_initializers(model, {name for node in removed for name in node.input[1:]
+                                      if name in index.initializers and name not in index.output_set
+                                      and all(id(user) in gone for user in index.consumers_of(name))})
+            drop_nodes(model, removed)
+        return result
