@@ -9,9 +9,11 @@ import os
 import shlex
 import sys
 
+import numpy as np
 import onnx
 from click.testing import CliRunner
-from helpers import prepared
+from helpers import prepared, rng
+from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.cli import main
 from onnx_npu_fix.errors import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS
@@ -102,10 +104,9 @@ def test_judge_options_need_a_fixing_run_with_judge(tmp_path):
 
 
 def test_the_forms_tried_for_a_region_npufix_did_not_rewrite_cheapest_first():
-    """A dilated 1-D conv with 12 channels and a rank-3 Pad, neither rewritten: each key the region names, in
+    """A dilated 1-D conv with 12 channels and a rank-3 constant Pad before it, neither rewritten: each key the region names, in
     KEY_ORDER, each value once, then pairs; bounded."""
     import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
 
     from onnx_npu_fix.config.options import FixOptions
     from onnx_npu_fix.judge.forms import MAX_CANDIDATES, candidates, region_limits, relevant_keys
@@ -121,10 +122,33 @@ def test_the_forms_tried_for_a_region_npufix_did_not_rewrite_cheapest_first():
     region = prepared(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     options = FixOptions(max_dilation=8)
     why = relevant_keys(region, FixReport(), options)
-    assert set(why) == {"remainder_pad", "lift_conv1d", "max_dilation", "align"}, why
+    assert set(why) == {"fold_pad_into_conv", "remainder_pad", "lift_conv1d", "max_dilation", "align"}, why
     tried = candidates(why, options, region_limits(region))
-    singles = [{"remainder_pad": "pad4d"}, {"remainder_pad": "pad"}, {"lift_conv1d": True}, {"max_dilation": 5},
+    singles = [{"fold_pad_into_conv": True}, {"remainder_pad": "pad4d"}, {"remainder_pad": "pad"}, {"lift_conv1d": True}, {"max_dilation": 5},
                {"max_dilation": 4}, {"align": 0}, {"align": 16}]
     assert tried[:len(singles)] == singles
-    assert tried[len(singles)] == {"remainder_pad": "pad4d", "lift_conv1d": True}
+    assert tried[len(singles)] == {"fold_pad_into_conv": True, "remainder_pad": "pad4d"}
     assert len(tried) == MAX_CANDIDATES
+
+
+def test_a_judge_that_crashes_on_a_pad_before_a_conv_gets_it_folded(tmp_path):
+    """The rknn-toolkit2 2.5.0 case (its own Pad-into-Conv fusion crashes on npufix's folded pads): the reduced
+    region is the Pad before the Conv, and the fix is fold-pad-conv, recorded as a profile key."""
+    weight = numpy_helper.from_array(rng().standard_normal((8, 8, 3, 3)).astype("float32"), "w")
+    pads = numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], "int64"), "pads")
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Pad", ["r", "pads"], ["p"], name="pad"),
+         helper.make_node("Conv", ["p", "w"], ["y"], name="conv")], "pad_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], [weight, pads])
+    src, out, report = tmp_path / "m.onnx", tmp_path / "fixed.onnx", tmp_path / "r.json"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    result = _fix(str(src), "-o", str(out), "--validation-inputs", "1", "--report", str(report),
+                  "--judge", f"{PATTERN_JUDGE} pad-conv {{model}}")
+    assert result.exit_code == EXIT_OK, result.output
+    judged = json.loads(report.read_text())["judge"]
+    assert "read-only" in judged["signature"] and [n["op"] for n in judged["reduction"]["nodes"]] == ["Pad", "Conv"]
+    (key, change), = judged["changed"].items()
+    assert (key, change["from"], change["to"]) == ("fold_pad_into_conv", False, True) and "Pad" in change["why"]
+    assert len(judged["attempts"]) == 1  # the cheapest form first
+    assert [n.op_type for n in onnx.load(str(out)).graph.node] == ["Relu", "Conv"]

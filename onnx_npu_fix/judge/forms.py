@@ -47,13 +47,15 @@ PASS_KEYS: dict[str, tuple[str, ...]] = {
     "resize-nearest": ("resize_mode", "allow_convtranspose", "max_convtranspose_stride"),
     "fold-batchnorm": ("bn_standalone",),
     "align-channels": ("align",),
+    "fold-pad-conv": ("fold_pad_into_conv",),
 }
 """The profile keys that choose the forms each pass emits."""
-KEY_ORDER: tuple[str, ...] = ("remainder_pad", "lift_conv1d", "s2b_layout", "max_dilation", "resize_mode",
-                              "allow_convtranspose", "max_convtranspose_stride", "bn_standalone", "align")
-"""Which key is tried first: the cheapest change first (a remainder form touches a few padding nodes, lifting
-1-D convs wraps every one in Reshapes, another layout or block size k rebuilds the whole rewrite; another channel
-alignment changes every conv)."""
+KEY_ORDER: tuple[str, ...] = ("fold_pad_into_conv", "remainder_pad", "lift_conv1d", "s2b_layout", "max_dilation",
+                              "resize_mode", "allow_convtranspose", "max_convtranspose_stride", "bn_standalone",
+                              "align")
+"""Which key is tried first: the cheapest change first (folding a Pad into its Conv removes a node; a remainder
+form touches a few padding nodes; lifting 1-D convs wraps every one in Reshapes; another layout or block size k
+rebuilds the whole rewrite; another channel alignment changes every conv)."""
 ALIGN = 8
 """The alignment tried for an unaligned conv when the run aligns nothing (``align`` 0)."""
 MAX_CANDIDATES = 12

@@ -71,7 +71,8 @@ EMISSION_FACTS: tuple[EmissionFact, ...] = (
     EmissionFact("Pad", "rank-{} Pad (dilated-conv's remainder form: concat / pad4d avoid it)", "remainder_pad",
                  _rank3_pad),
     EmissionFact("Pad", "a Pad with constant pads before Conv {} (compilers fuse it into the Conv's pads; "
-                 "rknn-toolkit2 2.5.0 crashes doing so)", None, _constant_pad_before_conv),
+                 "rknn-toolkit2 2.5.0 crashes doing so; fold-pad-conv folds it first)", "fold_pad_into_conv",
+                 _constant_pad_before_conv),
     EmissionFact("ConvTranspose", "ConvTranspose stride {} (exact Resize forms split larger strides into stages)",
                  "max_convtranspose_stride", _convtranspose_stride),
     EmissionFact("Conv", "{}-D Conv (run as a 4-D one, kernel [1,K])", "lift_conv1d", _conv1d),
