@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 
 from onnx_npu_fix.errors import InputError, first_line
+from onnx_npu_fix.io.load import FileIdentity, file_identity
 from onnx_npu_fix.io.save import write_with_external_data
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, subgraphs
 from onnx_npu_fix.ir.ops import RANDOM_OPS, is_default_domain
@@ -94,6 +95,139 @@ class Runner:
             self._tmpdir.cleanup()
 
 
+SEGMENT_NODES = 1000
+"""A graph with more nodes than this is run as a chain of segments of about this many nodes, one onnxruntime
+session at a time (see :func:`run_model`)."""
+
+_UNSEGMENTABLE_OPS = ("Sequence", "Optional")
+"""Op types holding these words make or take values other than tensors, which a segment's inputs cannot carry."""
+
+
+def segmented(model: onnx.ModelProto, size: int | None = None) -> bool:
+    """Whether :func:`run_model` runs ``model`` in segments: a long graph whose nodes only pass tensors to each
+    other (no bodies reading outer-scope values, no sequences), below 2 GB (``size``: its serialized size, when
+    known), of IR version 4 or later (initializers need not be graph inputs)."""
+    graph = model.graph
+    if len(graph.node) <= SEGMENT_NODES or model.ir_version < 4:
+        return False
+    produced = {name for node in graph.node for name in node.output}
+    if any(o.name not in produced for o in graph.output):
+        return False  # an output that is an input or an initializer: the whole graph says it best
+    if any(subgraphs(node) or any(word in node.op_type for word in _UNSEGMENTABLE_OPS) for node in graph.node):
+        return False
+    return (size if size is not None else approx_model_bytes(model)) < TWO_GB
+
+
+@dataclass
+class _Segment:
+    start: int
+    stop: int
+    inputs: list[str]
+    """Tensors it reads that an earlier segment or the caller's feeds hold."""
+    outputs: list[str]
+    """Tensors it makes that a later segment reads, or graph outputs."""
+    done_with: list[str]
+    """Values no later segment reads (dropped once it ran)."""
+
+
+def plan_segments(model: onnx.ModelProto, size: int | None = None) -> list[_Segment]:
+    """``model``'s nodes (topologically sorted, as the checker requires) cut into runs of ``size`` nodes
+    (default :data:`SEGMENT_NODES`)."""
+    graph = model.graph
+    size = size or SEGMENT_NODES
+    constants = {t.name for t in graph.initializer}
+    cuts = list(range(0, len(graph.node), size)) + [len(graph.node)]
+    needed_later = {o.name for o in graph.output}
+    segments: list[_Segment] = []
+    for start, stop in reversed(list(zip(cuts, cuts[1:]))):
+        nodes = graph.node[start:stop]
+        produced = {name for node in nodes for name in node.output if name}
+        read = {name for node in nodes for name in node.input if name and name not in constants}
+        outputs = [name for node in nodes for name in node.output if name and name in needed_later]
+        inputs = sorted(read - produced)
+        done_with = [name for name in inputs if name not in needed_later]
+        needed_later = (needed_later - produced) | set(inputs)
+        segments.append(_Segment(start, stop, inputs, outputs, done_with))
+    return segments[::-1]
+
+
+def _segment_model(model: onnx.ModelProto, segment: _Segment, values: Sequence[Outputs],
+                   constants: dict[str, onnx.TensorProto]) -> bytes:
+    """The serialized model of ``segment``: its nodes, the initializers they read, its inputs typed from
+    ``values`` (per input set: what the runs so far computed, or the feeds; a dimension only where every set
+    agrees; ``constants``: the graph's initializers by name)."""
+    graph = model.graph
+    nodes = graph.node[segment.start:segment.stop]
+    read = dict.fromkeys(name for node in nodes for name in node.input if name in constants)
+    part = onnx.GraphProto(name=f"{graph.name}-{segment.start}")
+    part.node.extend(nodes)
+    part.initializer.extend(constants[name] for name in read)
+    for name in segment.inputs:
+        held = [held[name] for held in values]
+        if not all(isinstance(value, np.ndarray) for value in held) or len({v.dtype for v in held}) != 1:
+            raise _NotSegmentable(name)
+        shapes = {value.shape for value in held}
+        dims = [d if len({shape[i] for shape in shapes}) == 1 else None for i, d in enumerate(held[0].shape)] \
+            if len({len(shape) for shape in shapes}) == 1 else None
+        part.input.append(onnx.helper.make_tensor_value_info(
+            name, onnx.helper.np_dtype_to_tensor_dtype(held[0].dtype), dims))
+    part.output.extend(onnx.ValueInfoProto(name=name) for name in segment.outputs)
+    whole = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
+                            functions=model.functions, graph=part)
+    return whole.SerializeToString()
+
+
+class _NotSegmentable(Exception):
+    """A value between two segments is not a tensor: the graph is run whole."""
+
+
+def run_model(model: onnx.ModelProto | None, feeds: Sequence[Feeds], *, data: bytes | None = None,
+              before_runs: Callable[[], None] | None = None) -> list[Outputs]:
+    """``model``'s outputs on every input set (``data``: it serialized already; ``before_runs``: called once the
+    first session exists, before any run).
+
+    One session, unless the graph is long (:func:`segmented`): onnxruntime's session creation grows faster than
+    the graph (about n^1.5 in nodes and initializers: 2.3 s CPU at 10k nodes, 27 s at 30k), so a long graph runs
+    as a chain of :data:`SEGMENT_NODES`-node segments, one session at a time, every input set through each, the
+    tensors between them carried by name. Graph optimizations are off (Runner), so each node runs the same
+    kernel on the same values as in the whole graph: the outputs are bit-identical, and only one segment's
+    weights are in a session at a time."""
+    if model is not None and segmented(model, len(data) if data is not None else None):
+        try:
+            return _run_segments(model, feeds, before_runs)
+        except _NotSegmentable:
+            pass
+    runner = Runner(model, data=data)
+    try:
+        if before_runs is not None:
+            before_runs()
+        return runner.run_all(feeds)
+    finally:
+        runner.close()
+
+
+def _run_segments(model: onnx.ModelProto, feeds: Sequence[Feeds],
+                  before_runs: Callable[[], None] | None) -> list[Outputs]:
+    values: list[Outputs] = [dict(f) for f in feeds]
+    constants = {t.name: t for t in model.graph.initializer}
+    for segment in plan_segments(model):
+        if not segment.outputs:
+            continue  # nothing it makes is read later: dead nodes
+        runner = Runner(None, data=_segment_model(model, segment, values, constants))
+        try:
+            if before_runs is not None:
+                before_runs, call = None, before_runs
+                call()
+            for held in values:
+                held.update(runner.run({name: held[name] for name in segment.inputs}))
+                for name in segment.done_with:
+                    del held[name]
+        finally:
+            runner.close()
+    names = [o.name for o in model.graph.output]
+    return [{name: held[name] for name in names} for held in values]
+
+
 class Reference:
     """The original model's outputs, computed on a worker thread so that they cost (almost) no wall time.
 
@@ -103,38 +237,45 @@ class Reference:
 
     ``read_from``: the file ``source`` (bytes) was read from. onnxruntime then loads that file — given bytes it
     copies them twice while it builds the session (+380 MB at a 190 MB model; a file it streams into its tensors)
-    — and the Reference checks that the file still holds exactly ``source`` (SHA-256 of the bytes read, taken
-    before they are let go, against the file's once the session is built). When it does not (replaced, rewritten
-    or removed since it was read), the outputs raise InputError: the reference is the model that was read, or
-    there is none and the run stops; validation is never silently off.
+    — and the Reference checks that the file is still the one read: its ``identity`` (io.load.FileIdentity:
+    inode, size, modification and change times, taken while reading) once the session is built, or, without
+    one (a file changed too recently for its timestamps to tell), its SHA-256 against that of the bytes read.
+    When it is not (replaced, rewritten or removed since it was read), the outputs raise InputError: the
+    reference is the model that was read, or there is none and the run stops; validation is never silently off.
+
+    ``long_graph``: the model is run in segments (:func:`segmented`): it is parsed from ``source`` (the bytes
+    read: no file is opened again) and run by :func:`run_model`.
     """
 
-    def __init__(self, source: str | bytes, *, read_from: str | None = None) -> None:
+    def __init__(self, source: str | bytes, *, read_from: str | None = None, identity: FileIdentity | None = None,
+                 long_graph: bool = False) -> None:
         self._feeds: concurrent.futures.Future = concurrent.futures.Future()
         self._closing = False
         self._source: str | bytes | None = source
         self._read_from = read_from
+        self._identity = identity
+        self._long_graph = long_graph
         self._digest: concurrent.futures.Future = concurrent.futures.Future()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="npufix-reference")
         self._outputs = self._executor.submit(self._work)
 
     def _work(self) -> list[Outputs]:
         source, self._source = self._source, None
-        if isinstance(source, bytes) and self._read_from is not None:
-            path, digest = self._read_from, hashlib.sha256(source).digest()
-            self._digest.set_result(digest)
-            del source  # from here on the file is read in place and compared with what was read by its digest
-            try:
-                runner = Runner(None, model_path=path)
-            except (*runtime_errors(), OSError):
-                if file_digest(path) != digest:
-                    raise _changed(path) from None
-                raise
-            if file_digest(path) != digest:
-                runner.close()
-                raise _changed(path)
+        from_file = isinstance(source, bytes) and self._read_from is not None
+        digest = hashlib.sha256(source).digest() if from_file else None
+        self._digest.set_result(digest)
+        if self._long_graph:
+            model = onnx.ModelProto()
+            if isinstance(source, str):
+                with open(source, "rb") as f:
+                    source = f.read()
+            model.ParseFromString(source)
+            del source
+            return run_model(model, self._feeds.result())
+        if from_file:
+            del source  # from here on the file is read in place and proven to be the one read
+            runner = self._runner_of_file(self._read_from, digest)
         else:
-            self._digest.set_result(None)
             runner = Runner(None, model_path=source) if isinstance(source, str) else Runner(None, data=source)
             del source
         try:
@@ -146,6 +287,25 @@ class Reference:
             return outputs
         finally:
             runner.close()
+
+    def _runner_of_file(self, path: str, digest: bytes | None) -> Runner:
+        """A session of the file at ``path``, proven to hold the bytes read (identity, else digest)."""
+
+        def same() -> bool:
+            if self._identity is not None:
+                return file_identity(path) == self._identity
+            return file_digest(path) == digest
+
+        try:
+            runner = Runner(None, model_path=path)
+        except (*runtime_errors(), OSError):
+            if not same():
+                raise _changed(path) from None
+            raise
+        if not same():
+            runner.close()
+            raise _changed(path)
+        return runner
 
     def digest(self) -> bytes | None:
         """SHA-256 of the bytes read from ``read_from`` (None without one): what that file must still hold."""
@@ -584,7 +744,11 @@ class Validator:
             # passes change the model, so this one is computed here.
             self._settle(lambda: self._run(model))
             return
-        self._reference = reference or Reference(model.SerializeToString())
+        if reference is None:
+            data = model.SerializeToString()
+            reference = Reference(data, long_graph=segmented(model, len(data)))
+            del data
+        self._reference = reference
         if reference is not None and reference_feeds:
             self._reference.run([{**feeds, **reference_feeds} for feeds in self.feeds])
         else:
@@ -639,13 +803,7 @@ class Validator:
 
     def _run(self, model: onnx.ModelProto, data: bytes | None = None, *,
              before_runs: Callable[[], None] | None = None) -> list[Outputs]:
-        runner = Runner(model, data=data)
-        try:
-            if before_runs is not None:
-                before_runs()
-            return runner.run_all(self.feeds)
-        finally:
-            runner.close()
+        return run_model(model, self.feeds, data=data, before_runs=before_runs)
 
     def check(self, model: onnx.ModelProto, *, exact: bool,
               on_serialized: Callable[[bytes], None] | None = None) -> Verdict:
