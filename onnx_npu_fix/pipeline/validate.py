@@ -181,10 +181,9 @@ class _NotSegmentable(Exception):
     """A value between two segments is not a tensor: the graph is run whole."""
 
 
-def run_model(model: onnx.ModelProto | None, feeds: Sequence[Feeds], *, data: bytes | None = None,
-              before_runs: Callable[[], None] | None = None) -> list[Outputs]:
-    """``model``'s outputs on every input set (``data``: it serialized already; ``before_runs``: called once the
-    first session exists, before any run).
+def run_model(model: onnx.ModelProto | None, feeds: Sequence[Feeds], *,
+              data: bytes | None = None) -> list[Outputs]:
+    """``model``'s outputs on every input set (``data``: it serialized already; needed without ``model``).
 
     One session, unless the graph is long (:func:`segmented`): onnxruntime's session creation grows faster than
     the graph (about n^1.5 in nodes and initializers: 2.3 s CPU at 10k nodes, 27 s at 30k), so a long graph runs
@@ -194,20 +193,17 @@ def run_model(model: onnx.ModelProto | None, feeds: Sequence[Feeds], *, data: by
     weights are in a session at a time."""
     if model is not None and segmented(model, len(data) if data is not None else None):
         try:
-            return _run_segments(model, feeds, before_runs)
+            return _run_segments(model, feeds)
         except _NotSegmentable:
             pass
     runner = Runner(model, data=data)
     try:
-        if before_runs is not None:
-            before_runs()
         return runner.run_all(feeds)
     finally:
         runner.close()
 
 
-def _run_segments(model: onnx.ModelProto, feeds: Sequence[Feeds],
-                  before_runs: Callable[[], None] | None) -> list[Outputs]:
+def _run_segments(model: onnx.ModelProto, feeds: Sequence[Feeds]) -> list[Outputs]:
     values: list[Outputs] = [dict(f) for f in feeds]
     constants = {t.name: t for t in model.graph.initializer}
     for segment in plan_segments(model):
@@ -215,9 +211,6 @@ def _run_segments(model: onnx.ModelProto, feeds: Sequence[Feeds],
             continue  # nothing it makes is read later: dead nodes
         runner = Runner(None, data=_segment_model(model, segment, values, constants))
         try:
-            if before_runs is not None:
-                before_runs, call = None, before_runs
-                call()
             for held in values:
                 held.update(runner.run({name: held[name] for name in segment.inputs}))
                 for name in segment.done_with:
@@ -801,9 +794,8 @@ class Validator:
         if self._reference is not None:
             self._reference.close()
 
-    def _run(self, model: onnx.ModelProto, data: bytes | None = None, *,
-             before_runs: Callable[[], None] | None = None) -> list[Outputs]:
-        return run_model(model, self.feeds, data=data, before_runs=before_runs)
+    def _run(self, model: onnx.ModelProto, data: bytes | None = None) -> list[Outputs]:
+        return run_model(model, self.feeds, data=data)
 
     def check(self, model: onnx.ModelProto, *, exact: bool,
               on_serialized: Callable[[bytes], None] | None = None) -> Verdict:
@@ -817,12 +809,13 @@ class Validator:
             return Verdict(f"the model fails the onnx checker after this pass: {problem}", None, data)
         if on_serialized is not None and data is not None:
             on_serialized(data)
+        # The original's session is let go before the candidate's is built: two sessions' copies of the weights
+        # next to the candidate's bytes made the peak 3 model sizes above the floor (and two models computing at
+        # once would only fight over the cores). An original that cannot run is the input's problem: raised here.
+        self._wait()
         try:
-            # The session is built while the original's runs may still be going; its own runs wait for them
-            # (two models computing at once would only fight over the cores).
-            outputs = self._run(model, data, before_runs=self._wait)
+            outputs = self._run(model, data)
         except runtime_errors() as exc:
-            self._wait()  # an original that cannot run either is the input's problem, not this pass's
             return Verdict(f"onnxruntime cannot run the model after this pass: {first_line(exc)}", None, data)
         assert self.current is not None  # the original ran (else _wait raised)
         comparison = self._compare(self.current, outputs, exact=exact)
