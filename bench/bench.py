@@ -1,6 +1,6 @@
 """npufix benchmark: how long a fix takes against the I/O floor and against onnxsim, at the sizes deployments use.
 
-    python bench/bench.py                  # all four models, writes bench/results.md (~9 min on 2 cores)
+    python bench/bench.py                  # every model, writes bench/results.md (~15 min on 2 cores)
     python bench/bench.py --quick          # small models, a smoke test in ~10 s (writes nothing)
     python bench/bench.py --only tcn,unet  # some models only
     python bench/bench.py --profile --only chain100k   # also cProfile one npufix run and print the top functions
