@@ -138,6 +138,8 @@ def segmented(model: onnx.ModelProto, size: int | None = None) -> bool:
     produced = {name for node in graph.node for name in node.output}
     if any(o.name not in produced for o in graph.output):
         return False  # an output that is an input or an initializer: the whole graph says it best
+    if {vi.name for vi in graph.input} & {t.name for t in graph.initializer}:
+        return False  # an input with a default (an initializer) that --validation-data may feed
     if any(subgraphs(node) or any(word in node.op_type for word in _UNSEGMENTABLE_OPS) for node in graph.node):
         return False
     return (size if size is not None else approx_model_bytes(model)) < TWO_GB
