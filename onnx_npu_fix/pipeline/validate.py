@@ -130,8 +130,8 @@ _UNSEGMENTABLE_OPS = ("Sequence", "Optional")
 
 def segmented(model: onnx.ModelProto, size: int | None = None) -> bool:
     """Whether :func:`run_model` runs ``model`` in segments: a long graph whose nodes only pass tensors to each
-    other (no bodies reading outer-scope values, no sequences), below 2 GB (``size``: its serialized size, when
-    known), of IR version 4 or later (initializers need not be graph inputs)."""
+    other (no bodies reading outer-scope values, no sequences, no inputs with defaults), below 2 GB (``size``: its
+    serialized size, when known), of IR version 4 or later (initializers need not be graph inputs)."""
     graph = model.graph
     if len(graph.node) <= SEGMENT_NODES or model.ir_version < 4:
         return False
