@@ -45,7 +45,7 @@ from onnx_npu_fix.pipeline.freeze import FrozenInput, freeze_inputs
 from onnx_npu_fix.pipeline.report import FixReport
 from onnx_npu_fix.pipeline.scheduler import FixResult, prepare, run_passes
 from onnx_npu_fix.pipeline.segments import SplitOutcome, split_model
-from onnx_npu_fix.pipeline.validate import Reference
+from onnx_npu_fix.pipeline.validate import Reference, segmented
 
 
 def select_passes(only: Sequence[str] | None = None, skip: Sequence[str] = (),
@@ -106,13 +106,15 @@ def start_reference(source: LoadedModel | str | os.PathLike, options: FixOptions
     if data is None:
         if approx_model_bytes(source.model) >= TWO_GB:
             return None
-        return Reference(source.model.SerializeToString())
+        data = source.model.SerializeToString()
+        return Reference(data, long_graph=segmented(source.model, len(data)))
     path = os.path.abspath(source.path)
+    long_graph = segmented(source.model, len(data))
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:  # onnxruntime only opens UTF-8 paths: it gets the bytes read instead
-        return Reference(data)
-    return Reference(data, read_from=path)
+        return Reference(data, long_graph=long_graph)
+    return Reference(data, read_from=path, identity=source.identity, long_graph=long_graph)
 
 
 def fix(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None = None,
@@ -180,7 +182,7 @@ def _freeze(model: onnx.ModelProto, options: FixOptions,
         infer_shapes(model)
     except Exception as exc:  # noqa: BLE001 - onnx raises several types; all mean the same to the user
         raise InputError(f"shape inference fails once the inputs are frozen: {first_line(exc)}") from None
-    return frozen, (Reference(original) if original is not None else None)
+    return frozen, (Reference(original, long_graph=segmented(model, len(original))) if original is not None else None)
 
 
 def _read_prepared(path: str, options: FixOptions, reference: Reference | None = None) -> onnx.ModelProto:

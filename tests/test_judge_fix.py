@@ -104,10 +104,8 @@ def test_judge_options_need_a_fixing_run_with_judge(tmp_path):
 
 
 def test_the_forms_tried_for_a_region_npufix_did_not_rewrite_cheapest_first():
-    """A dilated 1-D conv with 12 channels and a rank-3 constant Pad before it, neither rewritten: each key the region names, in
-    KEY_ORDER, each value once, then pairs; bounded."""
-    import numpy as np
-
+    """A dilated 1-D conv with 12 channels and a rank-3 constant Pad before it, neither rewritten: each key the
+    region names, in KEY_ORDER, each value once, then pairs; bounded."""
     from onnx_npu_fix.config.options import FixOptions
     from onnx_npu_fix.judge.forms import MAX_CANDIDATES, candidates, region_limits, relevant_keys
     from onnx_npu_fix.pipeline.report import FixReport
@@ -124,7 +122,8 @@ def test_the_forms_tried_for_a_region_npufix_did_not_rewrite_cheapest_first():
     why = relevant_keys(region, FixReport(), options)
     assert set(why) == {"fold_pad_into_conv", "remainder_pad", "lift_conv1d", "max_dilation", "align"}, why
     tried = candidates(why, options, region_limits(region))
-    singles = [{"fold_pad_into_conv": True}, {"remainder_pad": "pad4d"}, {"remainder_pad": "pad"}, {"lift_conv1d": True}, {"max_dilation": 5},
+    singles = [{"fold_pad_into_conv": True}, {"remainder_pad": "pad4d"}, {"remainder_pad": "pad"},
+               {"lift_conv1d": True}, {"max_dilation": 5},
                {"max_dilation": 4}, {"align": 0}, {"align": 16}]
     assert tried[:len(singles)] == singles
     assert tried[len(singles)] == {"fold_pad_into_conv": True, "remainder_pad": "pad4d"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import onnx
@@ -645,3 +646,100 @@ def test_validation_data_that_is_a_fifo_is_refused(tmp_path):
         writer.join()
     assert result.exit_code == 2, result.output
     assert "not a regular file" in result.output and not (tmp_path / "o.onnx").exists()
+
+
+# --- long graphs run in segments; the input proven unchanged by its identity -------------------------------------
+
+
+def _bn_chain(blocks=6, channels=6):
+    """``blocks`` x (Conv 3x3 -> BatchNormalization -> Relu), the first block's output also added at the end (a
+    tensor read by a node many segments later), 6 channels (align-channels pads them): every default pass has
+    work, on a graph long enough to cut into several segments."""
+    rng = np.random.default_rng(3)
+    nodes, inits, x = [], [], "x"
+    for i in range(blocks):
+        inits.append(numpy_helper.from_array(
+            (0.3 * rng.standard_normal((channels, channels, 3, 3))).astype(np.float32), f"w{i}"))
+        bn = [numpy_helper.from_array(v.astype(np.float32), f"{n}{i}") for n, v in (
+            ("g", 1 + 0.1 * rng.standard_normal(channels)), ("b", 0.1 * rng.standard_normal(channels)),
+            ("m", 0.1 * rng.standard_normal(channels)), ("v", 0.5 + rng.random(channels)))]
+        inits.extend(bn)
+        nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]),
+                  helper.make_node("BatchNormalization", [f"c{i}", *(t.name for t in bn)], [f"n{i}"], name=f"bn{i}"),
+                  helper.make_node("Relu", [f"n{i}"], [f"r{i}"], name=f"relu{i}")]
+        x = f"r{i}"
+    nodes.append(helper.make_node("Add", [x, "r0"], ["out"], name="skip"))
+    shape = [1, channels, 6, 6]
+    return _model(nodes, [_vi("x", shape)], [_vi("out", shape)], inits)
+
+
+def test_a_long_graph_runs_in_segments_with_the_outputs_of_the_whole(monkeypatch):
+    from onnx_npu_fix.pipeline import validate
+
+    model = _bn_chain()
+    feeds = make_inputs(model, 3, 0)
+    whole = validate.run_model(None, feeds, data=model.SerializeToString())
+    monkeypatch.setattr(validate, "SEGMENT_NODES", 4)
+    assert validate.segmented(model) and len(validate.plan_segments(model)) == 5
+    cut = validate.run_model(model, feeds)
+    for a, b in zip(whole, cut):
+        assert list(a) == list(b) == ["out"]
+        assert a["out"].tobytes() == b["out"].tobytes()  # bit-identical, not merely close
+
+
+def _record_of(path, tmp_path, tag):
+    report = tmp_path / f"{tag}.json"
+    result = CliRunner().invoke(main, [str(path), "-o", str(tmp_path / f"{tag}.onnx"), "--align", "8",
+                                       "--report", str(report)])
+    assert result.exit_code == 0, result.output
+    record = json.loads(report.read_text())
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items()
+                    if k not in ("seconds", "validate_seconds", "command", "path", "output_sha256")}
+        return [strip(v) for v in value] if isinstance(value, list) else value
+    return strip(record), (tmp_path / f"{tag}.onnx").read_bytes()
+
+
+def test_a_run_validated_in_segments_writes_what_a_whole_run_writes(tmp_path, monkeypatch):
+    from onnx_npu_fix.pipeline import validate
+
+    path = _save(_bn_chain(), tmp_path / "chain.onnx")
+    whole = _record_of(path, tmp_path, "whole")
+    monkeypatch.setattr(validate, "SEGMENT_NODES", 4)
+    cut = _record_of(path, tmp_path, "cut")
+    assert [p["status"] for p in cut[0]["passes"] if p["status"] == "validated"]
+    assert cut == whole  # same record (every max abs error included), same bytes
+
+
+def test_a_settled_input_is_proven_unchanged_by_its_identity_not_a_second_hash(tmp_path, monkeypatch):
+    from onnx_npu_fix.io import load
+    from onnx_npu_fix.pipeline import validate
+
+    monkeypatch.setattr(load, "SETTLED_NS", 0)  # as if the file had been written long ago
+
+    def no_second_hash(path):
+        raise AssertionError("the input file was hashed again")
+    monkeypatch.setattr(validate, "file_digest", no_second_hash)
+    path = _save(_conv_model(weight_shape=(6, 4, 3, 3), bias=6), tmp_path / "m.onnx")
+    result = _fix_with_reference(path)
+    assert result.ok and result.report.final is not None and result.report.final.passed
+    other = _conv_model(weight_shape=(6, 4, 3, 3), bias=6)
+    other.graph.initializer[0].raw_data = np.ones((6, 4, 3, 3), np.float32).tobytes()
+    for what, change in {"rewritten in place": lambda p: (time.sleep(0.05), onnx.save(other, str(p))),
+                         "replaced": lambda p: (onnx.save(other, str(p) + ".new"), os.replace(str(p) + ".new", p))
+                         }.items():
+        path = _save(_conv_model(weight_shape=(6, 4, 3, 3), bias=6), tmp_path / f"{what}.onnx")
+        with pytest.raises(InputError, match="changed while npufix ran"):
+            _fix_with_reference(path, change)
+
+
+def test_a_file_changed_a_moment_ago_has_no_identity(tmp_path):
+    from onnx_npu_fix.io import load
+
+    path = _save(_conv_model(), tmp_path / "m.onnx")
+    assert api.read_model(path, keep_bytes=True).identity is None  # its timestamps cannot tell a rewrite yet
+    old = os.stat(path)
+    assert load.file_identity(str(path)) is None
+    assert load.file_identity(str(path), old) is None

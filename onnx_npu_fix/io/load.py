@@ -6,6 +6,7 @@ shapes) for the pass manager and the analyses alike. Every problem is an InputEr
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -35,6 +36,40 @@ class LoadedModel:
     data: bytes | None = None
     """The bytes read, for a self-contained file read with ``keep_bytes`` (None otherwise, or once
     :func:`start_reference` took them)."""
+    identity: FileIdentity | None = None
+    """The file as it was when read (see :class:`FileIdentity`); None when that cannot prove it unchanged."""
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """Which file, and which version of it: device, inode, size, modification and change times. A rewrite in
+    place moves the change time (which no user call can set back) and a replacement the inode, so a file whose
+    identity is unchanged still holds the bytes read — provided its change time was older than the file system's
+    clock tick when it was read (a write in the same tick could leave every field as it was: :func:`file_identity`
+    then gives none, and the caller hashes the file again)."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+SETTLED_NS = 1_000_000_000
+"""How long ago a file must have changed for its timestamps to tell a later write apart (file times come from a
+coarse clock, a few milliseconds a tick; one second leaves room for file systems that keep less)."""
+
+
+def file_identity(path: str, stat: os.stat_result | None = None) -> FileIdentity | None:
+    """``path``'s :class:`FileIdentity` (from ``stat`` when given), or None when unreadable or changed too
+    recently (within :data:`SETTLED_NS`) for its timestamps to reveal a rewrite."""
+    try:
+        stat = stat or os.stat(path)
+    except OSError:
+        return None
+    if time.time_ns() - stat.st_ctime_ns < SETTLED_NS:
+        return None
+    return FileIdentity(stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
@@ -46,7 +81,7 @@ def read_model(path: str | os.PathLike, *, keep_bytes: bool = False) -> LoadedMo
     """:func:`load_model`, also saying which external data files the model came from. ``keep_bytes``: keep the
     file's bytes in ``LoadedModel.data`` for :func:`start_reference` (which takes them over)."""
     path = os.fspath(path)
-    raw = _read_file(path)
+    raw, identity = _read_file(path)
     # The checker first, on the bytes alone: its C++ copy of the model is freed before Python parses its own, so
     # the two never coexist (they made a self-contained model's peak memory 1.5x that of onnx.load). A model it
     # refuses is parsed anyway and judged below, so that a file that is no model at all still gets the decode
@@ -71,11 +106,13 @@ def read_model(path: str | os.PathLike, *, keep_bytes: bool = False) -> LoadedMo
     problem = structural_problem(model)
     if problem:
         raise InputError(f"{path}: invalid model: {problem}")
-    return LoadedModel(model, path, external, raw if keep_bytes and not external and not sparse else None)
+    kept = keep_bytes and not external and not sparse
+    return LoadedModel(model, path, external, raw if kept else None, identity if kept else None)
 
 
-def _read_file(path: str) -> bytes:
-    """The file's bytes, or InputError for a path that holds no file to read."""
+def _read_file(path: str) -> tuple[bytes, FileIdentity | None]:
+    """The file's bytes and its identity as read (None when it changed while read, or too recently), or
+    InputError for a path that holds no file to read."""
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
@@ -84,7 +121,10 @@ def _read_file(path: str) -> bytes:
         raise InputError(f"{path}: empty file, expected an ONNX model")
     try:
         with open(path, "rb") as f:
-            return f.read()
+            before = file_identity(path, os.fstat(f.fileno()))
+            raw = f.read()
+            after = file_identity(path, os.fstat(f.fileno()))
+            return raw, before if before == after else None
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
