@@ -354,8 +354,8 @@ def _print_check(path: str, outcome, quiet: bool, verbose: int) -> None:
 
     prefix = _one_line(path) + ": "
     checked = outcome.checked
-    for violation in outcome.violations:
-        click.echo(prefix + violation.text())
+    if outcome.violations:  # one write: an echo per line costs more than the check itself at 6,000 findings
+        click.echo("\n".join(prefix + violation.text() for violation in outcome.violations))
     if quiet:
         return
     if verbose:

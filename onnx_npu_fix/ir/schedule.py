@@ -107,9 +107,11 @@ def liveness(index: GraphIndex, act_bytes: int, const: set[str] | None = None) -
 
     for name in index.graph_inputs:
         add(name, -1)
+    # Each read of a repeated field builds a Python object: every node's inputs and outputs are read once.
+    node_outputs = [node.output[:] for node in nodes]
     node_of: dict[str, int] = {}
-    for i, node in enumerate(nodes):
-        for out in node.output:
+    for i, outputs in enumerate(node_outputs):
+        for out in outputs:
             if out:
                 node_of[out] = i
                 if out not in const and out not in tid:
@@ -118,22 +120,25 @@ def liveness(index: GraphIndex, act_bytes: int, const: set[str] | None = None) -
     node_in: list[list[int]] = []
     node_out: list[list[int]] = []
     preds: list[list[int]] = []
+    tid_get, node_of_get = tid.get, node_of.get
     for i, node in enumerate(nodes):
-        reads = [n for n in node.input if n]
+        reads = node.input[:]
         if _reads_subgraph(node):
             reads.extend(sorted(subgraph_outer_inputs(node)))
         seen_t: list[int] = []
         seen_p: set[int] = set()
         for name in reads:
-            t = tid.get(name)
+            if not name:
+                continue
+            t = tid_get(name)
             if t is not None and t not in seen_t:
                 seen_t.append(t)
                 consumers[t].append(i)
-            p = node_of.get(name)
+            p = node_of_get(name)
             if p is not None and p != i:
                 seen_p.add(p)
         node_in.append(seen_t)
-        node_out.append([tid[o] for o in node.output if o in tid and producer[tid[o]] == i])
+        node_out.append([tid[o] for o in node_outputs[i] if o in tid and producer[tid[o]] == i])
         preds.append(sorted(seen_p))
     shapes = [index.shape(n) for n in names]
     sizes: list[int | None] = []
