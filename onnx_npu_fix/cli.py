@@ -349,7 +349,7 @@ def _check_json(path: str, outcome) -> dict[str, Any]:
 def _print_check(path: str, outcome, quiet: bool, verbose: int) -> None:
     """One line per finding, ``model.onnx: node (op): constraint: value vs limit -> fix``; then (unless -q) the
     summary, the exempt findings, the memory estimate and the shapes."""
-    from onnx_npu_fix.analysis.constraints import render_shapes, render_violations
+    from onnx_npu_fix.analysis.constraints import render_shapes, violations_summary
     from onnx_npu_fix.analysis.memory import render_memory
 
     prefix = _one_line(path) + ": "
@@ -365,7 +365,7 @@ def _print_check(path: str, outcome, quiet: bool, verbose: int) -> None:
         click.echo(f"{prefix}{_findings(len(outcome.not_requested))} of constraints not asked for "
                    f"{'is' if len(outcome.not_requested) == 1 else 'are'} not counted "
                    f"(-v lists them)")
-    click.echo(prefix + render_violations(outcome.violations).splitlines()[-1])
+    click.echo(prefix + violations_summary(outcome.violations))
     if checked.exempt:
         click.echo("\n" + "\n".join(f"exempt: {v.text()} ({v.message})" for v in checked.exempt))
     if checked.memory is not None:

@@ -55,6 +55,7 @@ class Liveness:
     sz: list[int] = field(default_factory=list)  # bytes, 0 when unknown
     outputs: list[int] = field(default_factory=list)  # tensors that are graph outputs
     _succs: list[list[int]] | None = None
+    _floors: list[int] | None = None
 
     def size(self, t: int) -> int:
         return self.sz[t]
@@ -288,8 +289,10 @@ def best_greedy_order(lv: Liveness, stored_peak: int | None = None) -> tuple[lis
 def node_floors(lv: Liveness) -> list[int]:
     """Bytes every node needs on its own step, whatever the order: its distinct activation inputs plus all its
     outputs. No order and no cut can put a node's step below this; the largest one bounds every peak."""
-    sz = lv.sz
-    return [sum(sz[t] for t in ins) + sum(sz[t] for t in outs) for ins, outs in zip(lv.node_in, lv.node_out)]
+    if lv._floors is None:  # the estimate and the order search both ask (a list per node: built once)
+        sz = lv.sz
+        lv._floors = [sum(sz[t] for t in ins) + sum(sz[t] for t in outs) for ins, outs in zip(lv.node_in, lv.node_out)]
+    return lv._floors
 
 
 EXACT_MAX_NODES = 5000
