@@ -862,3 +862,21 @@ def test_a_carry_across_a_concat_says_which_constraint_it_leaves(concat_align, l
     assert cat.inputs == (Layout.prefix(4, 8), None) and cat.out == Layout(16, (0, 1, 2, 3, 8, 9, 10, 11, 12, 13,
                                                                                 14, 15))
     assert (("cat", "concat-align") in found.left_violated()) == bool(leaves)
+
+
+def test_rewrite_of_a_found_it_did_not_make_plans_as_find_did():
+    """rewrite takes find's all-aligned answer from its AlignFound; a plain Found (a caller's own) is judged by
+    the same scan, with the same result."""
+    from onnx_npu_fix.passes.base import Found
+
+    options = FixOptions(align=8)
+    outputs = []
+    for wrap in (lambda f: f, lambda f: Found(f.plans, f.rejections)):
+        work = prepared(_two_branches())
+        result = PASS.rewrite(work, options, wrap(PASS.find(work, options)))
+        outputs.append((work.SerializeToString(), [c.to_json() for c in result.changes], result.metrics))
+    assert outputs[0] == outputs[1] and outputs[0][1]
+    aligned = prepared(_two_branches())
+    found = PASS.find(aligned, FixOptions(align=4))
+    assert found.all_aligned and not found.plans
+    assert not PASS.rewrite(aligned, FixOptions(align=4), Found()).changes

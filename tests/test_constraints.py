@@ -21,6 +21,7 @@ from onnx_npu_fix.analysis.constraints import (
     render_shapes,
     render_violations,
     shape_listing,
+    violations_summary,
 )
 from onnx_npu_fix.config.options import FixOptions
 
@@ -65,7 +66,17 @@ def test_clean_model_has_no_violations():
     report = check_model(model, FixOptions(**STRICT))
     assert report.violations == [] and report.clean
     assert render_violations(report.violations) == "no violations"
+    assert violations_summary(report.violations) == "no violations"
     assert report.memory is not None and report.memory.fits
+
+
+def test_summary_is_the_last_line_of_the_rendered_violations():
+    violations = check_model(_conv_chain(c_in=3, c_mid=12, dilations=[8, 8], pads=[8, 8, 8, 8]),
+                             FixOptions(**STRICT)).violations
+    lines = render_violations(violations).splitlines()
+    assert lines[:-1] == [v.text() for v in violations]
+    assert lines[-1] == violations_summary(violations)
+    assert lines[-1].startswith(f"{len(violations)} violations: ") and "align-channels" in lines[-1]
 
 
 def test_model_is_not_modified():

@@ -140,3 +140,58 @@ def test_overwrite_tensor_replaces_type_dims_and_data_in_place():
         got = numpy_helper.to_array(tensor)
         assert got.shape == value.shape and got.dtype == value.dtype.newbyteorder("=")
         np.testing.assert_array_equal(got, value)
+
+
+def _conv_chain_with_value_info(weights: int = 3) -> onnx.ModelProto:
+    """Convs whose weights are large enough to be stubbed, a small int64 shape constant that is not, and a stale
+    value_info entry inference must not keep."""
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    for i in range(weights):
+        inits.append(numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("Conv", [f"t{i}", f"w{i}"], [f"t{i + 1}"], name=f"c{i}", pads=[1, 1, 1, 1]))
+    inits.append(numpy_helper.from_array(np.array([1, -1], np.int64), "shape"))
+    nodes.append(helper.make_node("Reshape", [f"t{weights}", "shape"], ["out"], name="flat"))
+    graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 4, 5, 5])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits,
+                              value_info=[helper.make_tensor_value_info("t1", TensorProto.FLOAT, [1, 4, 5, 5])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_shape_only_copy_stubs_large_initializers_and_keeps_small_ones():
+    from onnx_npu_fix.ir.graph import shape_only_copy
+
+    model = _conv_chain_with_value_info()
+    light = shape_only_copy(model)
+    by_name = {t.name: t for t in light.graph.initializer}
+    assert [t.name for t in light.graph.initializer] == [t.name for t in model.graph.initializer]
+    for i in range(3):
+        stub = by_name[f"w{i}"]
+        assert stub.data_location == TensorProto.EXTERNAL and not stub.raw_data
+        assert list(stub.dims) == [4, 4, 3, 3] and stub.data_type == TensorProto.FLOAT
+        assert [(e.key, e.value) for e in stub.external_data] == [("location", "__npufix_shape_only__")]
+    assert by_name["shape"] == model.graph.initializer[-1]  # small: copied with its data
+    assert not light.graph.value_info
+
+
+def test_infer_shapes_of_a_light_copy_equals_inference_of_the_model():
+    from onnx_npu_fix.ir.graph import infer_shapes, shape_only_copy
+
+    model = _conv_chain_with_value_info()
+    light = shape_only_copy(model, keep_value_info=True)
+    infer_shapes(model)
+    infer_shapes(light, light=True)
+    assert [vi.SerializeToString() for vi in light.graph.value_info] == \
+        [vi.SerializeToString() for vi in model.graph.value_info]
+    assert light.graph.output[0] == model.graph.output[0]
+    assert [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim] == [1, 100]
+
+
+def test_payload_bytes_from_dims_and_item_size():
+    from onnx_npu_fix.ir.graph import payload_bytes
+
+    for dtype in (np.float32, np.float16, np.int64, np.uint8):
+        tensor = numpy_helper.from_array(np.zeros((3, 5), dtype), "t")
+        assert payload_bytes(tensor) == len(tensor.raw_data) == 15 * np.dtype(dtype).itemsize
+    packed = helper.make_tensor("f", TensorProto.FLOAT, [2], [1.0, 2.0])  # float_data, no raw_data
+    assert payload_bytes(packed) == packed.ByteSize()

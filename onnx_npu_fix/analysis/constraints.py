@@ -882,7 +882,13 @@ def render_violations(violations: Sequence[Violation]) -> str:
     """One line per violation, then a summary line; 'no violations' when clean."""
     if not violations:
         return "no violations"
-    lines = [v.text() for v in violations]
+    return "\n".join([*(v.text() for v in violations), violations_summary(violations)])
+
+
+def violations_summary(violations: Sequence[Violation]) -> str:
+    """The last line of :func:`render_violations`: how many, and which pass fixes how many."""
+    if not violations:
+        return "no violations"
     by_fix: dict[str, int] = {}
     for v in violations:
         if v.fixed_by:
@@ -895,8 +901,7 @@ def render_violations(violations: Sequence[Violation]) -> str:
     if unfixable:
         parts.append(f"{unfixable} that no pass fixes")
     noun = "violation" if len(violations) == 1 else "violations"
-    lines.append(f"{len(violations)} {noun}: " + "; ".join(parts))
-    return "\n".join(lines)
+    return f"{len(violations)} {noun}: " + "; ".join(parts)
 
 
 def render_check(report: CheckReport) -> str:

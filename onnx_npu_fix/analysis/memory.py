@@ -55,7 +55,7 @@ def analysis_copy(model: onnx.ModelProto,
     whatever non-strict inference could find).
     """
     light = shape_only_copy(model, keep_value_info=True)
-    error = prepare(light, input_shapes, strict=False)
+    error = prepare(light, input_shapes, strict=False, light=True)
     return light, error
 
 

@@ -494,7 +494,7 @@ class _SizeProbe:
             out.type.tensor_type.ClearField("shape")
         set_input_shapes(light, shapes)
         try:
-            infer_shapes(light)
+            infer_shapes(light, light=True)
         except Exception:  # noqa: BLE001 - the model does not accept this size
             return None
         sub = liveness(GraphIndex(light), self.act_bytes)

@@ -220,14 +220,15 @@ def densify_sparse_initializers(model: onnx.ModelProto) -> None:
 
 
 def prepare(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None, *,
-            strict: bool = True) -> str | None:
+            strict: bool = True, light: bool = False) -> str | None:
     """Normalise ``model`` in place for the passes and the analyses: ``input_shapes`` frozen (``--input-shape``),
     unnamed nodes named, fresh shape information. An input-shape override naming no graph input is an InputError
     that lists the inputs.
 
     ``strict``: a model shape inference rejects is an InputError (the pass manager needs every shape). Otherwise
     (read-only analysis, where the failure is a finding) the first line of the inference error is returned and
-    ``model`` carries whatever non-strict inference could find; None when inference succeeded."""
+    ``model`` carries whatever non-strict inference could find; None when inference succeeded.
+    ``light``: ``model`` is a shape-only copy already (``graph.infer_shapes``)."""
     if input_shapes:
         try:
             set_input_shapes(model, dict(input_shapes))
@@ -241,7 +242,7 @@ def prepare(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | 
                              f"(inputs: {names})") from None
     name_unnamed_nodes(model.graph)
     try:
-        infer_shapes(model)
+        infer_shapes(model, light=light)
     except Exception as exc:  # noqa: BLE001 - onnx raises several types; all mean the same to the user
         if strict:
             raise InputError(f"shape inference fails on the input model: {first_line(exc)}; "

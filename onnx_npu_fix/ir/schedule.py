@@ -56,6 +56,7 @@ class Liveness:
     sz: list[int] = field(default_factory=list)  # bytes, 0 when unknown
     outputs: list[int] = field(default_factory=list)  # tensors that are graph outputs
     _succs: list[list[int]] | None = None
+    _floors: list[int] | None = None
 
     def size(self, t: int) -> int:
         return self.sz[t]
@@ -108,9 +109,11 @@ def liveness(index: GraphIndex, act_bytes: int, const: set[str] | None = None) -
 
     for name in index.graph_inputs:
         add(name, -1)
+    # Each read of a repeated field builds a Python object: every node's inputs and outputs are read once.
+    node_outputs = [node.output[:] for node in nodes]
     node_of: dict[str, int] = {}
-    for i, node in enumerate(nodes):
-        for out in node.output:
+    for i, outputs in enumerate(node_outputs):
+        for out in outputs:
             if out:
                 node_of[out] = i
                 if out not in const and out not in tid:
@@ -119,22 +122,25 @@ def liveness(index: GraphIndex, act_bytes: int, const: set[str] | None = None) -
     node_in: list[list[int]] = []
     node_out: list[list[int]] = []
     preds: list[list[int]] = []
+    tid_get, node_of_get = tid.get, node_of.get
     for i, node in enumerate(nodes):
-        reads = [n for n in node.input if n]
+        reads = node.input[:]
         if _reads_subgraph(node):
             reads.extend(sorted(subgraph_outer_inputs(node)))
         seen_t: list[int] = []
         seen_p: set[int] = set()
         for name in reads:
-            t = tid.get(name)
+            if not name:
+                continue
+            t = tid_get(name)
             if t is not None and t not in seen_t:
                 seen_t.append(t)
                 consumers[t].append(i)
-            p = node_of.get(name)
+            p = node_of_get(name)
             if p is not None and p != i:
                 seen_p.add(p)
         node_in.append(seen_t)
-        node_out.append([tid[o] for o in node.output if o in tid and producer[tid[o]] == i])
+        node_out.append([tid[o] for o in node_outputs[i] if o in tid and producer[tid[o]] == i])
         preds.append(sorted(seen_p))
     shapes = [index.shape(n) for n in names]
     sizes: list[int | None] = []
@@ -284,8 +290,10 @@ def best_greedy_order(lv: Liveness, stored_peak: int | None = None) -> tuple[lis
 def node_floors(lv: Liveness) -> list[int]:
     """Bytes every node needs on its own step, whatever the order: its distinct activation inputs plus all its
     outputs. No order and no cut can put a node's step below this; the largest one bounds every peak."""
-    sz = lv.sz
-    return [sum(sz[t] for t in ins) + sum(sz[t] for t in outs) for ins, outs in zip(lv.node_in, lv.node_out)]
+    if lv._floors is None:  # the estimate and the order search both ask (a list per node: built once)
+        sz = lv.sz
+        lv._floors = [sum(sz[t] for t in ins) + sum(sz[t] for t in outs) for ins, outs in zip(lv.node_in, lv.node_out)]
+    return lv._floors
 
 
 EXACT_MAX_NODES = 5000

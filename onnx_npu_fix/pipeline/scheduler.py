@@ -32,7 +32,7 @@ import itertools
 import logging
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -509,7 +509,7 @@ class _Declared:
         self.outputs = [o.name for o in graph.output]
         # Copies: the pass edits these very protos in place.
         self.io_types = {vi.name: _copy_type(vi.type) for vi in itertools.chain(graph.input, graph.output)}
-        self.types = _recorded_types(graph) if pass_.keeps_shapes else None
+        self.types = _recorded_snapshot(graph) if pass_.keeps_shapes else None
 
     def broken_io(self, model: onnx.ModelProto) -> str | None:
         """Why the graph's inputs or outputs are not the ones it had (their names, in order; each one's element
@@ -535,8 +535,12 @@ class _Declared:
         None."""
         if self.types is None:
             return None
-        for name, after in _recorded_types(model.graph).items():
-            before = self.types.get(name)
+        now = _recorded_snapshot(model.graph)
+        if now.SerializeToString() == self.types.SerializeToString():
+            return None  # every record as it was (the usual case): no per-tensor comparison
+        types = _recorded_types(self.types.value_info)
+        for name, after in _recorded_types(now.value_info).items():
+            before = types.get(name)
             if before is not None and before != after:
                 return (f"the pass declares keeps_shapes but changed the recorded type of '{name}' from "
                         f"{_type_text(before)} to {_type_text(after)}")
@@ -566,10 +570,19 @@ def _keeps_interface(before: onnx.TypeProto, after: onnx.TypeProto) -> bool:
                for a, b in zip(old.shape.dim, new.shape.dim))
 
 
-def _recorded_types(graph: onnx.GraphProto) -> dict[str, bytes]:
-    """The type and shape on record (graph inputs, value_info, graph outputs) of every tensor, serialized: what
-    the next pass reads as the tensor's shape when the manager skips inference."""
-    return {vi.name: vi.type.SerializeToString() for vi in itertools.chain(graph.input, graph.value_info, graph.output)}
+def _recorded_snapshot(graph: onnx.GraphProto) -> onnx.GraphProto:
+    """A copy of what is on record of every tensor's type and shape (graph inputs, value_info, graph outputs, in
+    that order, as the value_info of a new graph): what the next pass reads as the tensor's shape when the
+    manager skips inference. Copied in bulk: two snapshots are compared as one message each."""
+    snapshot = onnx.GraphProto()
+    for records in (graph.input, graph.value_info, graph.output):
+        snapshot.value_info.extend(records)
+    return snapshot
+
+
+def _recorded_types(records: Iterable[onnx.ValueInfoProto]) -> dict[str, bytes]:
+    """Every tensor's type and shape in ``records`` (a :func:`_recorded_snapshot`), serialized, by name."""
+    return {vi.name: vi.type.SerializeToString() for vi in records}
 
 
 def _type_text(serialized: bytes) -> str:
