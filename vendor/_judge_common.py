@@ -1,0 +1,119 @@
+"""What every vendor judge shares: arguments, the model's input shapes, calibration data, the verdict.
+
+A judge is run by the vendor toolchain's own Python (the vendor/judge_*.sh wrappers pick it), so this module
+only needs numpy and onnx, which every toolchain venv has. Contract of a judge (what `npufix reduce --judge`
+and vendor/acceptance_matrix.py rely on):
+
+- exit 0 and a last line ``JUDGE: accepted ...`` when the compiler produces its artefact (and, with
+  ``--fail-on-cpu``, places every op on the NPU);
+- exit 1 and a line ``JUDGE: rejected: <the compiler's own error line>`` otherwise;
+- exit 2 on bad usage (no model, a dynamic input without ``--input-shape``).
+- ``--json FILE``: the verdict as one JSON object (verdict, message, cpu_ops: [[op type, layer name], ...] when
+  the compiler reports placement, else null; seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+_ERROR_LINE = re.compile(r"(ASSERT|Assertion|Error|error:|ERROR|FAIL|Exception|Traceback|Abort|abort)")
+
+
+@dataclass
+class Verdict:
+    accepted: bool
+    message: str
+    cpu_ops: list[tuple[str, str]] | None = None
+    """(op type, layer name) of every layer the compiler placed on the CPU; None if it does not say."""
+    extra: dict = field(default_factory=dict)
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("model", help="the ONNX model to judge")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
+                   help="shape of a graph input whose dims are not all fixed (repeatable)")
+    p.add_argument("--fail-on-cpu", action="store_true",
+                   help="also reject when the compiler places any op on the CPU (where it reports placement)")
+    p.add_argument("--json", metavar="FILE", help="write the verdict as JSON to FILE")
+    p.add_argument("--workdir", help="keep the compiler's files here (default: a temporary directory)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds for one compiler run")
+    return p
+
+
+def input_shapes(model: onnx.ModelProto, overrides: list[str]) -> dict[str, tuple[list[int], np.dtype]]:
+    """Graph inputs (initializers excluded) -> (static shape, numpy dtype); exits 2 when a dim is unknown."""
+    given = {}
+    for text in overrides:
+        name, _, dims = text.rpartition(":")
+        given[name] = [int(d) for d in dims.split(",") if d]
+    inits = {t.name for t in model.graph.initializer}
+    shapes = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tensor = vi.type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        if vi.name in given:
+            shapes[vi.name] = (given[vi.name], dtype)
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor.shape.dim]
+        if any(d is None for d in dims):
+            print(f"JUDGE: usage: input {vi.name!r} has a dynamic shape: pass --input-shape {vi.name}:...")
+            sys.exit(2)
+        shapes[vi.name] = (dims, dtype)
+    return shapes
+
+
+def sample(shape: list[int], dtype: np.dtype, seed: int = 0) -> np.ndarray:
+    """Calibration / probe data: N(0,1) for float inputs, zeros for integer and bool inputs."""
+    if np.issubdtype(dtype, np.floating):
+        return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+    return np.zeros(shape, dtype=dtype)
+
+
+def is_qdq(model: onnx.ModelProto) -> bool:
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+
+
+def error_line(log: str, default: str = "failed") -> str:
+    """The compiler's own error line: the first line naming an assertion or error, else the last line."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for ln in lines:
+        if _ERROR_LINE.search(ln) and "WARNING" not in ln and "warning" not in ln:
+            return ln[-300:]
+    return lines[-1][-300:] if lines else default
+
+
+def workdir(args: argparse.Namespace) -> str:
+    if args.workdir:
+        os.makedirs(args.workdir, exist_ok=True)
+        return os.path.abspath(args.workdir)
+    return tempfile.mkdtemp(prefix="npufix-judge-")
+
+
+def finish(args: argparse.Namespace, verdict: Verdict, started: float) -> None:
+    """Print the verdict line, write --json, exit 0 (accepted) or 1 (rejected)."""
+    accepted = verdict.accepted and not (args.fail_on_cpu and verdict.cpu_ops)
+    message = verdict.message
+    if verdict.accepted and not accepted:
+        message = f"{len(verdict.cpu_ops)} ops on the CPU: " + ", ".join(f"{op} {name}" for op, name in
+                                                                          verdict.cpu_ops[:5])
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"verdict": "accepted" if accepted else "rejected", "compiled": verdict.accepted,
+                       "message": message, "cpu_ops": verdict.cpu_ops, "seconds": round(time.time() - started, 1),
+                       **verdict.extra}, f)
+    cpu = "" if verdict.cpu_ops is None else f" ({len(verdict.cpu_ops)} CPU ops)"
+    print(f"JUDGE: accepted{cpu}" if accepted else f"JUDGE: rejected: {message}")
+    sys.exit(0 if accepted else 1)
