@@ -15,6 +15,8 @@ and vendor/acceptance_matrix.py rely on):
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import re
@@ -93,6 +95,39 @@ def error_line(log: str, default: str = "failed") -> str:
         if _ERROR_LINE.search(ln) and "WARNING" not in ln and "warning" not in ln:
             return ln[-300:]
     return lines[-1][-300:] if lines else default
+
+
+def run_captured(action, log_path: str) -> tuple[object, BaseException | None, str]:
+    """Run ``action()`` with Python's and the native libraries' stdout / stderr sent to ``log_path``.
+
+    Vendor toolchains print from C++ and from Python's logging; their own exception is a verdict, not a crash
+    of the judge. Returns (result, exception or None, the whole log)."""
+    import traceback
+
+    saved = os.dup(1), os.dup(2)
+    result, error = None, None
+    with open(log_path, "w+", encoding="utf-8", errors="replace") as log_file:
+        os.dup2(log_file.fileno(), 1)
+        os.dup2(log_file.fileno(), 2)
+        buffer = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+                try:
+                    result = action()
+                except Exception as exc:  # noqa: BLE001 - the compiler's exception is the verdict
+                    traceback.print_exc()
+                    error = exc
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+        log_file.write(buffer.getvalue())
+        log_file.seek(0)
+        log = log_file.read()
+    return result, error, log
 
 
 def workdir(args: argparse.Namespace) -> str:

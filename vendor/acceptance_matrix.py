@@ -195,13 +195,20 @@ def short(verdict: dict | None) -> str:
     return f"**no**: `{message[:110]}`"
 
 
-def render(args: argparse.Namespace, manifest: dict, cache: Cache, labels: list[str]) -> str:
+def commit_of(checkout: str) -> str:
+    done = subprocess.run(["git", "-C", checkout, "log", "-1", "--format=%h %s"], capture_output=True, text=True)
+    return done.stdout.strip()[:90] or "?"
+
+
+def render(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: dict[str, str]) -> str:
+    labels = list(checkouts)
     lines = [
         "# Acceptance matrix: real exports x real compilers, before and after npufix",
         "",
         f"Generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC by "
         f"`python vendor/acceptance_matrix.py` ({', '.join(versions()) or 'no judge installed'}). "
-        f"Checkouts: {', '.join(labels)}. Models: vendor/export_real_models.py (not committed).",
+        "Checkouts: " + "; ".join(f"{lb} = `{commit_of(co)}`" for lb, co in checkouts.items()) + ". Models: "
+        f"vendor/export_real_models.py ({len(manifest)} models; not committed).",
         "",
         "Columns per checkout: npufix's exit code with `--target` (1 = written with unfixed constraints), the "
         "judge's verdict on its output, and the CPU ops the output adds (+) or removes (-) against the original "
@@ -278,7 +285,7 @@ def main() -> None:
     if not args.render:
         run_all(args, manifest, cache, checkouts)
     with open(args.out, "w", encoding="utf-8") as f:
-        f.write(render(args, manifest, cache, list(checkouts)))
+        f.write(render(args, manifest, cache, checkouts))
     log(f"wrote {args.out}: " + shlex.join(sys.argv[1:]))
 
 

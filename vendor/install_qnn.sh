@@ -8,5 +8,5 @@ dir="${1:?usage: $0 DIR}"
 python="$(find_python 3.11)"
 "$python" -m venv "$dir"
 "$dir/bin/pip" install -q "onnxruntime-qnn==2.7.0" onnx
-"$dir/bin/python" -c 'import onnxruntime as ort; assert "QNNExecutionProvider" in ort.get_available_providers(), ort.get_available_providers()'
+"$dir/bin/python" -c 'import os, onnxruntime_qnn as q; assert os.path.exists(q.get_library_path())'
 echo "onnxruntime-qnn $("$dir/bin/python" -c 'import importlib.metadata as m; print(m.version("onnxruntime-qnn"))') in $dir"

@@ -13,7 +13,7 @@ if [ "${RKNN_FULL_DEPS:-0}" = 1 ]; then
 else
     "$dir/bin/pip" install -q --no-deps rknn-toolkit2==2.5.0
     "$dir/bin/pip" install -q "numpy<2" "onnx==1.18.0" "onnxruntime==1.26.0" "protobuf==4.25.4" fast-histogram \
-        flatbuffers opencv-python-headless psutil ruamel.yaml scipy tqdm packaging "torch==${RKNN_TORCH:-2.13.0}"
+        flatbuffers opencv-python-headless psutil ruamel.yaml scipy tqdm packaging "setuptools<81" "torch==${RKNN_TORCH:-2.13.0}"
 fi
 "$dir/bin/python" -c 'from rknn.api import RKNN' >/dev/null
 echo "rknn-toolkit2 $("$dir/bin/python" -c 'import importlib.metadata as m; print(m.version("rknn-toolkit2"))') in $dir"

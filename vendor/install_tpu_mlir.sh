@@ -13,5 +13,43 @@ mkdir -p "$dir/moved_glibc"
 for lib in libc.so.6 libm.so.6 libpthread.so.0; do
     if [ -e "$third_party/$lib" ]; then mv "$third_party/$lib" "$dir/moved_glibc/"; fi
 done
+# tpu-mlir imports torch on its ONNX path only for `torch.tensor(x).numpy()` (transform/OnnxOpt.py, constant
+# folding). On Python 3.10 PyPI has only CUDA builds of torch (several GB): by default (TPU_TORCH=shim) a module
+# `torch` with just that function is written instead; TPU_TORCH=2.11.0 (any version) installs the real one.
+if [ "${TPU_TORCH:-shim}" = shim ]; then
+    site="$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    if ! "$dir/bin/python" -c 'import torch' 2>/dev/null || [ -f "$site/torch/NPUFIX_SHIM" ]; then
+        mkdir -p "$site/torch"
+        touch "$site/torch/NPUFIX_SHIM"
+        cat > "$site/torch/__init__.py" <<'PY'
+"""Stand-in written by npufix's vendor/install_tpu_mlir.sh: tpu-mlir's ONNX path calls only torch.tensor(x).numpy()."""
+import numpy as _np
+
+__version__ = "0+npufix.shim"
+
+
+class _Tensor:
+    def __init__(self, data):
+        self._data = _np.array(data)
+
+    def numpy(self):
+        return self._data
+
+
+def tensor(data):
+    return _Tensor(data)
+
+
+class _Stub(metaclass=type("_StubMeta", (type,), {"__getattr__": lambda cls, name: cls})):
+    """Any other torch name (onnxruntime_extensions defines unused classes on torch.nn.Module & co at import)."""
+
+
+def __getattr__(name):
+    return _Stub
+PY
+    fi
+else
+    "$dir/bin/pip" install -q "torch==$TPU_TORCH"
+fi
 "$dir/bin/model_transform" --help >/dev/null
 echo "tpu-mlir $("$dir/bin/python" -c 'import importlib.metadata as m; print(m.version("tpu_mlir"))') in $dir/bin"

@@ -7,7 +7,7 @@ dir="${1:?usage: $0 DIR}"
 . "$(dirname "$0")/_python.sh"
 python="$(find_python 3.11)"
 "$python" -m venv "$dir"
-"$dir/bin/pip" install -q "ethos-u-vela==5.2.0" "onnx2tf==1.29.*" "tensorflow==2.19.*" tf-keras "onnx==1.17.*" \
-    onnxruntime "onnxsim==0.4.36" onnx-graphsurgeon sng4onnx psutil ai-edge-litert "numpy<2"
+# onnx2tf 1.29 declares its own dependencies (tensorflow, tf-keras, onnx, onnxsim, ...): let pip resolve them.
+"$dir/bin/pip" install -q "ethos-u-vela==5.2.0" "onnx2tf==1.29.*"
 "$dir/bin/vela" --version
 echo "vela $("$dir/bin/vela" --version) and onnx2tf $("$dir/bin/python" -c 'import importlib.metadata as m; print(m.version("onnx2tf"))') in $dir"

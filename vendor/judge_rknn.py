@@ -7,16 +7,13 @@ rejected = the first error line of rknn's log (e.g. "ValueError: assignment dest
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import re
-import sys
 import time
 
 import numpy as np
 import onnx
-from _judge_common import Verdict, error_line, finish, input_shapes, is_qdq, parser, sample, workdir
+from _judge_common import Verdict, error_line, finish, input_shapes, is_qdq, parser, run_captured, sample, workdir
 
 # "D RKNN: [12:19:04.368] 39   Gather   INT8   CPU   (1,64,1,1000),(2997)   (1,64,1,2997)   0/0/0   85   Gather:name"
 _LAYER_ROW = re.compile(r"\]\s+(\d+)\s+(\w+)\s+\w+\s+(CPU|NPU)\s.*\s(\S+)\s*$")
@@ -63,29 +60,10 @@ def main() -> None:
     model = onnx.load(model_path, load_external_data=False)
     shapes = input_shapes(model, args.input_shape)
     work = workdir(args)
-    log_path = os.path.join(work, "rknn.log")
-    # rknn logs through Python's logging and native stdout: send both into the log file.
-    saved = os.dup(1), os.dup(2)
-    with open(log_path, "w+", encoding="utf-8", errors="replace") as log_file:
-        os.dup2(log_file.fileno(), 1)
-        os.dup2(log_file.fileno(), 2)
-        buffer = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
-                try:
-                    code, what = build(model_path, args.platform, work, shapes, quantize=not is_qdq(model))
-                except Exception as exc:  # rknn's own crashes are the verdict
-                    import traceback
-                    traceback.print_exc()
-                    code, what = 12, f"{type(exc).__name__}: {exc}"
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-        log_file.write(buffer.getvalue())
-        log_file.seek(0)
-        log = log_file.read()
+    result, error, log = run_captured(
+        lambda: build(model_path, args.platform, work, shapes, quantize=not is_qdq(model)),
+        os.path.join(work, "rknn.log"))
+    code, what = (12, f"{type(error).__name__}: {error}") if error else result
     if code != 0:
         message = what if code == 12 else error_line(log, what)
         finish(args, Verdict(False, message), started)
