@@ -64,13 +64,19 @@ class Cache:
     def __init__(self, path: str) -> None:
         self.path = path
         self.rows: dict[str, dict] = {}
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
+        self.reload()
+
+    def reload(self) -> None:
+        if os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as f:
                 for line in f:
                     row = json.loads(line)
                     self.rows[row["key"]] = row
 
     def get(self, *key: str) -> dict | None:
+        """The cached row; on a miss the file is read again (another run of the matrix may have added it)."""
+        if "|".join(key) not in self.rows:
+            self.reload()
         return self.rows.get("|".join(key))
 
     def put(self, row: dict, *key: str) -> dict:
@@ -110,7 +116,7 @@ def judge(judge_spec: tuple, model: str, entry: dict, work: str, timeout: float)
 def run_npufix(checkout: str, python: str, model: str, entry: dict, target: str, out: str) -> dict:
     env = dict(os.environ, PYTHONPATH=checkout)
     cmd = [python, "-m", "onnx_npu_fix", model, "-o", out, "--target", target,
-           *[a for s in shape_args(entry) for a in ("--input-shape", s)]]
+           *[a for s in shape_args(entry) for a in ("--input-shape", s)], *entry.get("npufix_args", [])]
     started = time.time()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]

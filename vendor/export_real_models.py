@@ -54,7 +54,7 @@ FIXTURE_MODELS = {
     "torch_convtasnet.onnx": ("convtasnet_asteroid", {"mix": [1, 8000]}),
     "torch_convtasnet_causal.onnx": ("convtasnet_asteroid_causal", {"mix": [1, 8000]}),
     "torchaudio_convtasnet.onnx": ("convtasnet_torchaudio", {"mix": [1, 1, 8000]}),
-    "silero_vad.onnx": ("wheel_silero_vad", None),
+    "silero_vad.onnx": ("wheel_silero_vad", {"input": [1, 512], "state": [2, 1, 128]}),
 }
 QUANTIZE = ["convtasnet_asteroid", "tv_deeplabv3", "smp_unet_mnv3_odd"]
 
@@ -123,6 +123,8 @@ def copy_fixtures(out: str, manifest: dict) -> None:
         entry = {"file": f"{name}.onnx", "source": f"fixtures/{file}"}
         if shapes:
             entry["input_shapes"] = shapes
+        if name == "wheel_silero_vad":  # its integer sample-rate input decides shapes: npufix needs it frozen
+            entry["npufix_args"] = ["--freeze-input", "sr=16000"]
         manifest[name] = entry
 
 
