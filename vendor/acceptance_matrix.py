@@ -271,7 +271,7 @@ def main() -> None:
                    help="an npufix checkout to test (repeatable; default: this one)")
     p.add_argument("--python", default=sys.executable, help="Python with npufix's dependencies")
     p.add_argument("--profiles", default=",".join([*JUDGES, *CROSS]), type=lambda s: s.split(","))
-    p.add_argument("--only", action="append", default=[], help="only these models (repeatable)")
+    p.add_argument("--only", action="append", default=[], help="only these models, judged in this order (repeatable)")
     p.add_argument("--work", default=None, help="scratch + cache directory (default: MODELS/matrix-work)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds for one judge run")
     p.add_argument("--render", action="store_true", help="only rewrite the markdown from the cache")
@@ -281,7 +281,7 @@ def main() -> None:
     os.makedirs(args.work, exist_ok=True)
     manifest = json.load(open(os.path.join(args.models, "models.json"), encoding="utf-8"))
     if args.only:
-        manifest = {k: v for k, v in manifest.items() if k in args.only}
+        manifest = {k: manifest[k] for k in args.only if k in manifest}  # in the order given
     checkouts = dict(s.split("=", 1) for s in args.npufix) or {"this": os.path.dirname(HERE)}
     cache = Cache(os.path.join(args.work, "results.jsonl"))
     missing = sorted({(JUDGES.get(c) or CROSS[c][1])[2] for c in args.profiles
