@@ -494,3 +494,30 @@ def test_qnn_htp_compiles_a_qdq_conv_and_refuses_a_concat_on_raw_integers(tmp_pa
     assert rejected["verdict"] == "rejected"
     assert "error code 3110" in rejected["message"], rejected
     assert "Concat" in {op for op, _ in rejected["cpu_ops"]}, rejected
+
+
+def conv_resize(mode: str, transform: str) -> onnx.ModelProto:
+    """Conv 3x3 (8 -> 8) then a x4 Resize of MODE / TRANSFORM on [1,8,8,8]."""
+    from onnx import TensorProto, helper, numpy_helper
+    weight = np.random.default_rng(0).standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1
+    resize = {"mode": mode, "coordinate_transformation_mode": transform}
+    if mode == "nearest":
+        resize["nearest_mode"] = "floor"
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+         helper.make_node("Resize", ["y", "", "scales"], ["z"], **resize)], "conv_resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8, 32, 32])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array([1, 1, 4, 4], np.float32), "scales")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@requires_vela
+def test_vela_runs_a_nearest_x4_resize_on_the_npu_and_a_half_pixel_bilinear_one_on_the_cpu(tmp_path):
+    """The ethos-u55 profile's resize notes, judged by Vela 5.2 (via onnx2tf 1.29, int8): RESIZE_BILINEAR with
+    half_pixel_centers is taken only at x2, so a x4 one stays on the CPU; nearest x4 runs on the NPU."""
+    nearest = judge(VELA_PYTHON, "judge_vela.py", conv_resize("nearest", "asymmetric"), tmp_path / "nearest")
+    assert nearest["verdict"] == "accepted" and nearest["cpu_ops"] == [], nearest
+    bilinear = judge(VELA_PYTHON, "judge_vela.py", conv_resize("linear", "half_pixel"), tmp_path / "bilinear")
+    assert bilinear["verdict"] == "accepted", bilinear
+    assert [op for op, _ in bilinear["cpu_ops"]] == ["RESIZE_BILINEAR"], bilinear
