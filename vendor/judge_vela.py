@@ -20,9 +20,8 @@ import numpy as np
 import onnx
 from _judge_common import Verdict, error_line, finish, input_shapes, parser, sample, workdir
 
-# Vela 5.x --show-cpu-operations: "Info: RESIZE_BILINEAR 'name' is a CPU only op" or
-# "Warning: RESIZE_BILINEAR 'name' is not supported on the NPU. Placing on CPU instead"
-_CPU_LINE = re.compile(r"^\s*(?:Info|Warning):\s+(\w+)\s+'([^']*)'.*(?:CPU only op|Placing on CPU instead)")
+# Vela 5.2's network summary: "   CPU: ResizeBilinear = name (outputs [1, 32, 32, 8])" under "CPU operators = N"
+_CPU_LINE = re.compile(r"^\s+CPU: (\w+) = (.*?)(?: \(outputs .*)?$")
 
 
 def onnx2tf(model_path: str, work: str, shapes: dict, timeout: float) -> tuple[str | None, str]:
