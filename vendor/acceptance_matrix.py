@@ -197,7 +197,7 @@ def short(verdict: dict | None) -> str:
     if verdict["verdict"] == "accepted":
         cpu = verdict.get("cpu_ops")
         return "ok" if cpu is None else f"ok, {len(cpu)} CPU"
-    message = (verdict.get("message") or "").replace("|", "/").replace("`", "'")
+    message = " ".join((verdict.get("message") or "").split()).replace("|", "/").replace("`", "'")
     return f"**no**: `{message[:110]}`"
 
 

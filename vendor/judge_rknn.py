@@ -65,7 +65,9 @@ def main() -> None:
         os.path.join(work, "rknn.log"))
     code, what = (12, f"{type(error).__name__}: {error}") if error else result
     if code != 0:
-        message = what if code == 12 else error_line(log, what)
+        # rknn re-raises its own errors with the whole traceback as the message: keep the last "XxxError: ..." line
+        raised = [ln.strip() for ln in log.splitlines() if re.match(r"\s*\w*(Error|Exception): ", ln)]
+        message = raised[-1][-300:] if code == 12 and raised else error_line(log, what)
         finish(args, Verdict(False, message), started)
     finish(args, Verdict(True, what, cpu_layers(log)), started)
 
