@@ -7,7 +7,9 @@ and vendor/acceptance_matrix.py rely on):
 - exit 0 and a last line ``JUDGE: accepted ...`` when the compiler produces its artefact (and, with
   ``--fail-on-cpu``, places every op on the NPU);
 - exit 1 and a line ``JUDGE: rejected: <the compiler's own error line>`` otherwise;
-- exit 2 on bad usage (no model, a dynamic input without ``--input-shape``).
+- exit 2 on bad usage (no model, a dynamic input without ``--input-shape``);
+- exit 3 and ``JUDGE: no verdict: ...`` when a step before the compiler failed (Vela's onnx2tf conversion): the
+  compiler never saw the model, so this is neither acceptance nor rejection.
 - ``--json FILE``: the verdict as one JSON object (verdict, message, cpu_ops: [[op type, layer name], ...] when
   the compiler reports placement, else null; seconds).
 """
@@ -35,6 +37,8 @@ _ERROR_LINE = re.compile(r"(ASSERT|Assertion|Error|error:|ERROR|FAIL|Exception|T
 class Verdict:
     accepted: bool
     message: str
+    undecided: bool = False
+    """True when the compiler never saw the model (a converter before it failed)."""
     cpu_ops: list[tuple[str, str]] | None = None
     """(op type, layer name) of every layer the compiler placed on the CPU; None if it does not say."""
     extra: dict = field(default_factory=dict)
@@ -146,9 +150,13 @@ def finish(args: argparse.Namespace, verdict: Verdict, started: float) -> None:
                                                                           verdict.cpu_ops[:5])
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"verdict": "accepted" if accepted else "rejected", "compiled": verdict.accepted,
+            label = "no verdict" if verdict.undecided else "accepted" if accepted else "rejected"
+            json.dump({"verdict": label, "compiled": verdict.accepted,
                        "message": message, "cpu_ops": verdict.cpu_ops, "seconds": round(time.time() - started, 1),
                        **verdict.extra}, f)
+    if verdict.undecided:
+        print(f"JUDGE: no verdict: {message}")
+        sys.exit(3)
     cpu = "" if verdict.cpu_ops is None else f" ({len(verdict.cpu_ops)} CPU ops)"
     print(f"JUDGE: accepted{cpu}" if accepted else f"JUDGE: rejected: {message}")
     sys.exit(0 if accepted else 1)

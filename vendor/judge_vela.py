@@ -1,9 +1,9 @@
 """Judge: Arm Vela (Ethos-U) on the int8 TFLite that onnx2tf writes from the ONNX model.
 
 Run by the Vela venv's Python (vendor/judge_vela.sh). onnx2tf runs onnxsim on its input *in place*, so it gets a
-copy. Rejected = onnx2tf cannot convert or quantize the model (its error line; that is a converter verdict, not
-Vela's, and the message says so) or Vela fails; accepted = Vela writes its optimised model; cpu_ops = the
-operators Vela leaves on the CPU (`--show-cpu-operations`).
+copy. No verdict (exit 3) = onnx2tf cannot convert or quantize the model (e.g. onnx2tf 1.29 downloads its own
+calibration images for 3-channel inputs, which fails offline); rejected = Vela fails; accepted = Vela writes
+its optimised model; cpu_ops = the operators Vela leaves on the CPU (`--show-cpu-operations`).
 """
 
 from __future__ import annotations
@@ -55,11 +55,12 @@ def main() -> None:
     try:
         tflite, log = onnx2tf(model_path, work, shapes, args.timeout)
     except subprocess.TimeoutExpired:
-        finish(args, Verdict(False, f"onnx2tf: timeout after {args.timeout:.0f} s"), started)
+        finish(args, Verdict(False, f"onnx2tf: timeout after {args.timeout:.0f} s", undecided=True), started)
     with open(os.path.join(work, "onnx2tf.log"), "w", encoding="utf-8") as f:
         f.write(log)
     if tflite is None:
-        finish(args, Verdict(False, "onnx2tf: " + error_line(log), extra={"stage": "onnx2tf"}), started)
+        finish(args, Verdict(False, "onnx2tf: " + error_line(log), undecided=True, extra={"stage": "onnx2tf"}),
+               started)
     vela = [os.path.join(os.path.dirname(sys.executable), "vela"), tflite, "--accelerator-config",
             args.accelerator, "--output-dir", os.path.join(work, "vela"), "--show-cpu-operations"]
     done = subprocess.run(vela, cwd=work, capture_output=True, text=True, timeout=args.timeout)
