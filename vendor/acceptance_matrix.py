@@ -197,7 +197,7 @@ def short(verdict: dict | None) -> str:
     if verdict["verdict"] == "accepted":
         cpu = verdict.get("cpu_ops")
         return "ok" if cpu is None else f"ok, {len(cpu)} CPU"
-    if verdict["verdict"] in ("no verdict", "judge failed"):
+    if verdict["verdict"] in ("no verdict", "judge failed") or (verdict.get("message") or "").startswith("onnx2tf:"):
         return f"n/a: `{' '.join((verdict.get('message') or '').split())[:90]}`"
     message = " ".join((verdict.get("message") or "").split()).replace("|", "/").replace("`", "'")
     return f"**no**: `{message[:110]}`"
