@@ -37,11 +37,11 @@ _ERROR_LINE = re.compile(r"(ASSERT|Assertion|Error|error:|ERROR|FAIL|Exception|T
 class Verdict:
     accepted: bool
     message: str
-    undecided: bool = False
-    """True when the compiler never saw the model (a converter before it failed)."""
     cpu_ops: list[tuple[str, str]] | None = None
     """(op type, layer name) of every layer the compiler placed on the CPU; None if it does not say."""
     extra: dict = field(default_factory=dict)
+    undecided: bool = False
+    """True when the compiler never saw the model (a converter before it failed)."""
 
 
 def parser(description: str) -> argparse.ArgumentParser:
