@@ -95,6 +95,10 @@ def is_qdq(model: onnx.ModelProto) -> bool:
 def error_line(log: str, default: str = "failed") -> str:
     """The compiler's own error line: the first line naming an assertion or error, else the last line."""
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    if any(ln.startswith("Traceback") for ln in lines):  # a Python tool died: its exception line says why
+        raised = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", ln)]
+        if raised:
+            return raised[-1][-300:]
     for ln in lines:
         if _ERROR_LINE.search(ln) and "WARNING" not in ln and "warning" not in ln:
             return ln[-300:]
