@@ -60,6 +60,7 @@ def main() -> None:
     model = onnx.load(model_path, load_external_data=False)
     shapes = input_shapes(model, args.input_shape)
     work = workdir(args)
+    args.json = args.json and os.path.abspath(args.json)
     os.chdir(work)  # rknn writes its check*.onnx intermediates into the working directory
     result, error, log = run_captured(
         lambda: build(model_path, args.platform, work, shapes, quantize=not is_qdq(model)),
