@@ -1,4 +1,4 @@
-"""Evidence from real NPU compilers: Sophgo tpu-mlir and Rockchip rknn-toolkit2 judge the exports and npufix's output.
+"""Evidence from real NPU compilers: tpu-mlir, rknn-toolkit2, nncase, onnxruntime-qnn and Vela judge npufix's output.
 
 Optional (marker ``vendor``); each compiler's tests skip cleanly when it is not installed:
 
@@ -7,7 +7,13 @@ Optional (marker ``vendor``); each compiler's tests skip cleanly when it is not 
 - rknn-toolkit2: ``NPUFIX_RKNN_PYTHON`` names a Python that can ``import rknn.api`` (e.g.
   ``/work/vendor/rknn/bin/python`` of a Python 3.11 venv with ``rknn-toolkit2==2.5.0``). About 4 s a build.
 
-Install and run: docs/vendor.md and docs/vendor-judge.md. With ``NPUFIX_VENDOR_RESULTS``
+- nncase 1.9 (K210): ``NPUFIX_NNCASE_PYTHON`` (vendor/install_nncase.sh), run through vendor/judge_nncase.py.
+- onnxruntime-qnn 2.7.0 (Qualcomm HTP v73 context generation on x86_64): ``NPUFIX_QNN_PYTHON``
+  (vendor/install_qnn.sh), through vendor/judge_qnn.py.
+- Arm Vela 5.2 + onnx2tf 1.29 (Ethos-U55): ``NPUFIX_VELA_PYTHON`` (vendor/install_vela.sh), through
+  vendor/judge_vela.py.
+
+Install: vendor/install_*.sh (docs/vendor.md, docs/vendor-judge.md). With ``NPUFIX_VENDOR_RESULTS``
 set to a file path, every judged model appends one JSON line (compiler, version, target, model, verdict) to it:
 the table in docs/vendor.md is made from those lines.
 
@@ -31,6 +37,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 import pytest
 from conftest import FIXTURES
@@ -65,20 +72,31 @@ def _toolchain_dir() -> str | None:
     return os.path.dirname(found) if found and shutil.which("model_transform") else None
 
 
-def _rknn_python() -> str | None:
-    python = os.environ.get("NPUFIX_RKNN_PYTHON")
+def _venv_python(variable: str, module: str) -> str | None:
+    """The Python named by VARIABLE when it can import MODULE (the toolchain is installed there), else None."""
+    python = os.environ.get(variable)
     if not python or not os.access(python, os.X_OK):
         return None
-    probe = subprocess.run([python, "-c", "import rknn.api"], capture_output=True, timeout=300)
+    probe = subprocess.run([python, "-c", f"import {module}"], capture_output=True, timeout=300)
     return python if probe.returncode == 0 else None
 
 
 TOOLCHAIN = _toolchain_dir()
-RKNN_PYTHON = _rknn_python()
+RKNN_PYTHON = _venv_python("NPUFIX_RKNN_PYTHON", "rknn.api")
+NNCASE_PYTHON = _venv_python("NPUFIX_NNCASE_PYTHON", "nncase")
+QNN_PYTHON = _venv_python("NPUFIX_QNN_PYTHON", "onnxruntime_qnn")
+VELA_PYTHON = _venv_python("NPUFIX_VELA_PYTHON", "onnx2tf")
 requires_tpu_mlir = pytest.mark.skipif(
     TOOLCHAIN is None, reason="tpu-mlir not installed (set NPUFIX_TPU_MLIR to the dir holding model_deploy)")
 requires_rknn = pytest.mark.skipif(
     RKNN_PYTHON is None, reason="rknn-toolkit2 not installed (set NPUFIX_RKNN_PYTHON to a Python with rknn.api)")
+requires_nncase = pytest.mark.skipif(
+    NNCASE_PYTHON is None, reason="nncase not installed (set NPUFIX_NNCASE_PYTHON; vendor/install_nncase.sh)")
+requires_qnn = pytest.mark.skipif(
+    QNN_PYTHON is None, reason="onnxruntime-qnn not installed (set NPUFIX_QNN_PYTHON; vendor/install_qnn.sh)")
+requires_vela = pytest.mark.skipif(
+    VELA_PYTHON is None, reason="Vela + onnx2tf not installed (set NPUFIX_VELA_PYTHON; vendor/install_vela.sh)")
+VENDOR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "vendor")
 
 
 def _version(python: str, dist: str) -> str:
@@ -437,3 +455,148 @@ def test_tpu_mlir_refuses_a_qdq_model_and_the_profile_says_so(fixture_path, tmp_
             assert "Should addWeight first" in done.stdout + done.stderr
         flagged = [v for v in find_violations(onnx.load(path), options) if v.constraint == "quantized-input"]
         assert bool(flagged) is quantized and np.all([v.fixed_by is None for v in flagged])
+
+
+# --- the judge scripts (vendor/judge_*.py): nncase, onnxruntime-qnn, Vela -------------------------------------
+
+
+def judge(python: str, script: str, model: onnx.ModelProto | str, workdir, *args: str) -> dict:
+    """Run vendor/<script> with the toolchain's Python; its --json verdict plus the exit code."""
+    os.makedirs(workdir, exist_ok=True)
+    path = model if isinstance(model, str) else os.path.join(workdir, "model.onnx")
+    if not isinstance(model, str):
+        onnx.save(model, path)
+    out = os.path.join(workdir, "verdict.json")
+    done = subprocess.run([python, os.path.join(VENDOR, script), path, "--json", out, "--workdir",
+                           os.path.join(workdir, "judge"), *args], capture_output=True, text=True, timeout=1800)
+    verdict = json.load(open(out, encoding="utf-8"))
+    assert (done.returncode == 0) == (verdict["verdict"] == "accepted"), done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1].startswith(f"JUDGE: {verdict['verdict']}"), done.stdout
+    return verdict
+
+
+def conv_bn_relu() -> onnx.ModelProto:
+    """Conv 3x3 (3 -> 8) -> BatchNormalization -> Relu on [1,3,16,16], every tensor's shape in value_info."""
+    from onnx import TensorProto, helper, numpy_helper, shape_inference
+    gen = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(gen.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(gen.uniform(0.5, 1.5, 8).astype(np.float32), "gamma"),
+             numpy_helper.from_array(gen.standard_normal(8).astype(np.float32), "beta"),
+             numpy_helper.from_array(gen.standard_normal(8).astype(np.float32), "mean"),
+             numpy_helper.from_array(gen.uniform(0.5, 1.5, 8).astype(np.float32), "var")]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+         helper.make_node("BatchNormalization", ["y", "gamma", "beta", "mean", "var"], ["yb"]),
+         helper.make_node("Relu", ["yb"], ["z"])], "conv_bn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8, 16, 16])], inits)
+    return shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+
+
+@requires_nncase
+def test_nncase_runs_an_unfolded_batchnorm_on_the_cpu_and_the_k210_output_on_the_kpu(tmp_path):
+    """The k210 profile's allow_batchnorm = false, judged: nncase 1.9 computes an unfolded BatchNormalization on
+    the RISC-V CPU; npufix --target k210 folds it and the whole model lands on the KPU."""
+    original = conv_bn_relu()
+    before = judge(NNCASE_PYTHON, "judge_nncase.py", original, tmp_path / "orig")
+    assert before["verdict"] == "accepted"
+    assert {op for op, _ in before["cpu_ops"]} == {"BatchNormalization"}
+    options = apply_target(load_target("k210"), FixOptions(), {})
+    outcome = fix(original, options)
+    assert outcome.ok
+    after = judge(NNCASE_PYTHON, "judge_nncase.py", outcome.model, tmp_path / "fixed")
+    assert after["verdict"] == "accepted" and after["cpu_ops"] == []
+    assert [op for op, _ in after["kpu_ops"]] == ["Conv"]
+
+
+@requires_nncase
+def test_nncase_rejects_the_unet_export_and_compiles_the_k210_output(fixture_path, tmp_path):
+    """nncase 1.9 needs every tensor's shape: the torch export is rejected ("Can't find value info"); npufix's
+    output (shapes inferred, BN folded) compiles with every conv on the KPU."""
+    before = judge(NNCASE_PYTHON, "judge_nncase.py", fixture_path("torch_unet.onnx"), tmp_path / "orig")
+    assert before["verdict"] == "rejected" and "Can't find value info" in before["message"]
+    after = judge(NNCASE_PYTHON, "judge_nncase.py", fixed_for(fixture_path, "torch_unet.onnx", "k210"),
+                  tmp_path / "fixed")
+    assert after["verdict"] == "accepted", after["message"]
+    assert [op for op, _ in after["kpu_ops"]].count("Conv") == 14
+    assert "BatchNormalization" not in {op for op, _ in after["cpu_ops"]}
+
+
+def qdq_conv(tmp_path) -> str:
+    """Conv 3x3 + Relu on [1,3,16,16], quantized by onnxruntime's own quantizer (QDQ, uint8)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    model = conv_bn_relu()
+    del model.graph.node[1]
+    model.graph.node[1].input[0] = "y"
+    model.graph.ClearField("value_info")
+    src, dst = str(tmp_path / "conv.onnx"), str(tmp_path / "conv_qdq.onnx")
+    onnx.save(model, src)
+    feeds = iter([{"x": np.random.default_rng(i).standard_normal((1, 3, 16, 16)).astype(np.float32)}
+                  for i in range(4)])
+
+    class Reader(CalibrationDataReader):
+        def get_next(self):  # noqa: ANN201 - the quantizer's interface
+            return next(feeds, None)
+
+    quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QUInt8)
+    return dst
+
+
+def with_raw_integer_concat(path: str) -> onnx.ModelProto:
+    """The last QuantizeLinear -> DequantizeLinear pair with a Concat(uint8 zeros) + Slice between them: ops on raw
+    integer tensors outside any QDQ unit (the form issue 25 saw npufix's QDQ space-to-batch emit)."""
+    from onnx import helper, numpy_helper
+    model = onnx.load(path)
+    graph = model.graph
+    quant = [n for n in graph.node if n.op_type == "QuantizeLinear"][-1]
+    tensor = quant.output[0]
+    quant.output[0] = tensor + "_raw"
+    graph.initializer.extend([numpy_helper.from_array(np.zeros((1, 8, 16, 2), np.uint8), "fill"),
+                              numpy_helper.from_array(np.array([0], np.int64), "starts"),
+                              numpy_helper.from_array(np.array([16], np.int64), "ends"),
+                              numpy_helper.from_array(np.array([3], np.int64), "axes")])
+    position = list(graph.node).index(quant) + 1
+    graph.node.insert(position, helper.make_node("Concat", [tensor + "_raw", "fill"], [tensor + "_cat"], axis=3))
+    graph.node.insert(position + 1, helper.make_node("Slice", [tensor + "_cat", "starts", "ends", "axes"], [tensor]))
+    onnx.checker.check_model(model)
+    return model
+
+
+@requires_qnn
+def test_qnn_htp_compiles_a_qdq_conv_and_refuses_a_concat_on_raw_integers(tmp_path):
+    path = qdq_conv(tmp_path)
+    accepted = judge(QNN_PYTHON, "judge_qnn.py", path, tmp_path / "qdq")
+    assert accepted["verdict"] == "accepted" and accepted["cpu_ops"] == []
+    rejected = judge(QNN_PYTHON, "judge_qnn.py", with_raw_integer_concat(path), tmp_path / "raw")
+    assert rejected["verdict"] == "rejected"
+    assert "error code 3110" in rejected["message"], rejected
+    assert "Concat" in {op for op, _ in rejected["cpu_ops"]}, rejected
+
+
+def conv_resize(mode: str, transform: str) -> onnx.ModelProto:
+    """Conv 3x3 (8 -> 8) then a x4 Resize of MODE / TRANSFORM on [1,8,8,8]."""
+    from onnx import TensorProto, helper, numpy_helper
+    weight = np.random.default_rng(0).standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1
+    resize = {"mode": mode, "coordinate_transformation_mode": transform}
+    if mode == "nearest":
+        resize["nearest_mode"] = "floor"
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+         helper.make_node("Resize", ["y", "", "scales"], ["z"], **resize)], "conv_resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8, 32, 32])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array([1, 1, 4, 4], np.float32), "scales")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@requires_vela
+def test_vela_runs_a_nearest_x4_resize_on_the_npu_and_a_half_pixel_bilinear_one_on_the_cpu(tmp_path):
+    """The ethos-u55 profile's resize notes, judged by Vela 5.2 (via onnx2tf 1.29, int8): RESIZE_BILINEAR with
+    half_pixel_centers is taken only at x2, so a x4 one stays on the CPU (Vela's summary lists it as a
+    "Passthrough" CPU operator); nearest x4 runs on the NPU (as AvgPool upscaling)."""
+    nearest = judge(VELA_PYTHON, "judge_vela.py", conv_resize("nearest", "asymmetric"), tmp_path / "nearest")
+    assert nearest["verdict"] == "accepted" and nearest["cpu_ops"] == [], nearest
+    bilinear = judge(VELA_PYTHON, "judge_vela.py", conv_resize("linear", "half_pixel"), tmp_path / "bilinear")
+    assert bilinear["verdict"] == "accepted", bilinear
+    assert len(bilinear["cpu_ops"]) == 1, bilinear

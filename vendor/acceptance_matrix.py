@@ -1,0 +1,301 @@
+"""The acceptance matrix (issue 25): every model x every profile with a real-compiler judge, before and after npufix.
+
+    python vendor/acceptance_matrix.py --models DIR --out docs/acceptance-matrix.md \\
+        --npufix main=/work/main --npufix h25-profiles=/work/wt/h25-profiles
+
+DIR is what vendor/export_real_models.py wrote (DIR/models.json). For each model and profile: the judge's verdict
+on the original, then for each npufix checkout (run with PYTHONPATH=<checkout>, so branches can be compared
+without installing them) `npufix MODEL -o OUT --target T [--input-shape ...]`'s exit code, the judge's verdict on
+OUT and the CPU ops it added / removed where the compiler reports placement. The judges are vendor/judge_*.sh and
+need their NPUFIX_* variables (vendor/install_*.sh); a profile whose judge is not installed is skipped and said so.
+Every result is cached in --work (JSON lines): a second run only judges what is missing, and --render alone
+rewrites the markdown from the cache. Runs outside CI (minutes to hours; real compilers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# profile -> (judge script, its arguments, env var that must be set, compiler name)
+JUDGES = {
+    "bm1684x": ("judge_tpu_mlir.sh", ["--processor", "bm1684x"], "NPUFIX_TPU_MLIR", "tpu-mlir"),
+    "rv1106": ("judge_rknn.sh", ["--platform", "rv1106"], "NPUFIX_RKNN_PYTHON", "rknn-toolkit2"),
+    "rk3566": ("judge_rknn.sh", ["--platform", "rk3566"], "NPUFIX_RKNN_PYTHON", "rknn-toolkit2"),
+    "rk3588": ("judge_rknn.sh", ["--platform", "rk3588"], "NPUFIX_RKNN_PYTHON", "rknn-toolkit2"),
+    "k210": ("judge_nncase.sh", [], "NPUFIX_NNCASE_PYTHON", "nncase"),
+    "ethos-u55": ("judge_vela.sh", ["--accelerator", "ethos-u55-256"], "NPUFIX_VELA_PYTHON", "vela"),
+}
+# (column name, profile whose output is judged, judge of another compiler): QDQ models only. There is no QNN
+# profile; Qualcomm's HTP judges the quantized outputs of other profiles (issue 25, item 2).
+CROSS = {
+    "htp-v73 (bm1684x output)": ("bm1684x", ("judge_qnn.sh", ["--htp-arch", "73"], "NPUFIX_QNN_PYTHON",
+                                             "onnxruntime-qnn")),
+    "htp-v73 (rv1106 output)": ("rv1106", ("judge_qnn.sh", ["--htp-arch", "73"], "NPUFIX_QNN_PYTHON",
+                                           "onnxruntime-qnn")),
+}
+VERSION_PROBE = {
+    "NPUFIX_TPU_MLIR": ("{}/python", "tpu_mlir"),
+    "NPUFIX_RKNN_PYTHON": ("{}", "rknn-toolkit2"),
+    "NPUFIX_NNCASE_PYTHON": ("{}", "nncase"),
+    "NPUFIX_VELA_PYTHON": ("{}", "ethos-u-vela"),
+    "NPUFIX_QNN_PYTHON": ("{}", "onnxruntime-qnn"),
+}
+
+
+def shape_args(entry: dict) -> list[str]:
+    return [f"{name}:{','.join(map(str, dims))}" for name, dims in (entry.get("input_shapes") or {}).items()]
+
+
+class Cache:
+    """JSON lines keyed by a tuple of strings; append-only, last line wins."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.rows: dict[str, dict] = {}
+        self.reload()
+
+    def reload(self) -> None:
+        if os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as f:
+                for line in f:
+                    row = json.loads(line)
+                    self.rows[row["key"]] = row
+
+    def get(self, *key: str) -> dict | None:
+        """The cached row; on a miss the file is read again (another run of the matrix may have added it)."""
+        if "|".join(key) not in self.rows:
+            self.reload()
+        return self.rows.get("|".join(key))
+
+    def put(self, row: dict, *key: str) -> dict:
+        row = dict(row, key="|".join(key))
+        self.rows[row["key"]] = row
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        return row
+
+
+def digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def judge(judge_spec: tuple, model: str, entry: dict, work: str, timeout: float) -> dict:
+    script, extra, _, _ = judge_spec
+    os.makedirs(work, exist_ok=True)
+    out = os.path.join(work, "verdict.json")
+    if os.path.exists(out):
+        os.remove(out)
+    cmd = [os.path.join(HERE, script), model, *extra, "--json", out, "--workdir", os.path.join(work, "judge"),
+           *[a for s in shape_args(entry) for a in ("--input-shape", s)]]
+    started = time.time()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"verdict": "rejected", "message": f"judge timeout after {timeout:.0f} s", "cpu_ops": None,
+                "seconds": round(time.time() - started, 1)}
+    if os.path.exists(out):
+        return json.load(open(out, encoding="utf-8"))
+    tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
+    return {"verdict": "judge failed", "message": tail[0][-300:], "cpu_ops": None,
+            "seconds": round(time.time() - started, 1)}
+
+
+def run_npufix(checkout: str, python: str, model: str, entry: dict, target: str, out: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=checkout)
+    cmd = [python, "-m", "onnx_npu_fix", model, "-o", out, "--target", target,
+           *[a for s in shape_args(entry) for a in ("--input-shape", s)], *entry.get("npufix_args", [])]
+    started = time.time()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+    unfixed = [ln.strip() for ln in lines if ln.lstrip().startswith("unfixed")]
+    return {"exit": done.returncode, "unfixed": unfixed[:6], "last": lines[-1][-300:] if lines else "",
+            "written": os.path.exists(out), "seconds": round(time.time() - started, 1)}
+
+
+def cpu_delta(before: dict | None, after: dict | None) -> str:
+    """CPU ops added / removed by type ('+2 Reshape -3 Gather'), '' when equal, '?' when not reported."""
+    if not before or not after or before.get("cpu_ops") is None or after.get("cpu_ops") is None:
+        return "?"
+    b = collections.Counter(op for op, _ in before["cpu_ops"])
+    a = collections.Counter(op for op, _ in after["cpu_ops"])
+    parts = [f"+{a[op] - b[op]} {op}" for op in sorted(a) if a[op] > b[op]]
+    parts += [f"-{b[op] - a[op]} {op}" for op in sorted(b) if b[op] > a[op]]
+    return " ".join(parts) or "="
+
+
+def tasks(manifest: dict, profiles: list[str]) -> list[tuple[str, str, str, tuple]]:
+    """(column, model, target profile, judge spec) in the order they are run."""
+    out = []
+    for column in profiles:
+        if column in JUDGES:
+            out += [(column, name, column, JUDGES[column]) for name in manifest]
+        elif column in CROSS:
+            target, spec = CROSS[column]
+            out += [(column, name, target, spec) for name in manifest if name.endswith("_qdq")]
+    return out
+
+
+def run_all(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: dict[str, str]) -> None:
+    for column, name, target, spec in tasks(manifest, args.profiles):
+        if not os.environ.get(spec[2]):
+            continue
+        entry = manifest[name]
+        model = os.path.join(args.models, entry["file"])
+        base = os.path.join(args.work, column.replace(" ", "_").replace("(", "").replace(")", ""), name)
+        spec_key = " ".join([spec[0], *spec[1]])
+        if cache.get("original", spec_key, digest(model)) is None:
+            verdict = judge(spec, model, entry, os.path.join(base, "original"), args.timeout)
+            cache.put(dict(verdict, model=name, column=column), "original", spec_key, digest(model))
+            log(f"{column} {name} original: {verdict['verdict']} {verdict.get('message', '')[:120]}")
+        for label, checkout in checkouts.items():
+            out = os.path.join(base, label, f"{name}.onnx")
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            fixed = cache.get("npufix", label, target, name)
+            if fixed is None:
+                fixed = cache.put(dict(run_npufix(checkout, args.python, model, entry, target, out),
+                                       model=name, target=target, checkout=label), "npufix", label, target, name)
+                log(f"{target} {name} npufix[{label}]: exit {fixed['exit']}")
+            if fixed["written"] and os.path.exists(out) and cache.get("output", spec_key, digest(out)) is None:
+                verdict = judge(spec, out, entry, os.path.join(base, label, "judge"), args.timeout)
+                cache.put(dict(verdict, model=name, column=column), "output", spec_key, digest(out))
+                log(f"{column} {name} output[{label}]: {verdict['verdict']} {verdict.get('message', '')[:120]}")
+            if fixed["written"] and os.path.exists(out):
+                cache.put({"digest": digest(out)}, "output-of", label, column, name)
+
+
+def log(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def versions() -> list[str]:
+    found = []
+    for var, (python, dist) in VERSION_PROBE.items():
+        if os.environ.get(var):
+            exe = python.format(os.environ[var])
+            done = subprocess.run([exe, "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
+                                  capture_output=True, text=True)
+            found.append(f"{dist} {done.stdout.strip() or '?'}")
+    return found
+
+
+def short(verdict: dict | None) -> str:
+    if verdict is None:
+        return "—"
+    if verdict["verdict"] == "accepted":
+        cpu = verdict.get("cpu_ops")
+        return "ok" if cpu is None else f"ok, {len(cpu)} CPU"
+    if verdict["verdict"] in ("no verdict", "judge failed") or (verdict.get("message") or "").startswith("onnx2tf:"):
+        return f"n/a: `{' '.join((verdict.get('message') or '').split())[:90]}`"
+    message = " ".join((verdict.get("message") or "").split()).replace("|", "/").replace("`", "'")
+    return f"**no**: `{message[:110]}`"
+
+
+def commit_of(checkout: str) -> str:
+    done = subprocess.run(["git", "-C", checkout, "log", "-1", "--format=%h %s"], capture_output=True, text=True)
+    return done.stdout.strip()[:90] or "?"
+
+
+def render(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: dict[str, str]) -> str:
+    labels = list(checkouts)
+    lines = [
+        "# Acceptance matrix: real exports x real compilers, before and after npufix",
+        "",
+        f"Generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC by "
+        f"`python vendor/acceptance_matrix.py` ({', '.join(versions()) or 'no judge installed'}). "
+        "Checkouts: " + "; ".join(f"{lb} = `{commit_of(co)}`" for lb, co in checkouts.items()) + ". Models: "
+        f"vendor/export_real_models.py ({len(manifest)} models; not committed).",
+        "",
+        "Columns per checkout: npufix's exit code with `--target` (1 = written with unfixed constraints), the "
+        "judge's verdict on its output, and the CPU ops the output adds (+) or removes (-) against the original "
+        "where the compiler reports placement (`=`: same; `?`: not reported). `—`: not run.",
+        "",
+    ]
+    summary = []
+    for column, *_ in [(c,) for c in args.profiles]:
+        rows = [t for t in tasks(manifest, [column])]
+        if not rows:
+            continue
+        spec = JUDGES[column] if column in JUDGES else CROSS[column][1]
+        spec_key = " ".join([spec[0], *spec[1]])
+        head = "| model | original |" + "".join(f" npufix ({lb}) | output ({lb}) | CPU ± ({lb}) |" for lb in labels)
+        table = [f"## {column} ({spec[3]})", "", head, "|" + "---|" * (2 + 3 * len(labels))]
+        counts = collections.Counter()
+        for _, name, target, _ in rows:
+            model = os.path.join(args.models, manifest[name]["file"])
+            original = cache.get("original", spec_key, digest(model)) if os.path.exists(model) else None
+            cells = [name, short(original)]
+            for label in labels:
+                fixed = cache.get("npufix", label, target, name)
+                ref = cache.get("output-of", label, column, name)
+                output = cache.get("output", spec_key, ref["digest"]) if ref else None
+                cells += [str(fixed["exit"]) if fixed else "—", short(output), cpu_delta(original, output)]
+                if original and output:
+                    counts[label, "judged"] += 1
+                    if original["verdict"] == "accepted" and output["verdict"] != "accepted":
+                        counts[label, "lost"] += 1
+                    if original["verdict"] != "accepted" and output["verdict"] == "accepted":
+                        counts[label, "won"] += 1
+                    if output["verdict"] != "accepted" and fixed and fixed["exit"] == 0:
+                        counts[label, "silent"] += 1
+                    if "+" in cpu_delta(original, output):
+                        counts[label, "cpu+"] += 1
+            table.append("| " + " | ".join(cells) + " |")
+        lines += table + [""]
+        for label in labels:
+            summary.append(f"| {column} | {label} | {counts[label, 'judged']} | {counts[label, 'won']} | "
+                           f"{counts[label, 'lost']} | {counts[label, 'silent']} | {counts[label, 'cpu+']} |")
+    head = ["## Summary", "",
+            "judged: model pairs with both verdicts; won: rejected as exported, accepted after npufix; lost: "
+            "accepted as exported, rejected after npufix; silent: rejected after npufix while npufix exited 0; "
+            "cpu+: outputs with more CPU ops of some type than the original.", "",
+            "| profile | checkout | judged | won | lost | silent | cpu+ |", "|---|---|---|---|---|---|---|"]
+    return "\n".join(lines[:6] + head + summary + [""] + lines[6:]) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", required=True, help="directory written by vendor/export_real_models.py")
+    p.add_argument("--out", required=True, help="the markdown to write")
+    p.add_argument("--npufix", action="append", default=[], metavar="LABEL=CHECKOUT",
+                   help="an npufix checkout to test (repeatable; default: this one)")
+    p.add_argument("--python", default=sys.executable, help="Python with npufix's dependencies")
+    p.add_argument("--profiles", default=",".join([*JUDGES, *CROSS]), type=lambda s: s.split(","))
+    p.add_argument("--only", action="append", default=[], help="only these models, judged in this order (repeatable)")
+    p.add_argument("--work", default=None, help="scratch + cache directory (default: MODELS/matrix-work)")
+    p.add_argument("--timeout", type=float, default=1200, help="seconds for one judge run")
+    p.add_argument("--render", action="store_true", help="only rewrite the markdown from the cache")
+    args = p.parse_args()
+    args.models = os.path.abspath(args.models)
+    args.work = os.path.abspath(args.work or os.path.join(args.models, "matrix-work"))
+    os.makedirs(args.work, exist_ok=True)
+    manifest = json.load(open(os.path.join(args.models, "models.json"), encoding="utf-8"))
+    if args.only:
+        manifest = {k: manifest[k] for k in args.only if k in manifest}  # in the order given
+    checkouts = dict(s.split("=", 1) for s in args.npufix) or {"this": os.path.dirname(HERE)}
+    cache = Cache(os.path.join(args.work, "results.jsonl"))
+    missing = sorted({(JUDGES.get(c) or CROSS[c][1])[2] for c in args.profiles
+                      if not os.environ.get((JUDGES.get(c) or CROSS[c][1])[2])})
+    if missing:
+        log("not judged (variable unset): " + ", ".join(missing))
+    if not args.render:
+        run_all(args, manifest, cache, checkouts)
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(render(args, manifest, cache, checkouts))
+    log(f"wrote {args.out}: " + shlex.join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

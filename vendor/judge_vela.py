@@ -1,0 +1,79 @@
+"""Judge: Arm Vela (Ethos-U) on the int8 TFLite that onnx2tf writes from the ONNX model.
+
+Run by the Vela venv's Python (vendor/judge_vela.sh). onnx2tf runs onnxsim on its input *in place*, so it gets a
+copy. No verdict (exit 3) = onnx2tf cannot convert or quantize the model (e.g. onnx2tf 1.29 downloads its own
+calibration images for 3-channel inputs, which fails offline); rejected = Vela fails; accepted = Vela writes
+its optimised model; cpu_ops = the operators Vela leaves on the CPU (`--show-cpu-operations`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnx
+from _judge_common import Verdict, error_line, finish, input_shapes, parser, sample, workdir
+
+# Vela 5.2's network summary: "   CPU: ResizeBilinear = name (outputs [1, 32, 32, 8])" under "CPU operators = N"
+_CPU_LINE = re.compile(r"^\s+CPU: (\w+) = (.*?)(?: \(outputs .*)?$")
+
+
+def onnx2tf(model_path: str, work: str, shapes: dict, timeout: float) -> tuple[str | None, str]:
+    """The full-integer TFLite onnx2tf writes (or None) and its log."""
+    copy = os.path.join(work, "copy.onnx")  # onnx2tf simplifies its input in place
+    shutil.copyfile(model_path, copy)
+    out = os.path.join(work, "tf")
+    cmd = [os.path.join(os.path.dirname(sys.executable), "onnx2tf"), "-i", copy, "-o", out, "-oiqt", "-n"]
+    for i, (name, (shape, dtype)) in enumerate(shapes.items()):
+        data = np.stack([sample(shape, dtype, seed)[0] for seed in range(4)])
+        if data.ndim == 4:  # onnx2tf calibrates in its own NHWC layout
+            data = data.transpose(0, 2, 3, 1)
+        path = os.path.join(work, f"calib_{i}.npy")
+        np.save(path, data)
+        cmd += ["-cind", name, path, "[[[[0.0]]]]" if data.ndim == 4 else "[0.0]",
+                "[[[[1.0]]]]" if data.ndim == 4 else "[1.0]"]
+    done = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout)
+    log = done.stdout + done.stderr
+    found = glob.glob(os.path.join(out, "*_full_integer_quant.tflite"))
+    return (found[0] if found else None), log
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--accelerator", default="ethos-u55-256", help="vela --accelerator-config")
+    args = p.parse_args()
+    started = time.time()
+    model_path = os.path.abspath(args.model)
+    shapes = input_shapes(onnx.load(model_path, load_external_data=False), args.input_shape)
+    work = workdir(args)
+    try:
+        tflite, log = onnx2tf(model_path, work, shapes, args.timeout)
+    except subprocess.TimeoutExpired:
+        finish(args, Verdict(False, f"onnx2tf: timeout after {args.timeout:.0f} s", undecided=True), started)
+    with open(os.path.join(work, "onnx2tf.log"), "w", encoding="utf-8") as f:
+        f.write(log)
+    if tflite is None:
+        finish(args, Verdict(False, "onnx2tf: " + error_line(log), undecided=True, extra={"stage": "onnx2tf"}),
+               started)
+    vela = [os.path.join(os.path.dirname(sys.executable), "vela"), tflite, "--accelerator-config",
+            args.accelerator, "--output-dir", os.path.join(work, "vela"), "--show-cpu-operations"]
+    done = subprocess.run(vela, cwd=work, capture_output=True, text=True, timeout=args.timeout)
+    log = done.stdout + done.stderr
+    with open(os.path.join(work, "vela.log"), "w", encoding="utf-8") as f:
+        f.write(log)
+    if done.returncode != 0 or not glob.glob(os.path.join(work, "vela", "*_vela.tflite")):
+        finish(args, Verdict(False, "vela: " + error_line(log), extra={"stage": "vela"}), started)
+    cpu = [(m.group(1), m.group(2)) for m in map(_CPU_LINE.search, log.splitlines()) if m]
+    npu = re.search(r"NPU operators\s*=\s*(\d+)", log)
+    finish(args, Verdict(True, "vela model written", cpu,
+                         {"npu_ops": int(npu.group(1)) if npu else None}), started)
+
+
+if __name__ == "__main__":
+    main()
