@@ -429,12 +429,16 @@ def _fit_judge(job: _RunState, outcome: RunOutcome, chosen: list[Pass]) -> None:
     """``--judge``: judge the output; when rejected, the first accepted form replaces it (judge/forms.py)."""
     from onnx_npu_fix.judge.forms import fit_judge
 
+    # A candidate's passes and the reduction's folding are the judge's work, not the run's: their pass events
+    # would read as a second run in the middle of this one (its judge calls are the progress that counts).
     def refix(options: FixOptions) -> FixResult:  # from the input again, validated as the run is
-        return fix(job.input_path, options, chosen)
+        with progress.listening(None):
+            return fix(job.input_path, options, chosen)
 
     def prepare_for_reduction(model: onnx.ModelProto) -> onnx.ModelProto:
         # the output's shapes are static already (an --input-shape name may be a frozen input, gone from it)
-        return _prepared_for_reduction(copy_model(model), dataclasses.replace(job.options, input_shapes={}))
+        with progress.listening(None):
+            return _prepared_for_reduction(copy_model(model), dataclasses.replace(job.options, input_shapes={}))
 
     fit, result, options = fit_judge(outcome.result, job.options, job.judge, refix, prepare_for_reduction)
     outcome.judge = fit
