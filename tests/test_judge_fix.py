@@ -42,8 +42,10 @@ def test_a_judge_that_rejects_rank3_pads_gets_another_remainder_form(tmp_path):
                   "--validation-inputs", "1", "--report", str(report),
                   "--judge", f"{PATTERN_JUDGE} pad3 {{model}}")
     assert result.exit_code == EXIT_OK, result.output
-    judged = json.loads(report.read_text())["judge"]
+    record = json.loads(report.read_text())
+    judged = record["judge"]
     assert judged["accepted"] and "Assertion" in judged["signature"]
+    assert record["seconds"] >= judged["seconds"] > 0  # the run's time includes its judge calls
     assert judged["reduction"]["nodes_after"] < judged["reduction"]["nodes_before"]
     assert [n["op"] for n in judged["reduction"]["nodes"]] == ["Pad"]
     (key, change), = judged["changed"].items()

@@ -263,6 +263,7 @@ def build_record(model_path: str, output_path: str | None, options: Any, report:
     }
     if report is not None:
         record.update(report.to_json())
+        record["seconds"] = round(seconds, 4)  # the run's wall time, not the passes' (a judge's calls count)
     else:  # a check run: same keys, nothing ran
         record.update({"passes": [], "final_validation": None, "validation_note": None, "warnings": [],
                        "frozen_inputs": {}, "cost": None})
