@@ -93,8 +93,13 @@ def is_qdq(model: onnx.ModelProto) -> bool:
 
 
 def error_line(log: str, default: str = "failed") -> str:
-    """The compiler's own error line: the first line naming an assertion or error, else the last line."""
+    """The compiler's own error line: the first failed assertion (a native compiler's abort, which the Python
+    driver around it re-raises as a generic error), else the exception line of a Python traceback, else the first
+    line naming an error, else the last line."""
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    asserted = [ln for ln in lines if re.search(r"\bASSERT\b|Assertion .* failed", ln)]
+    if asserted:
+        return asserted[0][-300:]
     if any(ln.startswith("Traceback") for ln in lines):  # a Python tool died: its exception line says why
         raised = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", ln)]
         if raised:
