@@ -13,7 +13,7 @@ import math
 import numpy as np
 import onnx
 import pytest
-from helpers import apply_pass, assert_equivalent, ops, prepared, run_model
+from helpers import apply_pass, assert_equivalent, ops, prepared, quantize_with_onnxruntime, run_model
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.config.options import FixOptions
@@ -994,22 +994,11 @@ def test_dead_taps_of_a_qdq_conv_are_trimmed_behind_its_dequantize(tmp_path, per
     """DeepLabV3 quantized by onnxruntime: an ASPP conv with dilation 36 on an 8x8 map is trimmed to its centre
     tap on the integer side (weights still int8 behind their DequantizeLinear), as the float export is — not
     split by space-to-batch, nor left over the limit on rv1106."""
-    quantization = pytest.importorskip("onnxruntime.quantization")
+    pytest.importorskip("onnxruntime.quantization")
     from onnx_npu_fix.pipeline.inputs import make_inputs
 
     float_model = conv_model([1, 6, 8, 8], [5, 6, 3, 3], dilations=[36, 36], pads=[36, 36, 36, 36])
-    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
-    onnx.save(float_model, src)
-    sets = iter(make_inputs(float_model, 4, 7))
-
-    class Reader(quantization.CalibrationDataReader):
-        def get_next(self):  # noqa: ANN201 - the quantizer's interface
-            return next(sets, None)
-
-    quantization.quantize_static(str(src), str(dst), Reader(), quant_format=quantization.QuantFormat.QDQ,
-                                 per_channel=per_channel, activation_type=quantization.QuantType.QUInt8,
-                                 weight_type=quantization.QuantType.QInt8)
-    quantized = onnx.load(dst)
+    quantized = quantize_with_onnxruntime(float_model, tmp_path, per_channel=per_channel)
     for options in (dict(max_dilation=31, s2b_layouts=("spatial",)), dict(max_dilation=15)):  # rv1106, bm1684x
         fixed, result = apply_pass(quantized, DilatedConvPass(), **options)
         assert [c.action for c in result.changes] == ["trim dead taps"], result.rejections

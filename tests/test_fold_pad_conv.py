@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from helpers import quantize_with_onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.config.targets import load_target
@@ -106,19 +107,8 @@ def test_off_unless_asked_and_the_rockchip_profiles_ask():
 # --- QDQ forms ---------------------------------------------------------------------------------------------
 
 def _qdq(model: onnx.ModelProto, tmp_path, per_channel: bool) -> onnx.ModelProto:
-    quantization = pytest.importorskip("onnxruntime.quantization")
-    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
-    onnx.save(model, src)
-    sets = iter(make_inputs(model, 4, 7))
-
-    class Reader(quantization.CalibrationDataReader):
-        def get_next(self):  # noqa: ANN201 - the quantizer's interface
-            return next(sets, None)
-
-    quantization.quantize_static(str(src), str(dst), Reader(), quant_format=quantization.QuantFormat.QDQ,
-                                 per_channel=per_channel, activation_type=quantization.QuantType.QUInt8,
-                                 weight_type=quantization.QuantType.QInt8)
-    return onnx.load(dst)
+    pytest.importorskip("onnxruntime.quantization")
+    return quantize_with_onnxruntime(model, tmp_path, per_channel=per_channel)
 
 
 @pytest.mark.parametrize("per_channel", [False, True])

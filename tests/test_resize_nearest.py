@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import apply_pass, assert_equivalent, ops, rng
+from helpers import apply_pass, assert_equivalent, ops, quantize_with_onnxruntime, rng
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.ir.graph import get_attr
@@ -721,7 +721,7 @@ def test_a_target_that_accepts_linear_resize_keeps_it(tmp_path, target, rewritte
 
 def _quantized_up8(tmp_path) -> onnx.ModelProto:
     """Conv -> linear half_pixel x8 Resize (LR-ASPP's head), quantized by onnxruntime's quantize_static (QDQ)."""
-    quantization = pytest.importorskip("onnxruntime.quantization")
+    pytest.importorskip("onnxruntime.quantization")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
              helper.make_node("Resize", ["c", "", "scales"], ["y"], name="up", mode="linear",
                               coordinate_transformation_mode="half_pixel")]
@@ -730,18 +730,7 @@ def _quantized_up8(tmp_path) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
-    onnx.save(model, src)
-    sets = iter(make_inputs(model, 4, 7))
-
-    class Reader(quantization.CalibrationDataReader):
-        def get_next(self):  # noqa: ANN201 - the quantizer's interface
-            return next(sets, None)
-
-    quantization.quantize_static(str(src), str(dst), Reader(), quant_format=quantization.QuantFormat.QDQ,
-                                 activation_type=quantization.QuantType.QUInt8,
-                                 weight_type=quantization.QuantType.QInt8)
-    return onnx.load(dst)
+    return quantize_with_onnxruntime(model, tmp_path)
 
 
 def test_quantized_x8_bilinear_becomes_one_int8_conv_transpose_per_axis(tmp_path):
