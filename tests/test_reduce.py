@@ -317,9 +317,20 @@ def test_cli_writes_the_minimal_model_the_nearest_passing_one_and_the_record(tmp
     assert any("rank-3 Pad" in why and "remainder_pad" in why for why in pad["likely"])
     assert sorted(n.op_type for n in onnx.load(str(out)).graph.node) == ["Mul", "Pad"]
     assert len(onnx.load(str(good)).graph.node) == 1
+    _check_against_its_schema(record)
     bullet = _reduce_page().split("**`--report`**")[1].split("\n- **")[0]
     documented = set(re.findall(r"`([a-z_]+)(?:\[\])?`", bullet))
     assert set(record) <= documented and set(pad) <= documented and set(record["trials"][0]) <= documented
+
+
+def _check_against_its_schema(record: dict) -> None:
+    """The record holds the schema shipped for it, and the schema can fail (a trial without its verdict)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from onnx_npu_fix.pipeline.report import schema
+
+    validator = jsonschema.Draft202012Validator(schema("reduce"))
+    validator.validate(record)
+    assert not validator.is_valid(dict(record, trials=[{"nodes": 3}]))
 
 
 def _reduce_page() -> str:

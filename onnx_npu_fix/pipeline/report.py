@@ -21,9 +21,9 @@ from onnx_npu_fix.pipeline.validate import Comparison, quant_summary
 REPORT_VERSION = 1
 CHECK_VERSION = 1
 """The version of the ``--check --format json`` document (schemas/check.schema.json)."""
-SCHEMAS = ("record", "check", "common")
+SCHEMAS = ("record", "check", "common", "reduce")
 """The JSON Schemas shipped in the package (``onnx_npu_fix/pipeline/schemas/<name>.schema.json``): the build
-record, the --check document, and the parts they share."""
+record, the --check document, the parts they share, and ``npufix reduce``'s record."""
 
 
 def schema(name: str) -> dict[str, Any]:
