@@ -73,10 +73,11 @@ def small_model() -> onnx.ModelProto:
 
 
 def quantize_with_onnxruntime(model: onnx.ModelProto, directory, *, sets: int = 4, seed: int = 7,
-                              activation: str = "QUInt8", per_channel: bool = False) -> onnx.ModelProto:
-    """``model`` quantized by onnxruntime's own quantizer (QDQ, int8 weights — per output channel with
+                              activation: str = "QUInt8", weight: str = "QInt8",
+                              per_channel: bool = False) -> onnx.ModelProto:
+    """``model`` quantized by onnxruntime's own quantizer (QDQ, ``weight`` weights — per output channel with
     ``per_channel`` —, ``activation`` activations), calibrated on ``sets`` seeded input sets; the float and
-    quantized files are kept in ``directory``."""
+    quantized files are kept in ``directory`` as ``float.onnx`` and ``qdq.onnx``."""
     from onnxruntime import quantization
 
     src, dst = directory / "float.onnx", directory / "qdq.onnx"
@@ -91,7 +92,7 @@ def quantize_with_onnxruntime(model: onnx.ModelProto, directory, *, sets: int = 
 
     quantization.quantize_static(str(src), str(dst), Reader(), quant_format=quantization.QuantFormat.QDQ,
                                  per_channel=per_channel, activation_type=getattr(quantization.QuantType, activation),
-                                 weight_type=quantization.QuantType.QInt8)
+                                 weight_type=getattr(quantization.QuantType, weight))
     return onnx.load(dst)
 
 

@@ -41,7 +41,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import FIXTURES
-from helpers import apply_pass
+from helpers import apply_pass, quantize_with_onnxruntime
 
 from onnx_npu_fix.api import fix
 from onnx_npu_fix.config.options import FixOptions
@@ -431,19 +431,12 @@ def test_tpu_mlir_refuses_a_qdq_model_and_the_profile_says_so(fixture_path, tmp_
     fixed ("KeyError: Should addWeight first"); the float export compiles. ``--target bm1684x`` reports the QDQ
     model (quantized-input, exit 1) and not the float one."""
     import numpy as np
-    from onnxruntime import quantization
 
     from onnx_npu_fix.analysis.constraints import find_violations
-    from onnx_npu_fix.pipeline.inputs import make_inputs
 
-    src, dst = fixture_path("torch_unet.onnx"), str(tmp_path / "unet_qdq.onnx")
-    sets = iter(make_inputs(onnx.load(src), 4, 7))
-
-    class Reader(quantization.CalibrationDataReader):
-        def get_next(self):  # noqa: ANN201 - the quantizer's interface
-            return next(sets, None)
-
-    quantization.quantize_static(src, dst, Reader(), quant_format=quantization.QuantFormat.QDQ)
+    src = fixture_path("torch_unet.onnx")
+    quantize_with_onnxruntime(onnx.load(src), tmp_path, activation="QInt8")  # onnxruntime's defaults
+    dst = str(tmp_path / "qdq.onnx")
     options = apply_target(load_target("bm1684x"), FixOptions(), {})
     shape = list(MODELS["torch_unet.onnx"]["image"])
     for path, quantized in ((dst, True), (src, False)):
@@ -524,23 +517,12 @@ def test_nncase_rejects_the_unet_export_and_compiles_the_k210_output(fixture_pat
 
 def qdq_conv(tmp_path) -> str:
     """Conv 3x3 + Relu on [1,3,16,16], quantized by onnxruntime's own quantizer (QDQ, uint8)."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     model = conv_bn_relu()
     del model.graph.node[1]
     model.graph.node[1].input[0] = "y"
     model.graph.ClearField("value_info")
-    src, dst = str(tmp_path / "conv.onnx"), str(tmp_path / "conv_qdq.onnx")
-    onnx.save(model, src)
-    feeds = iter([{"x": np.random.default_rng(i).standard_normal((1, 3, 16, 16)).astype(np.float32)}
-                  for i in range(4)])
-
-    class Reader(CalibrationDataReader):
-        def get_next(self):  # noqa: ANN201 - the quantizer's interface
-            return next(feeds, None)
-
-    quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QUInt8)
-    return dst
+    quantize_with_onnxruntime(model, tmp_path, weight="QUInt8")
+    return str(tmp_path / "qdq.onnx")
 
 
 def with_raw_integer_concat(path: str) -> onnx.ModelProto:
