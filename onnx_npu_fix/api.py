@@ -29,6 +29,7 @@ import onnx.external_data_helper
 from onnx_npu_fix import progress
 from onnx_npu_fix.analysis.constraints import CheckReport, Violation
 from onnx_npu_fix.analysis.plot import write_memory_plot
+from onnx_npu_fix.analysis.split import SplitOrigin, split_origins
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import EXIT_OK, EXIT_PASS_FAILED, EXIT_VIOLATIONS, InputError, PassFailed, first_line
 from onnx_npu_fix.io.load import LoadedModel, load_model, read_model  # noqa: F401 - load_model: part of the API
@@ -268,6 +269,8 @@ class _RunState:
     """The SHA-256 of the bytes read (the reference hashed them): the record names what was processed."""
     files: Transaction = field(default_factory=Transaction)
     """Every file of the run, staged beside its destination; committed together at the end (:func:`_commit`)."""
+    split_origins: dict[str, SplitOrigin] = field(default_factory=dict)
+    """The ``--split-at`` tensors as read, before the passes renamed any (:func:`split_origins`)."""
 
 
 def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
@@ -415,6 +418,7 @@ def _load_and_fix(job: _RunState, chosen: list[Pass], early: EarlyWrite) -> FixR
             check_run_paths(job.input_path, job.output, job.report_path, loaded.external_files)
         _write_plan(job, loaded.external_files).check()
         job.external = bool(loaded.external_files)
+        job.split_origins = split_origins(loaded.model.graph, job.options.split_at) if job.split_dir else {}
         result = _fix_in_place(loaded.model, job.options, chosen, reference=reference,
                                on_serialized=None if job.external else early.start, source=job.input_path,
                                keep_inputs=bool(job.save_inputs))
@@ -476,7 +480,8 @@ def _split(job: _RunState, outcome: RunOutcome) -> None:
     if not job.split_dir:
         return
     try:
-        outcome.split = split_model(outcome.result.model, job.split_dir, job.options, transaction=job.files)
+        outcome.split = split_model(outcome.result.model, job.split_dir, job.options, transaction=job.files,
+                                    origins=job.split_origins)
     except PassFailed as exc:
         outcome.exit_code, outcome.error = exc.exit_code, f"split failed: {exc}; nothing written"
         return

@@ -635,6 +635,9 @@ def _print_fitting(outcome, quiet: bool) -> None:
         click.echo(f"{'split':<16} not possible: {node} ({op}) alone needs {format_bytes(size)} > SRAM "
                    f"{format_bytes(plan.sram_bytes)}; no segments written", err=True)
         return
+    for requested, cut in plan.split_at.items():
+        if cut != requested:  # a pass renamed it or folded its producer away (docs/memory.md, "Split")
+            _say(quiet, f"{'split-at':<16} {requested} -> {cut} (its carrier in the fixed model)")
     peaks = " / ".join(format_bytes(s.peak_bytes) for s in plan.segments)
     crossing = ", ".join(format_bytes(b) for b in plan.crossing_bytes) or "none"
     check = split.validation

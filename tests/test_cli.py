@@ -684,7 +684,8 @@ def test_input_shape_without_a_name_on_several_inputs_names_them(tmp_path):
     assert "given twice" in twice
 
 
-@pytest.mark.parametrize(("size", "says"), [("3.1MiB", "not whole bytes"), ("384KB", "the binary units are B, KiB")])
+@pytest.mark.parametrize(("size", "says"), [("3.1MiB", "not whole bytes"), ("384KB", "the binary units are B, KiB"),
+                                            ("0.5", "e.g. 0.5KiB or 0.5MiB")])
 def test_sram_size_errors_say_why(fixture_path, size, says):
     text = assert_one_line_error(invoke(fixture_path("tcn.onnx"), "--check", "--sram", size))
     assert says in text and "--sram" in text

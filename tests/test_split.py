@@ -581,3 +581,23 @@ def test_memory_plot_draws_a_split_on_the_curves_step_axis(tmp_path):
         import matplotlib.pyplot as plt
 
         plt.close(fig)
+
+
+@pytest.mark.parametrize(("requested", "carrier"), [
+    ("enc1.conv_2_out", "enc1.bn_7_out_aligned"),   # the Conv's own output: its BatchNormalization folded into it
+    ("enc1.bn_7_out", "enc1.bn_7_out_aligned"),     # align-channels renamed the padded output
+    ("enc1.relu_8_out", "enc1.relu_8_out_aligned"),
+    ("enc1.identity_9_out", "enc1.relu_8_out_aligned"),  # cleanup removed the Identity
+    ("dec2.relu_39_out", "dec2.relu_39_out"),       # kept as it was
+])
+def test_split_at_names_of_the_model_read_cut_where_the_passes_moved_them(tmp_path, fixture_path, requested,
+                                                                          carrier):
+    seg = tmp_path / "seg"
+    result = CliRunner().invoke(main, [fixture_path("unet.onnx"), "-o", str(tmp_path / "out.onnx"), "--align", "8",
+                                       "--split", str(seg), "--split-at", requested,
+                                       "--report", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    assert ("split-at" in result.output) == (carrier != requested)
+    assert json.loads((tmp_path / "r.json").read_text())["split"]["split_at"] == {requested: carrier}
+    manifest = json.loads((seg / "manifest.json").read_text())
+    assert carrier in manifest["segments"][0]["outputs"] and "chained segments bit-exact" in result.output

@@ -79,6 +79,9 @@ class SplitPlan:
     """Cuts that came from ``split_at``."""
     blocking: list[tuple[str, str, int]] = field(default_factory=list)
     """(node, op, bytes) of every node whose inputs plus outputs alone exceed the budget: nothing fits then."""
+    split_at: dict[str, str] = field(default_factory=dict)
+    """Each ``--split-at`` name -> the tensor of the fixed model the cut follows (the same name unless a pass
+    renamed or folded it away, see :func:`resolve_split_at`)."""
 
     @property
     def fits(self) -> bool:
@@ -92,8 +95,69 @@ class SplitPlan:
             "segments": [s.to_json() for s in self.segments],
             "crossing_bytes": list(self.crossing_bytes),
             "forced_cuts": len(self.forced),
+            "split_at": dict(self.split_at),
             "blocking": [{"node": n, "op": op, "bytes": b} for n, op, b in self.blocking],
         }
+
+
+# --- --split-at names across the passes -------------------------------------------------------------------
+
+# How far up a removed producer's data input the search for a kept node goes: a fold removes one node (a
+# BatchNormalization into its Conv, an Identity); a few allow for folds in a row.
+_ORIGIN_DEPTH = 4
+
+
+@dataclass(frozen=True)
+class SplitOrigin:
+    """A ``--split-at`` tensor as the model was read: its producer and the producers up its data input, as
+    (node name, output index). The passes keep node names, not always tensor names: fold-batchnorm removes a
+    Conv's output (its BatchNormalization's output now comes from the Conv), align-channels gives a padded
+    output a new name. The first of these nodes the fixed model still has produces the tensor that carries
+    the requested one."""
+
+    name: str
+    producers: tuple[tuple[str, int], ...]
+
+
+def split_origins(graph: onnx.GraphProto, names: Sequence[str]) -> dict[str, SplitOrigin]:
+    """The origin of each of ``names`` in ``graph`` (before the passes); a name no node produces is left out
+    (:func:`plan_split` then says so)."""
+    if not names:
+        return {}
+    constant = {i.name for i in graph.initializer}
+    producer = {out: (node, k) for node in graph.node for k, out in enumerate(node.output) if out}
+    origins = {}
+    for name in names:
+        chain, tensor = [], name
+        while tensor in producer and len(chain) < _ORIGIN_DEPTH:
+            node, k = producer[tensor]
+            chain.append((node.name, k))
+            data = [i for i in node.input if i and i not in constant]
+            if len(data) != 1:  # a node that merges tensors has no one input that carries its output
+                break
+            tensor = data[0]
+        if chain:
+            origins[name] = SplitOrigin(name, tuple(chain))
+    return origins
+
+
+def resolve_split_at(graph: onnx.GraphProto, names: Sequence[str],
+                     origins: dict[str, SplitOrigin]) -> dict[str, str]:
+    """Each of ``names`` -> the tensor of ``graph`` (the fixed model) to cut after: the name itself when a node
+    still produces it, else the output of the first node of its origin the graph still has. A name that
+    resolves to nothing maps to itself (:func:`plan_split` reports it)."""
+    produced = {out for node in graph.node for out in node.output if out}
+    outputs = {node.name: list(node.output) for node in graph.node if node.name}
+    resolved = {}
+    for name in names:
+        resolved[name] = name
+        if name in produced or name not in origins:
+            continue
+        for node_name, k in origins[name].producers:
+            if k < len(outputs.get(node_name, ())) and outputs[node_name][k]:
+                resolved[name] = outputs[node_name][k]
+                break
+    return resolved
 
 
 # --- planning ----------------------------------------------------------------------------------------

@@ -121,10 +121,19 @@ def parse_size(text: str | int) -> int:
                          f"(K, M, G mean the same), e.g. 384KiB, 2MiB")
     value = float(match.group(1)) * _UNITS[unit]
     if value != int(value):
-        kib = f" or {int(value) >> 10}KiB" if value >= 1024 else ""
-        raise ValueError(f"{text!r} is {value:.1f} bytes, not whole bytes: write a whole number of bytes or of a "
-                         f"smaller unit, e.g. {int(value)}{kib}")
+        raise ValueError(_fraction_message(text, match.group(1), value, unit))
     return int(value)
+
+
+def _fraction_message(text: str, number: str, value: float, unit: str) -> str:
+    """Why a size that is not a whole number of bytes is refused, and what to write instead."""
+    if unit in ("", "b"):
+        # "0.5" almost always means half of a unit the user left out: a size without a unit is a byte count.
+        return (f"{text!r} is {value:g} bytes, and a byte count is whole: if you meant a larger unit, write it, "
+                f"e.g. {number}KiB or {number}MiB")
+    kib = f" or {int(value) >> 10}KiB" if value >= 1024 else ""
+    return (f"{text!r} is {value:.1f} bytes, not whole bytes: write a whole number of bytes or of a smaller unit, "
+            f"e.g. {int(value)}{kib}")
 
 
 def format_size(n: int) -> str:

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 import onnx
 
 from onnx_npu_fix.analysis.memory import estimate
-from onnx_npu_fix.analysis.split import ResolutionHint, SplitPlan, build_segments, plan_split, resolution_hint
+from onnx_npu_fix.analysis.split import (
+    ResolutionHint,
+    SplitOrigin,
+    SplitPlan,
+    build_segments,
+    plan_split,
+    resolution_hint,
+    resolve_split_at,
+)
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import PassFailed
 from onnx_npu_fix.io.paths import check_split_dir
@@ -50,7 +58,8 @@ class SplitOutcome:
 
 
 def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: FixOptions, *,
-                transaction: Transaction | None = None) -> SplitOutcome:
+                transaction: Transaction | None = None,
+                origins: dict[str, SplitOrigin] | None = None) -> SplitOutcome:
     """Cut ``model`` (fixed, with fresh shapes: FixResult.model) into segments that each fit
     ``options.sram_bytes`` (:func:`plan_split`), check each segment's own estimate against the budget, validate
     that running them in order reproduces ``model``'s outputs bit for bit, and write DIR atomically
@@ -59,11 +68,15 @@ def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: F
     When a single layer exceeds the budget nothing is written: the outcome has ``fits`` False, the plan names
     the layers and ``hint`` says which input size would fit. Raises PassFailed (pass name 'split') when the
     chained segments do not reproduce the model, InputError for a bad ``--split-at`` name or directory.
-    ``transaction``: the directory is staged there (renamed into place with the run's other files); else now."""
+    ``transaction``: the directory is staged there (renamed into place with the run's other files); else now.
+    ``origins``: the ``--split-at`` tensors as the model was read (:func:`split_origins`), so that a name a pass
+    renamed or folded away still cuts where the user meant."""
     directory = os.fspath(directory)
     check_split_dir(directory)
-    plan = plan_split(GraphIndex(model), options.sram_bytes, options.act_bytes, split_at=options.split_at,
+    cuts = resolve_split_at(model.graph, options.split_at, origins or {})
+    plan = plan_split(GraphIndex(model), options.sram_bytes, options.act_bytes, split_at=list(cuts.values()),
                       budget=options.schedule_budget)
+    plan.split_at = cuts
     outcome = SplitOutcome(plan)
     if not plan.fits:
         outcome.hint = resolution_hint(model, options.sram_bytes, options.act_bytes)
