@@ -21,14 +21,13 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 import onnx.external_data_helper
 
 from onnx_npu_fix import progress
 from onnx_npu_fix.analysis.constraints import CheckReport, Violation
-from onnx_npu_fix.analysis.plot import write_memory_plot
 from onnx_npu_fix.analysis.split import SplitOrigin, split_origins
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import EXIT_OK, EXIT_PASS_FAILED, EXIT_VIOLATIONS, InputError, PassFailed, first_line
@@ -36,10 +35,6 @@ from onnx_npu_fix.io.load import LoadedModel, load_model, read_model  # noqa: F4
 from onnx_npu_fix.io.paths import WritePlan, check_output_path, check_run_paths, check_split_dir
 from onnx_npu_fix.io.save import EarlyWrite, Transaction, save_model, sha256_file, write_json
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, copy_model, infer_shapes
-from onnx_npu_fix.judge.command import Judge
-from onnx_npu_fix.judge.forms import JudgeFit
-from onnx_npu_fix.judge.record import reduction_record
-from onnx_npu_fix.judge.reduce import Reduction, reduce_model
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.pipeline.freeze import FrozenInput, freeze_inputs
@@ -47,6 +42,11 @@ from onnx_npu_fix.pipeline.report import FixReport
 from onnx_npu_fix.pipeline.scheduler import FixResult, prepare, run_passes
 from onnx_npu_fix.pipeline.segments import SplitOutcome, split_model
 from onnx_npu_fix.pipeline.validate import Reference, segmented
+
+if TYPE_CHECKING:  # imported where used: --check and a plain fixing run never load the judge (0.02 s of imports)
+    from onnx_npu_fix.judge.command import Judge
+    from onnx_npu_fix.judge.forms import JudgeFit
+    from onnx_npu_fix.judge.reduce import Reduction
 
 
 def select_passes(only: Sequence[str] | None = None, skip: Sequence[str] = (),
@@ -607,6 +607,8 @@ def _save_inputs(job: _RunState, outcome: RunOutcome) -> None:
 
 
 def _plot(outcome: RunOutcome, model: onnx.ModelProto, job: _RunState, *, prepared: bool) -> None:
+    from onnx_npu_fix.analysis.plot import write_memory_plot
+
     path = job.memory_plot
     try:
         split = outcome.split
@@ -675,6 +677,9 @@ def reduce(input_path: str | os.PathLike, output: str | os.PathLike, judge: Judg
     Raises InputError (exit 2) for unusable input, paths or a judge that cannot be used (judge.command.JudgeError),
     that passes the model (judge.reduce.NothingToReduce) or times out on it. ``on_event``: gets a
     ``progress.JudgeCall`` per judge call, as :func:`run`'s does."""
+    from onnx_npu_fix.judge.record import reduction_record
+    from onnx_npu_fix.judge.reduce import reduce_model
+
     if on_event is not None:
         with progress.listening(on_event):
             return reduce(input_path, output, judge, options, min_good=min_good, report_path=report_path,

@@ -195,6 +195,18 @@ def test_console_script_subprocess(tmp_path, fixture_path):
     assert bad.stderr.strip().count("\n") == 0 and "no such file" in bad.stderr
 
 
+def test_check_imports_nothing_a_later_step_needs(fixture_path):
+    """``--check`` is the fast path (issue 23: within 1.5x of onnx.load + onnx.save): it loads neither onnxruntime
+    nor the judge, the graphsurgeon adapter, matplotlib or jsonschema, which only other steps use."""
+    heavy = ("onnxruntime", "onnx_npu_fix.judge", "onnx_graphsurgeon", "onnx_npu_fix.plugins.graphsurgeon",
+             "matplotlib", "jsonschema")
+    code = ("import atexit\natexit.register(lambda: print(sorted(m for m in sys.modules if "
+            f"m.startswith({heavy!r})), file=sys.stderr))")
+    proc = _npufix(fixture_path("unet.onnx"), "--check", "-q", code=code)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert proc.stderr.decode().strip().splitlines()[-1] == "[]"
+
+
 def test_external_data_model_round_trips_and_reruns(tmp_path, fixture_path, monkeypatch):
     """Input with external data -> output with external data next to it; a second run over the same output
     works (onnx's own writer refuses when the data file exists in the working directory)."""
