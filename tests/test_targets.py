@@ -615,6 +615,13 @@ def compiler_run_violations(key, value, options):
         inits = [numpy_helper.from_array(np.array(0.1, np.float32), "s"),
                  numpy_helper.from_array(np.array(128, np.uint8), "zp")]
         return [("a QDQ model", _model(nodes, [("x", [1, 16, 8, 8])], inits), "quant", "quantized-input")]
+    if key == "initializer_inputs":
+        op = value[0]
+        nodes = [helper.make_node("Constant", [], ["axes"], name="axes_const",
+                                  value=numpy_helper.from_array(np.array([1], np.int64))),
+                 helper.make_node(op, ["x", "axes"], ["y"], name="axes_from_constant")]
+        return [(f"{op} axes from a Constant node", _model(nodes, [("x", [1, 16, 8])]), "axes_from_constant",
+                 "constant-node-input")]
     if key == "resize_factors":
         odd = next(f for f in range(2, 9) if f not in value)
         return [(f"nearest x{odd}", resize_model("nearest", "asymmetric", odd), "up_factor", "resize-factor")]
@@ -670,8 +677,8 @@ def test_clean_model_satisfies_every_profile(checker, name):
 OFF = {"max_dilation": None, "allowed_dilations": None, "align": 0, "concat_align": 0, "batch_one": False,
        "max_rank": None, "forbidden_ops": (), "allow_batchnorm": True, "require_nearest_resize": False,
        "max_kernel": None, "max_stride": None, "sram_bytes": None, "allow_control_flow": True,
-       "allowed_kernels": None, "symmetric_pads": False, "allow_qdq": True, "resize_factors": None,
-       "linear_half_pixel_factors": None}
+       "allowed_kernels": None, "symmetric_pads": False, "initializer_inputs": (), "allow_qdq": True,
+       "resize_factors": None, "linear_half_pixel_factors": None}
 
 
 @pytest.mark.parametrize(("name", "key"), list(_cases("strict")))
