@@ -136,9 +136,10 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     frozen in ``model``), added to every input set it runs.
     ``keep_inputs``: FixResult.inputs holds the validation inputs (``--save-inputs``), also when a pass failed.
     ``refusal``: why the target rejects the model whatever the passes do (a constraint no pass fixes), or None;
-    asked once, when an approximate change is first about to be made (before it in a run that keeps no restore
-    point). When it gives a reason, no approximate change is made: a pass declared approximate is skipped and an
-    exact pass whose run was not exact (a QDQ fold) is undone, each with the reason as ``metrics["skipped"]``.
+    asked once, when a pass first makes an approximate change (before the first pass in a run that keeps no
+    restore point otherwise). When it gives a reason, no approximate change is kept: a pass whose run was not
+    exact (a declared-approximate rewrite, an exact pass's QDQ fold) is undone as a whole and recorded unchanged,
+    with the reason as ``metrics["skipped"]``.
     """
     started = time.perf_counter()
     report = FixReport()
@@ -346,8 +347,6 @@ class _Run:
     def _step(self, i: int) -> Outcome:
         """Run pass ``i``, and validate it when it is not grouped with the next."""
         pass_ = self.passes[i]
-        if self._refuses_approximate(pass_):
-            return self._skip(PassRecord(name=pass_.name, exact=pass_.exact))
         if not self.group:
             self._take_point(i)
         record = PassRecord(name=pass_.name, exact=pass_.exact)
@@ -420,20 +419,15 @@ class _Run:
         self.report.passes.append(record)
         return self._settle([record], Outcome.UNCHANGED)
 
-    def _refuses_approximate(self, pass_: Pass) -> bool:
-        """Whether ``pass_`` is declared approximate, may change the model, and the target rejects it anyway."""
-        return self._measured_alone(pass_) and self._refused() is not None
-
     def _undo_approximate(self, i: int, record: PassRecord) -> Outcome:
-        """Pass ``i`` (declared exact) made an approximate change the target gains nothing from (``refusal``):
-        undo it and record it skipped. With unvalidated exact passes before it, their group is replayed (each
-        alone, this one again, then undone by itself)."""
+        """Pass ``i`` made an approximate change (declared so, or an exact pass's QDQ fold) that the target gains
+        nothing from (``refusal``): undo it and record it unchanged, with the reason. With unvalidated exact
+        passes before it, their group is replayed (each alone, this one again, then undone by itself)."""
         if self.group:
             return self._replay(i)
         self._restore()  # a restore point exists: _take_point keeps one once refusal has answered
         self.report.passes.remove(record)
-        pass_ = self.passes[i]
-        return self._skip(PassRecord(name=pass_.name, exact=pass_.exact, seconds=record.seconds))
+        return self._skip(PassRecord(name=record.name, exact=True, seconds=record.seconds))
 
     def _fail(self, i: int, record: PassRecord, outcome: Outcome, error: str) -> Outcome:
         """Pass ``i`` crashed (ERROR) or its change was refused (FAILED): the run stops (the group before it was
