@@ -84,7 +84,7 @@ def test_facts_from_the_issue_are_encoded():
     k210 = load_target("k210").constraints
     assert k210["sram_bytes"] == 2 * 1024 * 1024
     assert (k210["allowed_kernels"], k210["max_stride"]) == ((1, 3), 2) and "symmetric_pads" not in k210
-    assert k210["forbidden_ops"] == ("PRelu",)
+    assert k210["forbidden_ops"] == ("PRelu", "ConvTranspose")
     assert load_target("mstar-ipu").constraints["max_dilation"] == 4
     mdla = load_target("mdla2").constraints
     assert mdla["allowed_dilations"] == (1, 2, 4, 8)
@@ -551,7 +551,10 @@ FORBIDDEN_OP_MODELS = {
                             [("x", [1, 16, 8, 8])],
                             [numpy_helper.from_array(np.full((16, 1, 1), 0.25, np.float32), "slope")]),
 }
-FORBIDDEN_OP_NODES = {"SpaceToDepth": "s2d", "DepthToSpace": "d2s", "PRelu": "prelu"}
+FORBIDDEN_OP_MODELS["ConvTranspose"] = lambda: _model(
+    [helper.make_node("ConvTranspose", ["x", "wt"], ["y"], name="convt", strides=[2, 2])], [("x", [1, 16, 8, 8])],
+    [_w("wt", [16, 16, 2, 2])])
+FORBIDDEN_OP_NODES = {"SpaceToDepth": "s2d", "DepthToSpace": "d2s", "PRelu": "prelu", "ConvTranspose": "convt"}
 
 
 def violations_for(key, value, options):

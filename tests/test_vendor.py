@@ -586,6 +586,27 @@ def test_nncase_refuses_onnxruntime_qdq_and_the_k210_profile_says_so(tmp_path):
 
 
 @requires_nncase
+def test_nncase_refuses_a_strided_conv_transpose_and_the_k210_profile_says_so(tmp_path):
+    """Issue 25: with the Unsqueeze axes as initializers, the ConvTasNets' next nncase 1.9 failure is their decoder:
+    a ConvTranspose of stride 2 or more has no emitter ("Emitter for ...[Conv2DTranspose] is not found in module
+    stackvm"); a stride-1 one compiles. The k210 profile forbids ConvTranspose (forbidden-op, no pass fixes it)."""
+    from onnx import TensorProto, helper, numpy_helper, shape_inference
+
+    from onnx_npu_fix.analysis.constraints import find_violations
+
+    options = apply_target(load_target("k210"), FixOptions(), {})
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8, 2, 2)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="convt", strides=[2, 2])],
+                              "convt", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32, 32])], [weight])
+    model = shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    verdict = judge(NNCASE_PYTHON, "judge_nncase.py", model, tmp_path / "convt")
+    assert verdict["verdict"] == "rejected" and "Conv2DTranspose] is not found" in verdict["message"]
+    assert [(v.node, v.fixed_by) for v in find_violations(model, options) if v.constraint == "forbidden-op"] == \
+        [("convt", None)]
+
+
+@requires_nncase
 def test_nncase_refuses_an_if_and_the_k210_profile_says_so(tmp_path):
     """Issue 25: Silero VAD as exported fails in nncase 1.9 with "Not supported ONNX opcode: If"; the k210 profile
     sets allow_control_flow = false (--freeze-input sr=16000 folds Silero's If)."""
