@@ -811,6 +811,26 @@ def test_k210_unsqueeze_axes_from_a_constant_node():
     assert not [v for v in find_violations(model, FixOptions()) if v.constraint == "constant-node-input"]
 
 
+def test_k210_squeeze_that_keeps_a_size_one_axis():
+    """k210's squeeze_axes_ignored: nncase 1.9 removes every size-1 axis of an opset-13 Squeeze, so [1,8,1] squeezed
+    on axis 2 (keeping axis 0) fails there; [2,8,1] on axis 2 and the opset-11 attribute form do not count."""
+    from onnx_npu_fix.config.targets import apply_target, load_target
+
+    options = apply_target(load_target("k210"), FixOptions(), {})
+    axes = numpy_helper.from_array(np.array([2], np.int64), "axes")
+
+    def squeeze(batch, opset):
+        inputs = ["x", "axes"] if opset >= 13 else ["x"]
+        node = helper.make_node("Squeeze", inputs, ["y"], name="squeeze", **({} if opset >= 13 else {"axes": [2]}))
+        return _model([node], [_vi("x", [batch, 8, 1])], [_vi("y", None)], [axes] if opset >= 13 else [], opset)
+
+    found = [v for v in find_violations(squeeze(1, 17), options) if v.constraint == "squeeze-axes"]
+    assert [(v.node, v.value, v.fixed_by) for v in found] == [("squeeze", "[1,8,1] -> [1,8]", None)]
+    for model in (squeeze(2, 17), squeeze(1, 11)):
+        assert not [v for v in find_violations(model, options) if v.constraint == "squeeze-axes"]
+    assert not [v for v in find_violations(squeeze(1, 17), FixOptions()) if v.constraint == "squeeze-axes"]
+
+
 def _qdq_relu():
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["xq"], name="quant"),
              helper.make_node("DequantizeLinear", ["xq", "s", "zp"], ["xd"], name="dequant"),

@@ -625,6 +625,11 @@ def compiler_run_violations(key, value, options):
                  helper.make_node(op, ["x", "axes"], ["y"], name="axes_from_constant")]
         return [(f"{op} axes from a Constant node", _model(nodes, [("x", [1, 16, 8])]), "axes_from_constant",
                  "constant-node-input")]
+    if key == "squeeze_axes_ignored":
+        node = helper.make_node("Squeeze", ["x", "axes"], ["y"], name="squeeze_keeps_one")
+        return [("[1,16,1] squeezed on axis 2", _model([node], [("x", [1, 16, 1])],
+                                                      [numpy_helper.from_array(np.array([2], np.int64), "axes")]),
+                 "squeeze_keeps_one", "squeeze-axes")]
     if key == "resize_factors":
         odd = next(f for f in range(2, 9) if f not in value)
         return [(f"nearest x{odd}", resize_model("nearest", "asymmetric", odd), "up_factor", "resize-factor")]
@@ -680,7 +685,8 @@ def test_clean_model_satisfies_every_profile(checker, name):
 OFF = {"max_dilation": None, "allowed_dilations": None, "align": 0, "concat_align": 0, "batch_one": False,
        "max_rank": None, "forbidden_ops": (), "allow_batchnorm": True, "require_nearest_resize": False,
        "max_kernel": None, "max_stride": None, "sram_bytes": None, "allow_control_flow": True,
-       "allowed_kernels": None, "symmetric_pads": False, "initializer_inputs": (), "allow_qdq": True,
+       "allowed_kernels": None, "symmetric_pads": False, "initializer_inputs": (), "squeeze_axes_ignored": False,
+       "allow_qdq": True,
        "resize_factors": None, "linear_half_pixel_factors": None}
 
 

@@ -607,6 +607,31 @@ def test_nncase_refuses_a_strided_conv_transpose_and_the_k210_profile_says_so(tm
 
 
 @requires_nncase
+def test_nncase_squeezes_every_size_one_axis_and_the_k210_profile_says_so(tmp_path):
+    """Issue 25: Silero VAD's next nncase 1.9 failure once its Unsqueeze axes import, reduced to one Squeeze:
+    [1,128,1] squeezed on axis 2 (axes an input, opset 16) fails with "Shapes must be same" (nncase removes every
+    size-1 axis); [2,128,1] imports. --target k210 reports the first (squeeze-axes), not the second."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_npu_fix.analysis.constraints import find_violations
+
+    options = apply_target(load_target("k210"), FixOptions(), {})
+    for batch in (1, 2):
+        graph = helper.make_graph(
+            [helper.make_node("Squeeze", ["x", "axes"], ["y"], name="squeeze")], "squeeze",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 128, 1])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 128])],
+            [numpy_helper.from_array(np.array([2], np.int64), "axes")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+        verdict = judge(NNCASE_PYTHON, "judge_nncase.py", model, tmp_path / str(batch))
+        assert (verdict["verdict"] == "rejected") is (batch == 1), verdict["message"]
+        if batch == 1:
+            assert "Shapes must be same" in verdict["message"]
+        flagged = [v.node for v in find_violations(model, options) if v.constraint == "squeeze-axes"]
+        assert flagged == (["squeeze"] if batch == 1 else [])
+
+
+@requires_nncase
 def test_nncase_refuses_an_if_and_the_k210_profile_says_so(tmp_path):
     """Issue 25: Silero VAD as exported fails in nncase 1.9 with "Not supported ONNX opcode: If"; the k210 profile
     sets allow_control_flow = false (--freeze-input sr=16000 folds Silero's If)."""

@@ -124,6 +124,9 @@ class FixOptions:
     initializer_inputs: tuple[str, ...] = ()
     """Op types whose inputs after the first (axes, shapes) the target's importer reads only from initializers: one
     made by a Constant node is a ``constant-node-input`` violation (nncase 1.9: Unsqueeze's ``axes``)."""
+    squeeze_axes_ignored: bool = False
+    """The target's importer removes every size-1 axis of a Squeeze whose axes are an input (opset >= 13), whatever
+    they say: one that keeps a size-1 axis is a ``squeeze-axes`` violation (nncase 1.9)."""
     allow_qdq: bool = True
     """Whether the target's compiler takes quantized ONNX (QuantizeLinear / DequantizeLinear or QOperator ops).
     False: a ``quantized-input`` violation (tpu-mlir 1.30.2 quantizes float models itself and refuses QDQ)."""
