@@ -158,7 +158,8 @@ def _fix_in_place(model: onnx.ModelProto, options: FixOptions | None = None,
     try:
         result = run_passes(model, options, list(passes) if passes is not None else select_passes(),
                             reference=reference or own_reference, on_serialized=on_serialized, reload=reload,
-                            reference_feeds={name: f.value for name, f in frozen.items()}, keep_inputs=keep_inputs)
+                            reference_feeds={name: f.value for name, f in frozen.items()}, keep_inputs=keep_inputs,
+                            refusal=functools.partial(target_refusal, options=options))
     finally:
         if own_reference is not None:
             own_reference.close()
@@ -166,6 +167,24 @@ def _fix_in_place(model: onnx.ModelProto, options: FixOptions | None = None,
     if result.ok:
         result.report.cost = (before, model_cost(result.model, options.act_bytes))
     return result
+
+
+# Findings that are no compiler's verdict: an estimate (the compiler may tile), or no constraint of the target.
+_NOT_A_REFUSAL = frozenset({"sram", "sram-layer", "shape-inference", "judge"})
+
+
+def target_refusal(model: onnx.ModelProto, *, options: FixOptions) -> str | None:
+    """Why the target rejects ``model`` whatever the passes do — the first violation that counts
+    (``split_requested``) and that no pass, option or freeze fixes — or None. The pass manager asks it before an
+    approximate change (run_passes' ``refusal``): a target that refuses the model anyway gains nothing from one."""
+    from onnx_npu_fix.analysis.constraints import check_model, split_requested
+
+    counted, _ = split_requested(check_model(model, options, memory=False, _ask=False).violations, options)
+    hard = [v for v in counted if v.fixed_by is None and v.constraint not in _NOT_A_REFUSAL]
+    if not hard:
+        return None
+    more = f" and {len(hard) - 1} more" if len(hard) > 1 else ""
+    return f"the target rejects the model anyway ({hard[0].constraint} at {hard[0].node}{more}; no pass fixes it)"
 
 
 def _freeze(model: onnx.ModelProto, options: FixOptions,

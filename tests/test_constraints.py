@@ -783,6 +783,54 @@ def test_k210_kernel_shapes_and_asymmetric_pads():
     assert "[(0, 1), (0, 1)]" in found[1].message
 
 
+def test_k210_unsqueeze_axes_from_a_constant_node():
+    """k210's initializer_inputs: nncase 1.9 fails ("bad optional access") on an Unsqueeze whose axes a Constant node
+    makes, not on the same axes as an initializer; one computed from constants only (a shape chain) is folded by
+    fold-constants, which the finding names."""
+    from onnx_npu_fix.config.targets import apply_target, load_target
+
+    const = [helper.make_node("Constant", [], [f"axes{k}"], name=f"const{k}",
+                              value=numpy_helper.from_array(np.array([axis], np.int64)))
+             for k, axis in enumerate((1, 0, 0))]
+    nodes = [*const,
+             helper.make_node("Unsqueeze", ["x", "axes0"], ["a"], name="from_constant"),
+             helper.make_node("Unsqueeze", ["a", "axes_init"], ["b"], name="from_initializer"),
+             helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("Gather", ["s", "zero"], ["g"], name="gather"),
+             helper.make_node("Unsqueeze", ["g", "axes1"], ["g1"], name="shape_chain"),
+             helper.make_node("Concat", ["g1", "minus_one"], ["target_shape"], name="concat", axis=0),
+             helper.make_node("Reshape", ["b", "target_shape"], ["y"], name="reshape"),
+             helper.make_node("Squeeze", ["y", "axes2"], ["z"], name="squeeze")]  # Squeeze is not listed
+    inits = [numpy_helper.from_array(np.array([2], np.int64), "axes_init"),
+             numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array([-1], np.int64), "minus_one")]
+    model = _model(nodes, [_vi("x", [1, 8, 16])], [_vi("z", None)], inits)
+    options = apply_target(load_target("k210"), FixOptions(), {})
+    found = [(v.node, v.fixed_by) for v in find_violations(model, options) if v.constraint == "constant-node-input"]
+    assert found == [("from_constant", None), ("shape_chain", "fold-constants")]
+    assert not [v for v in find_violations(model, FixOptions()) if v.constraint == "constant-node-input"]
+
+
+def test_k210_squeeze_that_keeps_a_size_one_axis():
+    """k210's squeeze_axes_ignored: nncase 1.9 removes every size-1 axis of an opset-13 Squeeze, so [1,8,1] squeezed
+    on axis 2 (keeping axis 0) fails there; [2,8,1] on axis 2 and the opset-11 attribute form do not count."""
+    from onnx_npu_fix.config.targets import apply_target, load_target
+
+    options = apply_target(load_target("k210"), FixOptions(), {})
+    axes = numpy_helper.from_array(np.array([2], np.int64), "axes")
+
+    def squeeze(batch, opset):
+        inputs = ["x", "axes"] if opset >= 13 else ["x"]
+        node = helper.make_node("Squeeze", inputs, ["y"], name="squeeze", **({} if opset >= 13 else {"axes": [2]}))
+        return _model([node], [_vi("x", [batch, 8, 1])], [_vi("y", None)], [axes] if opset >= 13 else [], opset)
+
+    found = [v for v in find_violations(squeeze(1, 17), options) if v.constraint == "squeeze-axes"]
+    assert [(v.node, v.value, v.fixed_by) for v in found] == [("squeeze", "[1,8,1] -> [1,8]", None)]
+    for model in (squeeze(2, 17), squeeze(1, 11)):
+        assert not [v for v in find_violations(model, options) if v.constraint == "squeeze-axes"]
+    assert not [v for v in find_violations(squeeze(1, 17), FixOptions()) if v.constraint == "squeeze-axes"]
+
+
 def _qdq_relu():
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["xq"], name="quant"),
              helper.make_node("DequantizeLinear", ["xq", "s", "zp"], ["xd"], name="dequant"),

@@ -579,3 +579,83 @@ def test_a_plugin_that_returns_no_result_is_a_failed_pass_with_exit_3(tmp_path):
     assert result.exit_code == 3, result.output
     assert "pass forgetful failed: the pass returned NoneType, not a PassResult" in result.output
     assert not out.exists()
+
+
+# --- no approximate change for a target that rejects the model anyway (issue 25) -----------------------------
+
+
+def _conv_bn_relu_qdq(tmp_path) -> onnx.ModelProto:
+    """Conv -> BatchNormalization -> Relu quantized by onnxruntime (QDQ: the BN stays between its own Q/DQ, so
+    folding it removes a rounding step), then an Identity before the graph output (an exact cleanup first)."""
+    from helpers import quantize_with_onnxruntime
+
+    gen = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(gen.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(gen.uniform(0.5, 1.5, 8).astype(np.float32), "gamma"),
+             numpy_helper.from_array(gen.standard_normal(8).astype(np.float32), "beta"),
+             numpy_helper.from_array(gen.standard_normal(8).astype(np.float32), "mean"),
+             numpy_helper.from_array(gen.uniform(0.5, 1.5, 8).astype(np.float32), "var")]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("BatchNormalization", ["y", "gamma", "beta", "mean", "var"], ["yb"], name="bn"),
+         helper.make_node("Relu", ["yb"], ["z"], name="relu")], "conv_bn",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, 8, 16, 16])], inits)
+    model = quantize_with_onnxruntime(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+                                      tmp_path)
+    last = next(n for n in model.graph.node if "z" in n.output)
+    last.output[list(last.output).index("z")] = "z_pre"
+    model.graph.node.append(helper.make_node("Identity", ["z_pre"], ["z"], name="out_identity"))
+    return model
+
+
+def test_a_target_that_rejects_a_qdq_model_gets_no_approximate_bn_fold(tmp_path):
+    """bm1684x refuses QDQ input (quantized-input: no pass fixes it), so folding a quantized BN — a measured,
+    approximate change — buys it nothing: fold-batchnorm's run is undone with the reason, the exact cleanup
+    before it (validated in the same group until then) stays, and the output computes what the input does.
+    rv1106 takes QDQ models: there the fold happens (the control)."""
+    from onnx_npu_fix.config.targets import apply_target, load_target
+    from onnx_npu_fix.pipeline.report import render_pass_line
+
+    original = _conv_bn_relu_qdq(tmp_path)
+    result = api.fix(original, apply_target(load_target("bm1684x"), FixOptions(), {}))
+    assert result.ok
+    records = {r.name: r for r in result.report.passes}
+    bn = records["fold-batchnorm"]
+    assert bn.status == "unchanged" and bn.changes == [] and bn.exact
+    assert "quantized-input" in bn.metrics["skipped"] and "no pass fixes it" in bn.metrics["skipped"]
+    assert "skipped: no approximate change: the target rejects the model anyway" in render_pass_line(bn)
+    ops = [n.op_type for n in result.model.graph.node]
+    assert "BatchNormalization" in ops and "Identity" not in ops  # cleanup's exact change kept
+    assert records["cleanup"].status == "validated"
+    assert_equivalent(original, result.model)
+
+    folded = api.fix(original, apply_target(load_target("rv1106"), FixOptions(), {}))
+    assert "BatchNormalization" not in [n.op_type for n in folded.model.graph.node]
+    assert {r.name: r for r in folded.report.passes}["fold-batchnorm"].quantized_tolerance
+
+
+@pytest.mark.parametrize("validate", ["each", "none"])
+def test_a_declared_approximate_pass_is_skipped_when_an_unfixable_constraint_rejects_the_model(validate):
+    """resize-nearest's approximate rewrite (a bilinear Resize made nearest) is undone when a forbidden op no pass
+    removes makes the target reject the model anyway; without that op it is kept (the control). Also without
+    per-pass validation (no restore point otherwise: the reason is asked before the first pass)."""
+    def model(tail_op):
+        nodes = [helper.make_node("Resize", ["x", "", "scales"], ["r"], name="up", mode="linear"),
+                 helper.make_node(tail_op, ["r"], ["y"], name="tail")]
+        vi = helper.make_tensor_value_info
+        graph = helper.make_graph(nodes, "g", [vi("x", onnx.TensorProto.FLOAT, [1, 4, 8, 8])],
+                                  [vi("y", onnx.TensorProto.FLOAT, [1, 4, 16, 16])],
+                                  [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    options = FixOptions(forbidden_ops=("Relu",), validate=validate, align=0)
+    refused = api.fix(model("Relu"), options)
+    record = {r.name: r for r in refused.report.passes}["resize-nearest"]
+    assert "forbidden-op at tail" in record.metrics["skipped"] and record.changes == [] and record.exact
+    assert [n.op_type for n in refused.model.graph.node] == ["Resize", "Relu"]
+    assert onnx.helper.get_attribute_value(refused.model.graph.node[0].attribute[0]) == b"linear"
+    rewritten = api.fix(model("Sigmoid"), options)
+    assert "skipped" not in {r.name: r for r in rewritten.report.passes}["resize-nearest"].metrics
+    assert any(n.op_type == "Resize" and b"nearest" in n.SerializeToString() for n in rewritten.model.graph.node) \
+        or "Resize" not in [n.op_type for n in rewritten.model.graph.node]

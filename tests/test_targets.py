@@ -84,7 +84,7 @@ def test_facts_from_the_issue_are_encoded():
     k210 = load_target("k210").constraints
     assert k210["sram_bytes"] == 2 * 1024 * 1024
     assert (k210["allowed_kernels"], k210["max_stride"]) == ((1, 3), 2) and "symmetric_pads" not in k210
-    assert k210["forbidden_ops"] == ("PRelu",)
+    assert k210["forbidden_ops"] == ("PRelu", "ConvTranspose")
     assert load_target("mstar-ipu").constraints["max_dilation"] == 4
     mdla = load_target("mdla2").constraints
     assert mdla["allowed_dilations"] == (1, 2, 4, 8)
@@ -551,7 +551,10 @@ FORBIDDEN_OP_MODELS = {
                             [("x", [1, 16, 8, 8])],
                             [numpy_helper.from_array(np.full((16, 1, 1), 0.25, np.float32), "slope")]),
 }
-FORBIDDEN_OP_NODES = {"SpaceToDepth": "s2d", "DepthToSpace": "d2s", "PRelu": "prelu"}
+FORBIDDEN_OP_MODELS["ConvTranspose"] = lambda: _model(
+    [helper.make_node("ConvTranspose", ["x", "wt"], ["y"], name="convt", strides=[2, 2])], [("x", [1, 16, 8, 8])],
+    [_w("wt", [16, 16, 2, 2])])
+FORBIDDEN_OP_NODES = {"SpaceToDepth": "s2d", "DepthToSpace": "d2s", "PRelu": "prelu", "ConvTranspose": "convt"}
 
 
 def violations_for(key, value, options):
@@ -615,6 +618,18 @@ def compiler_run_violations(key, value, options):
         inits = [numpy_helper.from_array(np.array(0.1, np.float32), "s"),
                  numpy_helper.from_array(np.array(128, np.uint8), "zp")]
         return [("a QDQ model", _model(nodes, [("x", [1, 16, 8, 8])], inits), "quant", "quantized-input")]
+    if key == "initializer_inputs":
+        op = value[0]
+        nodes = [helper.make_node("Constant", [], ["axes"], name="axes_const",
+                                  value=numpy_helper.from_array(np.array([1], np.int64))),
+                 helper.make_node(op, ["x", "axes"], ["y"], name="axes_from_constant")]
+        return [(f"{op} axes from a Constant node", _model(nodes, [("x", [1, 16, 8])]), "axes_from_constant",
+                 "constant-node-input")]
+    if key == "squeeze_axes_ignored":
+        node = helper.make_node("Squeeze", ["x", "axes"], ["y"], name="squeeze_keeps_one")
+        return [("[1,16,1] squeezed on axis 2", _model([node], [("x", [1, 16, 1])],
+                                                      [numpy_helper.from_array(np.array([2], np.int64), "axes")]),
+                 "squeeze_keeps_one", "squeeze-axes")]
     if key == "resize_factors":
         odd = next(f for f in range(2, 9) if f not in value)
         return [(f"nearest x{odd}", resize_model("nearest", "asymmetric", odd), "up_factor", "resize-factor")]
@@ -670,8 +685,9 @@ def test_clean_model_satisfies_every_profile(checker, name):
 OFF = {"max_dilation": None, "allowed_dilations": None, "align": 0, "concat_align": 0, "batch_one": False,
        "max_rank": None, "forbidden_ops": (), "allow_batchnorm": True, "require_nearest_resize": False,
        "max_kernel": None, "max_stride": None, "sram_bytes": None, "allow_control_flow": True,
-       "allowed_kernels": None, "symmetric_pads": False, "allow_qdq": True, "resize_factors": None,
-       "linear_half_pixel_factors": None}
+       "allowed_kernels": None, "symmetric_pads": False, "initializer_inputs": (), "squeeze_axes_ignored": False,
+       "allow_qdq": True,
+       "resize_factors": None, "linear_half_pixel_factors": None}
 
 
 @pytest.mark.parametrize(("name", "key"), list(_cases("strict")))

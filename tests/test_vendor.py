@@ -515,6 +515,159 @@ def test_nncase_rejects_the_unet_export_and_compiles_the_k210_output(fixture_pat
     assert "BatchNormalization" not in {op for op, _ in after["cpu_ops"]}
 
 
+def unsqueeze_model(axes_from_constant: bool) -> onnx.ModelProto:
+    """Relu -> Unsqueeze(axes = [1]) on [1,8,16], every shape recorded; the axes made by a Constant node (as torch
+    exports them) or stored as an initializer."""
+    from onnx import TensorProto, helper, numpy_helper, shape_inference
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Unsqueeze", ["r", "axes"], ["y"], name="unsqueeze")]
+    inits = []
+    if axes_from_constant:
+        nodes.insert(0, helper.make_node("Constant", [], ["axes"], name="axes_const",
+                                         value=numpy_helper.from_array(np.array([1], np.int64))))
+    else:
+        inits.append(numpy_helper.from_array(np.array([1], np.int64), "axes"))
+    graph = helper.make_graph(nodes, "unsqueeze", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 8, 16])], inits)
+    return shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+@requires_nncase
+def test_nncase_refuses_unsqueeze_axes_from_a_constant_node_and_the_k210_profile_says_so(tmp_path):
+    """Issue 25: nncase 1.9's "bad optional access" on the ConvTasNets and Silero VAD (original and output), reduced
+    by npufix reduce to one Unsqueeze whose axes a Constant node makes. The same axes as an initializer import;
+    --target k210 reports the Constant form (constant-node-input, no pass fixes it) and not the other."""
+    from onnx_npu_fix.analysis.constraints import find_violations
+
+    options = apply_target(load_target("k210"), FixOptions(), {})
+    for from_constant in (True, False):
+        model = unsqueeze_model(from_constant)
+        verdict = judge(NNCASE_PYTHON, "judge_nncase.py", model, tmp_path / str(from_constant))
+        assert (verdict["verdict"] == "rejected") is from_constant, verdict["message"]
+        if from_constant:
+            assert "bad optional access" in verdict["message"]
+        flagged = [(v.node, v.fixed_by) for v in find_violations(model, options)
+                   if v.constraint == "constant-node-input"]
+        assert flagged == ([("unsqueeze", None)] if from_constant else [])
+
+
+@requires_nncase
+def test_nncase_refuses_onnxruntime_qdq_and_the_k210_profile_says_so(tmp_path):
+    """Issue 25: the quantized DeepLabV3 fails in nncase 1.9 at its int32 bias ("DequantizeLinear: unsupported data
+    type:i32"), original and output alike; int8 weights fail too ('Data type "INT8" not supported'). nncase
+    quantizes float models itself, so the k210 profile refuses QDQ input (quantized-input, exit 1)."""
+    from onnx import shape_inference
+
+    from onnx_npu_fix.analysis.constraints import find_violations
+
+    options = apply_target(load_target("k210"), FixOptions(), {})
+    float_model = conv_bn_relu()
+    del float_model.graph.node[1]
+    float_model.graph.node[1].input[0] = "y"
+    float_model.graph.ClearField("value_info")
+    with_bias = onnx.ModelProto()
+    with_bias.CopyFrom(float_model)
+    with_bias.graph.node[0].input.append("beta")  # onnxruntime quantizes a bias to int32
+    cases = [("QUInt8", with_bias, "DequantizeLinear: unsupported data type:i32"),
+             ("QInt8", with_bias, "DequantizeLinear: unsupported data type:i32"),
+             ("QInt8", float_model, 'Data type "INT8" not supported')]
+    for k, (weight, source, message) in enumerate(cases):
+        directory = tmp_path / str(k)
+        directory.mkdir()
+        # shapes recorded: the quantizer drops value_info, which alone fails nncase ("bad optional access")
+        model = shape_inference.infer_shapes(quantize_with_onnxruntime(source, directory, weight=weight))
+        verdict = judge(NNCASE_PYTHON, "judge_nncase.py", model, directory / "judge")
+        assert verdict["verdict"] == "rejected" and message in verdict["message"], verdict["message"]
+        assert [v.fixed_by for v in find_violations(model, options) if v.constraint == "quantized-input"] == [None]
+    for source in (with_bias, float_model):
+        verdict = judge(NNCASE_PYTHON, "judge_nncase.py", shape_inference.infer_shapes(source), tmp_path / "float")
+        assert verdict["verdict"] == "accepted", verdict["message"]
+        assert not [v for v in find_violations(source, options) if v.constraint == "quantized-input"]
+
+
+@requires_nncase
+def test_nncase_refuses_a_strided_conv_transpose_and_the_k210_profile_says_so(tmp_path):
+    """Issue 25: with the Unsqueeze axes as initializers, the ConvTasNets' next nncase 1.9 failure is their decoder:
+    a ConvTranspose of stride 2 or more has no emitter ("Emitter for ...[Conv2DTranspose] is not found in module
+    stackvm"); a stride-1 one compiles. The k210 profile forbids ConvTranspose (forbidden-op, no pass fixes it)."""
+    from onnx import TensorProto, helper, numpy_helper, shape_inference
+
+    from onnx_npu_fix.analysis.constraints import find_violations
+
+    options = apply_target(load_target("k210"), FixOptions(), {})
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8, 2, 2)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="convt", strides=[2, 2])],
+                              "convt", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32, 32])], [weight])
+    model = shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    verdict = judge(NNCASE_PYTHON, "judge_nncase.py", model, tmp_path / "convt")
+    assert verdict["verdict"] == "rejected" and "Conv2DTranspose] is not found" in verdict["message"]
+    assert [(v.node, v.fixed_by) for v in find_violations(model, options) if v.constraint == "forbidden-op"] == \
+        [("convt", None)]
+
+
+@requires_nncase
+def test_nncase_squeezes_every_size_one_axis_and_the_k210_profile_says_so(tmp_path):
+    """Issue 25: Silero VAD's next nncase 1.9 failure once its Unsqueeze axes import, reduced to one Squeeze:
+    [1,128,1] squeezed on axis 2 (axes an input, opset 16) fails with "Shapes must be same" (nncase removes every
+    size-1 axis); [2,128,1] imports. --target k210 reports the first (squeeze-axes), not the second."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_npu_fix.analysis.constraints import find_violations
+
+    options = apply_target(load_target("k210"), FixOptions(), {})
+    for batch in (1, 2):
+        graph = helper.make_graph(
+            [helper.make_node("Squeeze", ["x", "axes"], ["y"], name="squeeze")], "squeeze",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 128, 1])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 128])],
+            [numpy_helper.from_array(np.array([2], np.int64), "axes")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+        verdict = judge(NNCASE_PYTHON, "judge_nncase.py", model, tmp_path / str(batch))
+        assert (verdict["verdict"] == "rejected") is (batch == 1), verdict["message"]
+        if batch == 1:
+            assert "Shapes must be same" in verdict["message"]
+        flagged = [v.node for v in find_violations(model, options) if v.constraint == "squeeze-axes"]
+        assert flagged == (["squeeze"] if batch == 1 else [])
+
+
+@requires_nncase
+def test_nncase_refuses_an_if_and_the_k210_profile_says_so(tmp_path):
+    """Issue 25: Silero VAD as exported fails in nncase 1.9 with "Not supported ONNX opcode: If"; the k210 profile
+    sets allow_control_flow = false (--freeze-input sr=16000 folds Silero's If)."""
+    from onnx import TensorProto, helper
+
+    from onnx_npu_fix.analysis.constraints import find_violations
+
+    vi = helper.make_tensor_value_info
+    branch = [helper.make_graph([helper.make_node(op, ["x"], [out])], op, [], [vi(out, TensorProto.FLOAT, [1, 8])])
+              for op, out in (("Relu", "t"), ("Neg", "e"))]
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], name="if_node", then_branch=branch[0], else_branch=branch[1])], "if",
+        [vi("x", TensorProto.FLOAT, [1, 8]), vi("c", TensorProto.BOOL, [])], [vi("y", TensorProto.FLOAT, [1, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    verdict = judge(NNCASE_PYTHON, "judge_nncase.py", model, tmp_path / "if")
+    assert verdict["verdict"] == "rejected" and "Not supported ONNX opcode: If" in verdict["message"]
+    options = apply_target(load_target("k210"), FixOptions(), {})
+    assert [v.node for v in find_violations(model, options) if v.constraint == "control-flow"] == ["if_node"]
+
+
+@requires_tpu_mlir
+def test_tpu_mlir_judge_gives_a_scalar_input_the_shape_tpu_mlir_gives_it(tmp_path):
+    """Issue 25: Silero VAD's scalar ``sr`` reached model_transform as ``[]`` in --input_shapes, which tpu-mlir 1.30.2
+    refuses ("input shapes error: ..., 1 vs 0": it gives a rank-0 input the shape [1]); the judge passes [1], and a
+    model with a scalar input compiles. (Silero as exported is then rejected for itself: "Op not support:{'Size'}".)"""
+    from onnx import TensorProto, helper
+
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "s"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+                              "scalar", [vi("x", TensorProto.FLOAT, [1, 8, 4, 4]), vi("s", TensorProto.FLOAT, [])],
+                              [vi("y", TensorProto.FLOAT, [1, 8, 4, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    verdict = judge(os.path.join(TOOLCHAIN, "python"), "judge_tpu_mlir.py", model, tmp_path)
+    assert verdict["verdict"] == "accepted", verdict["message"]
+
+
 def qdq_conv(tmp_path) -> str:
     """Conv 3x3 + Relu on [1,3,16,16], quantized by onnxruntime's own quantizer (QDQ, uint8)."""
     model = conv_bn_relu()

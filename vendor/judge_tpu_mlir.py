@@ -27,7 +27,9 @@ def main() -> None:
     bindir = os.path.dirname(sys.executable)
     env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
     run = dict(cwd=work, env=env, capture_output=True, text=True, timeout=args.timeout)
-    shape_arg = str([s for s, _ in shapes.values()]).replace(" ", "")
+    # A rank-0 input (Silero's sample rate) is [1] to tpu-mlir: its OnnxConverter gives a scalar input the shape [1]
+    # and refuses an --input_shapes entry of another rank ("input shapes error: ..., 1 vs 0" for []).
+    shape_arg = str([s or [1] for s, _ in shapes.values()]).replace(" ", "")
     steps = [
         [os.path.join(bindir, "model_transform"), "--model_name", "m", "--model_def", model_path,
          "--input_shapes", shape_arg, "--mlir", "m.mlir"],

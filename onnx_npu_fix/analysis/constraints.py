@@ -160,6 +160,15 @@ CONSTRAINT_TABLE: tuple[Constraint, ...] = (
                "align_corners), or a half-pixel linear one outside `linear_half_pixel_factors`",
                "resize-nearest when the nearest form keeps the rule (a half-pixel linear x8 on ethos-u55), else "
                "none"),
+    Constraint("constant-node-input", "{}", ("initializer_inputs",), "fold-constants",
+               "an input after the first of an op in the target's `initializer_inputs` is made by a Constant node, "
+               "which the target's importer does not read (it reads initializers)",
+               "fold-constants where the op is computed from constants only (a shape chain), else none",
+               judged_by_result=True),
+    Constraint("squeeze-axes", "{}", ("squeeze_axes_ignored",), "fold-constants",
+               "a Squeeze with its axes as an input (opset 13 on) keeps a size-1 axis, and the target's importer "
+               "removes every one (`squeeze_axes_ignored`)",
+               "fold-constants where the Squeeze is computed from constants only, else none", judged_by_result=True),
     Constraint("quantized-input", "{}", ("allow_qdq",), None,
                "the model holds QuantizeLinear / DequantizeLinear or QOperator ops and the target's compiler "
                "takes float models only (`allow_qdq = false`)",
@@ -578,7 +587,28 @@ def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
             ctx.add_fixable(node, "forbidden-op", op, sorted(options.forbidden_ops), why)
         else:
             ctx.add(node, "forbidden-op", op, sorted(options.forbidden_ops), None, why)
+    if op in options.initializer_inputs and standard:
+        _check_constant_node_inputs(ctx, node)
+    if op == "Squeeze" and options.squeeze_axes_ignored and standard and len(node.input) > 1 and node.input[1]:
+        _check_squeeze_axes(ctx, node)
     _check_outputs(ctx, node)
+
+
+def _check_constant_node_inputs(ctx: _Context, node: onnx.NodeProto) -> None:
+    for name in node.input[1:]:
+        producer = ctx.index.producer.get(name) if name else None
+        if producer is not None and producer.op_type == "Constant":
+            ctx.add_fixable(node, "constant-node-input", f"{name} from Constant {producer.name}", "an initializer",
+                            f"the target's importer reads {node.op_type}'s inputs after the first from initializers "
+                            "only")
+
+
+def _check_squeeze_axes(ctx: _Context, node: onnx.NodeProto) -> None:
+    before, after = ctx.index.static_shape(node.input[0]), ctx.index.static_shape(node.output[0])
+    if before is not None and after is not None and len(after) != len(before) - list(before).count(1):
+        ctx.add_fixable(node, "squeeze-axes", f"{format_shape(before)} -> {format_shape(after)}",
+                        "every size-1 axis removed",
+                        "the target's importer ignores the axes input and removes every size-1 axis")
 
 
 def _reported_as_op(op: str, options: FixOptions) -> bool:

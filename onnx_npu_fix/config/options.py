@@ -41,7 +41,7 @@ MINIMUM: dict[str, int] = {
     "linear_half_pixel_factors": 1,
 }
 # List options whose every element must be an ONNX op type (a misspelt one would silently match nothing).
-OP_TYPE_LISTS: frozenset[str] = frozenset({"forbidden_ops"})
+OP_TYPE_LISTS: frozenset[str] = frozenset({"forbidden_ops", "initializer_inputs"})
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,12 @@ class FixOptions:
     symmetric_pads: bool = False
     """Every Conv must pad each spatial axis equally at both ends (a user profile's key: the nncase FAQ says so for
     the K210, but nncase 1.9 ran asymmetric pads on the KPU, so the k210 profile does not set it)."""
+    initializer_inputs: tuple[str, ...] = ()
+    """Op types whose inputs after the first (axes, shapes) the target's importer reads only from initializers: one
+    made by a Constant node is a ``constant-node-input`` violation (nncase 1.9: Unsqueeze's ``axes``)."""
+    squeeze_axes_ignored: bool = False
+    """The target's importer removes every size-1 axis of a Squeeze whose axes are an input (opset >= 13), whatever
+    they say: one that keeps a size-1 axis is a ``squeeze-axes`` violation (nncase 1.9)."""
     allow_qdq: bool = True
     """Whether the target's compiler takes quantized ONNX (QuantizeLinear / DequantizeLinear or QOperator ops).
     False: a ``quantized-input`` violation (tpu-mlir 1.30.2 quantizes float models itself and refuses QDQ)."""

@@ -229,6 +229,8 @@ def render_pass_line(record: PassRecord) -> str:
         tail = f"  ERROR: {record.error}"
     elif record.status == "not validated" and record.changes:
         tail = "  (not validated)"
+    elif "skipped" in record.metrics:
+        tail = f"  skipped: {record.metrics['skipped']}"
     else:
         tail = ""
     return f"{head}{tail}  {record.seconds + record.validate_seconds:.2f}s"

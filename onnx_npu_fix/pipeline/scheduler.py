@@ -117,7 +117,8 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
                reference: Reference | None = None,
                on_serialized: Callable[[bytes], None] | None = None,
                reload: Callable[[], onnx.ModelProto] | None = None,
-               reference_feeds: Feeds | None = None, keep_inputs: bool = False) -> FixResult:
+               reference_feeds: Feeds | None = None, keep_inputs: bool = False,
+               refusal: Callable[[onnx.ModelProto], str | None] | None = None) -> FixResult:
     """Run ``passes`` over ``model`` (edited in place) and return it with the report.
 
     Call :func:`prepare` first. Never raises for a failing pass: the report says which pass failed and why.
@@ -134,6 +135,11 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     ``reference_feeds``: inputs only ``reference`` takes (``--freeze-input``: the original still has the inputs
     frozen in ``model``), added to every input set it runs.
     ``keep_inputs``: FixResult.inputs holds the validation inputs (``--save-inputs``), also when a pass failed.
+    ``refusal``: why the target rejects the model whatever the passes do (a constraint no pass fixes), or None;
+    asked once, when a pass first makes an approximate change (before the first pass in a run that keeps no
+    restore point otherwise). When it gives a reason, no approximate change is kept: a pass whose run was not
+    exact (a declared-approximate rewrite, an exact pass's QDQ fold) is undone as a whole and recorded unchanged,
+    with the reason as ``metrics["skipped"]``.
     """
     started = time.perf_counter()
     report = FixReport()
@@ -143,7 +149,7 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     validator = Validator(model, options, reference=reference, approximate=approximate,
                           reference_feeds=reference_feeds)
     try:
-        data = _Run(model, options, list(passes), report, validator, on_serialized, reload).run()
+        data = _Run(model, options, list(passes), report, validator, on_serialized, reload, refusal).run()
     finally:
         validator.close()
     report.seconds = time.perf_counter() - started
@@ -270,8 +276,12 @@ class _Run:
 
     def __init__(self, model: onnx.ModelProto, options: FixOptions, passes: list[Pass], report: FixReport,
                  validator: Validator, on_serialized: Callable[[bytes], None] | None = None,
-                 reload: Callable[[], onnx.ModelProto] | None = None) -> None:
+                 reload: Callable[[], onnx.ModelProto] | None = None,
+                 refusal: Callable[[onnx.ModelProto], str | None] | None = None) -> None:
         self.model, self.options, self.passes = model, options, passes
+        self.refusal = refusal
+        self.refused: str | None = None
+        """refusal's answer once asked (:meth:`_refused`)."""
         self.report, self.validator = report, validator
         self.on_serialized = on_serialized
         self.reload = reload
@@ -359,6 +369,8 @@ class _Run:
         broken = declared.broken_io(self.model)
         if broken is not None:
             return self._fail(i, record, Outcome.FAILED, broken)
+        if not record.exact and result.changed and self._refused():
+            return self._undo_approximate(i, record)
         if self.options.strict and result.changed and not record.exact:
             self._settle([record], Outcome.REFUSED_STRICT)
             raise StrictRefused(strict_message(record))
@@ -379,6 +391,10 @@ class _Run:
         record.validate_seconds = time.perf_counter() - t1
         if problem is not None:
             return self._fail(i, record, Outcome.FAILED, problem)
+        return self._group_or_validate(i, record)
+
+    def _group_or_validate(self, i: int, record: PassRecord) -> Outcome:
+        """Pass ``i`` changed the model: keep it unvalidated, add it to the pending group, or validate now."""
         if not self.each:
             self.validator.accept(exact=record.exact)
             return self._settle([record], Outcome.NOT_VALIDATED)
@@ -390,6 +406,28 @@ class _Run:
         if i <= self.solo_until or not record.exact or not self.grouping:
             return self._validate_group()
         return Outcome.PENDING
+
+    def _refused(self) -> str | None:
+        """Why the target rejects the model anyway (``refusal``, asked once), or None."""
+        if self.refusal is not None:
+            self.refused, self.refusal = self.refusal(self.model), None
+        return self.refused
+
+    def _skip(self, record: PassRecord) -> Outcome:
+        """Record a pass whose approximate change is not made (``refusal``): unchanged, with the reason."""
+        record.metrics["skipped"] = f"no approximate change: {self.refused}"
+        self.report.passes.append(record)
+        return self._settle([record], Outcome.UNCHANGED)
+
+    def _undo_approximate(self, i: int, record: PassRecord) -> Outcome:
+        """Pass ``i`` made an approximate change (declared so, or an exact pass's QDQ fold) that the target gains
+        nothing from (``refusal``): undo it and record it unchanged, with the reason. With unvalidated exact
+        passes before it, their group is replayed (each alone, this one again, then undone by itself)."""
+        if self.group:
+            return self._replay(i)
+        self._restore()  # a restore point exists: _take_point keeps one once refusal has answered
+        self.report.passes.remove(record)
+        return self._skip(PassRecord(name=record.name, exact=True, seconds=record.seconds))
 
     def _fail(self, i: int, record: PassRecord, outcome: Outcome, error: str) -> Outcome:
         """Pass ``i`` crashed (ERROR) or its change was refused (FAILED): the run stops (the group before it was
@@ -429,7 +467,8 @@ class _Run:
         here = self.here
         if here.kind is RestoreKind.BYTES:
             kind, model = here.kind, here.model
-        elif not (self.grouping or self.options.keep_going):
+        elif not (self.grouping or self.options.keep_going or self._refused()):
+            # (refusal is asked here, before the pass, only in a run that keeps no restore point otherwise)
             kind, model = RestoreKind.NONE, None
         elif here.kind is RestoreKind.REREAD:
             kind, model = here.kind, None
