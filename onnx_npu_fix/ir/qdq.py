@@ -92,10 +92,14 @@ class QuantParams:
         return scale.reshape(shape)
 
 
+QUANTIZERS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+"""The ops that make a model quantized (QDQ form)."""
+
+
 def quant_params(index: GraphIndex, node: onnx.NodeProto) -> QuantParams | None:
     """The constant parameters of a QuantizeLinear / DequantizeLinear ``node``, or None when its scale or zero
     point is computed at run time or it uses a form the passes do not handle (blocked quantization)."""
-    if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or not is_default_domain(node):
+    if node.op_type not in QUANTIZERS or not is_default_domain(node):
         return None
     if int(get_attr(node, "block_size", 0) or 0):
         return None

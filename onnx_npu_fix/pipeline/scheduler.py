@@ -50,6 +50,7 @@ from onnx_npu_fix.ir.graph import (
     keep_inferred_shapes,
     remove_unused,
 )
+from onnx_npu_fix.ir.qdq import QUANTIZERS
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
 from onnx_npu_fix.pipeline.report import EXACT_ALTERNATIVE, FixReport, PassRecord, PassStatus
 from onnx_npu_fix.pipeline.validate import (  # noqa: F401 - check_structure: public here before it moved to validate.py
@@ -282,6 +283,8 @@ class _Run:
         self.refusal = refusal
         self.refused: str | None = None
         """refusal's answer once asked (:meth:`_refused`)."""
+        self.quantized: bool | None = None
+        """The model has quantizers (:meth:`_may_approximate`), once asked."""
         self.report, self.validator = report, validator
         self.on_serialized = on_serialized
         self.reload = reload
@@ -369,7 +372,7 @@ class _Run:
         broken = declared.broken_io(self.model)
         if broken is not None:
             return self._fail(i, record, Outcome.FAILED, broken)
-        if not record.exact and result.changed and self._refused():
+        if not record.exact and result.changed and self.point.kind is not RestoreKind.NONE and self._refused():
             return self._undo_approximate(i, record)
         if self.options.strict and result.changed and not record.exact:
             self._settle([record], Outcome.REFUSED_STRICT)
@@ -412,6 +415,15 @@ class _Run:
         if self.refusal is not None:
             self.refused, self.refusal = self.refusal(self.model), None
         return self.refused
+
+    def _may_approximate(self, i: int) -> bool:
+        """Pass ``i`` can make an approximate change: it is declared approximate, or the model is quantized (an
+        exact pass's fold can then drop a rounding step). Passes add no quantizer to a float model."""
+        if not self.passes[i].exact:
+            return True
+        if self.quantized is None:
+            self.quantized = any(node.op_type in QUANTIZERS for node in self.model.graph.node)
+        return self.quantized
 
     def _skip(self, record: PassRecord) -> Outcome:
         """Record a pass whose approximate change is not made (``refusal``): unchanged, with the reason."""
@@ -467,8 +479,9 @@ class _Run:
         here = self.here
         if here.kind is RestoreKind.BYTES:
             kind, model = here.kind, here.model
-        elif not (self.grouping or self.options.keep_going or self._refused()):
-            # (refusal is asked here, before the pass, only in a run that keeps no restore point otherwise)
+        elif not (self.grouping or self.options.keep_going or (self._may_approximate(i) and self._refused())):
+            # (refusal is asked here, before the pass, only in a run that keeps no restore point otherwise, and
+            # only before a pass that can make an approximate change: it costs a constraint check of the model)
             kind, model = RestoreKind.NONE, None
         elif here.kind is RestoreKind.REREAD:
             kind, model = here.kind, None
