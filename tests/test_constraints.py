@@ -785,8 +785,8 @@ def test_k210_kernel_shapes_and_asymmetric_pads():
 
 def test_k210_unsqueeze_axes_from_a_constant_node():
     """k210's initializer_inputs: nncase 1.9 fails ("bad optional access") on an Unsqueeze whose axes a Constant node
-    makes, not on the same axes as an initializer; one computed from constants only (a shape chain) is folded by
-    fold-constants, which the finding names."""
+    makes, not on the same axes as an initializer. fold-constants fixes both forms: it stores the Constant as an
+    initializer, and folds an Unsqueeze computed from constants only (a shape chain); the finding names it."""
     from onnx_npu_fix.config.targets import apply_target, load_target
 
     const = [helper.make_node("Constant", [], [f"axes{k}"], name=f"const{k}",
@@ -807,7 +807,7 @@ def test_k210_unsqueeze_axes_from_a_constant_node():
     model = _model(nodes, [_vi("x", [1, 8, 16])], [_vi("z", None)], inits)
     options = apply_target(load_target("k210"), FixOptions(), {})
     found = [(v.node, v.fixed_by) for v in find_violations(model, options) if v.constraint == "constant-node-input"]
-    assert found == [("from_constant", None), ("shape_chain", "fold-constants")]
+    assert found == [("from_constant", "fold-constants"), ("shape_chain", "fold-constants")]
     assert not [v for v in find_violations(model, FixOptions()) if v.constraint == "constant-node-input"]
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from helpers import apply_pass, assert_equivalent, ops, prepared
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_npu_fix import api
+from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import set_input_shapes
 from onnx_npu_fix.passes.fold_constants import FoldConstantsPass
 
@@ -155,3 +158,27 @@ def test_folded_pads_are_stored_typed_and_read_identically():
     assert inits["big_neg"].raw_data and not inits["big_neg"].int64_data  # 100 elements: not shape-like
     assert np.array_equal(numpy_helper.to_array(inits["big_neg"]), -np.arange(100))
     assert_equivalent(model, fixed)
+
+
+def test_constant_read_by_an_initializer_inputs_op_is_stored_as_an_initializer(tmp_path):
+    """k210's initializer_inputs (nncase 1.9 reads Unsqueeze's axes only from an initializer): fold-constants
+    stores the Constant node an Unsqueeze reads as an initializer of the same name, which onnxruntime computes
+    the same from; a Constant no listed op reads, and any Constant without the option, stay nodes."""
+    const = [helper.make_node("Constant", [], [name], name=f"{name}_node",
+                              value=numpy_helper.from_array(np.array([axis], np.int64)))
+             for name, axis in (("axes_u", 1), ("axes_s", 1))]
+    nodes = [*const, helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Unsqueeze", ["r", "axes_u"], ["u"], name="unsqueeze"),
+             helper.make_node("Squeeze", ["u", "axes_s"], ["y"], name="squeeze")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    source = tmp_path / "in.onnx"
+    onnx.save(model, source)
+    result = api.fix(str(source), FixOptions(initializer_inputs=("Unsqueeze",)))
+    assert result.ok
+    left = [n.output[0] for n in result.model.graph.node if n.op_type == "Constant"]
+    assert left == ["axes_s"] and "axes_u" in {t.name for t in result.model.graph.initializer}
+    assert assert_equivalent(model, result.model).passed
+    plain = api.fix(str(source), FixOptions())
+    assert sum(n.op_type == "Constant" for n in plain.model.graph.node) == 2

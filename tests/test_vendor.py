@@ -536,7 +536,8 @@ def unsqueeze_model(axes_from_constant: bool) -> onnx.ModelProto:
 def test_nncase_refuses_unsqueeze_axes_from_a_constant_node_and_the_k210_profile_says_so(tmp_path):
     """Issue 25: nncase 1.9's "bad optional access" on the ConvTasNets and Silero VAD (original and output), reduced
     by npufix reduce to one Unsqueeze whose axes a Constant node makes. The same axes as an initializer import;
-    --target k210 reports the Constant form (constant-node-input, no pass fixes it) and not the other."""
+    --target k210 reports the Constant form (constant-node-input, fixed by fold-constants) and not the other, and
+    npufix's output of the Constant form (the axes stored as an initializer) imports."""
     from onnx_npu_fix.analysis.constraints import find_violations
 
     options = apply_target(load_target("k210"), FixOptions(), {})
@@ -548,7 +549,14 @@ def test_nncase_refuses_unsqueeze_axes_from_a_constant_node_and_the_k210_profile
             assert "bad optional access" in verdict["message"]
         flagged = [(v.node, v.fixed_by) for v in find_violations(model, options)
                    if v.constraint == "constant-node-input"]
-        assert flagged == ([("unsqueeze", None)] if from_constant else [])
+        assert flagged == ([("unsqueeze", "fold-constants")] if from_constant else [])
+    source = tmp_path / "constant.onnx"
+    onnx.save(unsqueeze_model(True), source)
+    fixed = tmp_path / "fixed.onnx"
+    result = fix(str(source), options)
+    assert result.ok and not any(n.op_type == "Constant" for n in result.model.graph.node)
+    onnx.save(result.model, fixed)
+    assert judge(NNCASE_PYTHON, "judge_nncase.py", str(fixed), tmp_path / "fixed")["verdict"] == "accepted"
 
 
 @requires_nncase

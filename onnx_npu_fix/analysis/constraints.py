@@ -163,7 +163,7 @@ CONSTRAINT_TABLE: tuple[Constraint, ...] = (
     Constraint("constant-node-input", "{}", ("initializer_inputs",), "fold-constants",
                "an input after the first of an op in the target's `initializer_inputs` is made by a Constant node, "
                "which the target's importer does not read (it reads initializers)",
-               "fold-constants where the op is computed from constants only (a shape chain), else none",
+               "fold-constants (the Constant becomes an initializer; an op computed from constants only folds)",
                judged_by_result=True),
     Constraint("squeeze-axes", "{}", ("squeeze_axes_ignored",), "fold-constants",
                "a Squeeze with its axes as an input (opset 13 on) keeps a size-1 axis, and the target's importer "

@@ -9,6 +9,10 @@ values from the same constants. Shape inference is refreshed between rounds so s
 Reshape/Expand/Pad become static and can fold in turn. Random ops, custom domains and results larger than
 ``--large-tensor`` bytes (onnxsim's ``--no-large-tensor``) are left alone.
 
+A Constant node read by an op in the target's ``initializer_inputs`` (an input after the first) becomes an
+initializer of the same name and value (:class:`StoreConstant`; nncase 1.9 reads Unsqueeze's axes from initializers
+only): every reader sees the same tensor.
+
 Control flow folds too, repeatedly until nothing changes (an If inside the chosen branch folds in a later round):
 
     If(c = constant)  ->  the chosen branch's nodes, in the If's place        (If(c) = c ? then : else)
@@ -96,6 +100,15 @@ class UnrollLoop(Plan):
     unrolled_nodes: int
 
 
+@dataclass(kw_only=True)
+class StoreConstant(Plan):
+    """Replace Constant ``node`` by an initializer of the same name and value, because an op in the target's
+    ``initializer_inputs`` reads it (``constant-node-input``): every reader sees the same tensor, so this is exact."""
+
+    node: onnx.NodeProto
+    value: np.ndarray
+
+
 class FoldConstantsPass(Pass):
     """Constant folding. ``find`` is one read-only round: it evaluates every node whose inputs are constant,
     propagating the values it computed in its own table (so a whole Shape -> ... -> Concat chain folds in one
@@ -112,11 +125,12 @@ class FoldConstantsPass(Pass):
     def _find(self, model: onnx.ModelProto, options: FixOptions, spent: int) -> Found:
         """One round's plans; ``spent``: nodes the Loops unrolled in the rounds before it (one budget per run)."""
         found = Found()
-        if not _has_candidates(model):
+        if not (_has_candidates(model) or _stored_constants(model, options.initializer_inputs)):
             return found  # the usual case on a clean graph: no index, no evaluation
         index = GraphIndex(model)
         known = self._find_folds(model, index, options.large_tensor_bytes, found)
         folded = {id(p.node) for p in found.plans}
+        found.plans.extend(_find_stores(model, options.initializer_inputs, {p.node.name for p in found.plans}))
         dead = {id(n) for n in unused_after(model, gone=folded)[0]} if folded else set()
         _find_control_flow(model, index, known, dead, spent, found, blocking=not options.allow_control_flow)
         return found
@@ -125,7 +139,7 @@ class FoldConstantsPass(Pass):
         """Rounds of ``rewrite(find())`` with shape inference between them, until a find plans nothing; then
         cleanup on the flattened graph (when an If or Loop was folded) and a Rejection for every node left."""
         result = PassResult()
-        if not _has_candidates(model):
+        if not (_has_candidates(model) or _stored_constants(model, options.initializer_inputs)):
             return result
         stats = {"ifs_inlined": 0, "loops_unrolled": 0, "nodes_unrolled": 0,
                  "max_trip_count": _MAX_TRIP, "max_unrolled_nodes": _MAX_UNROLLED_NODES}
@@ -168,6 +182,12 @@ class FoldConstantsPass(Pass):
             result.changes += [Change(p.node.name, p.node.op_type, "folded to constant",
                                       new=[list(np.shape(v)) for v in p.values]) for p in folds]
             remove_dead_nodes(model)
+        stores = [p for p in found.plans if isinstance(p, StoreConstant)]
+        if stores:
+            drop_nodes(model, (p.node for p in stores))
+            model.graph.initializer.extend(folded_tensor(p.value, p.node.output[0]) for p in stores)
+            result.changes += [Change(p.node.name, "Constant", f"stored as an initializer (read by {p.nodes[0]})")
+                               for p in stores]
         flow = [p for p in found.plans if isinstance(p, (InlineIf, UnrollLoop))]
         if flow:
             _Splicer(model, result).apply(flow)
@@ -287,6 +307,40 @@ def _unrolled_nodes(node: onnx.NodeProto, trip: int) -> int:
     n_scan = len(body.output) - 1 - n_carried
     scans = sum(1 for k in range(n_scan) if n_carried + k < len(node.output) and node.output[n_carried + k])
     return trip * spliced + scans * (trip + (1 if trip > 1 else 0))
+
+
+def _stored_constants(model: onnx.ModelProto, readers: tuple[str, ...]) -> dict[str, list[str]]:
+    """Constant node output -> the nodes of an op in ``readers`` (the target's ``initializer_inputs``) that read
+    it as an input after the first; empty without ``readers`` (one scan otherwise)."""
+    if not readers:
+        return {}
+    constants = {node.output[0] for node in model.graph.node if node.op_type == "Constant" and node.output}
+    read: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        if node.op_type in readers and is_default_domain(node):
+            for name in node.input[1:]:
+                if name in constants:
+                    read.setdefault(name, []).append(node.name)
+    return read
+
+
+def _find_stores(model: onnx.ModelProto, readers: tuple[str, ...], folding: set[str]) -> list[StoreConstant]:
+    """A StoreConstant plan for each Constant node read by an op of ``readers`` that does not fold this round
+    (``folding``: the nodes this round's folds replace; a folded reader reads no Constant afterwards)."""
+    read = _stored_constants(model, readers)
+    if not read:
+        return []
+    plans = []
+    for node in model.graph.node:
+        if node.op_type != "Constant" or not node.output or node.output[0] not in read:
+            continue
+        value = constant_node_value(node)
+        readers_left = [name for name in read[node.output[0]] if name not in folding]
+        if value is None or not readers_left:
+            continue  # a sparse_value / string form stays; a reader that folds reads no Constant afterwards
+        plans.append(StoreConstant((*readers_left, node.name), "stored as an initializer", node=node,
+                                   value=np.asarray(value)))
+    return plans
 
 
 def _has_candidates(model: onnx.ModelProto) -> bool:
