@@ -813,7 +813,8 @@ def test_k210_unsqueeze_axes_from_a_constant_node():
 
 def test_k210_squeeze_that_keeps_a_size_one_axis():
     """k210's squeeze_axes_ignored: nncase 1.9 removes every size-1 axis of an opset-13 Squeeze, so [1,8,1] squeezed
-    on axis 2 (keeping axis 0) fails there; [2,8,1] on axis 2 and the opset-11 attribute form do not count."""
+    on axis 2 (keeping axis 0) fails there (squeeze-reshape makes it a Reshape); [2,8,1] on axis 2 and the opset-11
+    attribute form do not count."""
     from onnx_npu_fix.config.targets import apply_target, load_target
 
     options = apply_target(load_target("k210"), FixOptions(), {})
@@ -825,7 +826,7 @@ def test_k210_squeeze_that_keeps_a_size_one_axis():
         return _model([node], [_vi("x", [batch, 8, 1])], [_vi("y", None)], [axes] if opset >= 13 else [], opset)
 
     found = [v for v in find_violations(squeeze(1, 17), options) if v.constraint == "squeeze-axes"]
-    assert [(v.node, v.value, v.fixed_by) for v in found] == [("squeeze", "[1,8,1] -> [1,8]", None)]
+    assert [(v.node, v.value, v.fixed_by) for v in found] == [("squeeze", "[1,8,1] -> [1,8]", "squeeze-reshape")]
     for model in (squeeze(2, 17), squeeze(1, 11)):
         assert not [v for v in find_violations(model, options) if v.constraint == "squeeze-axes"]
     assert not [v for v in find_violations(squeeze(1, 17), FixOptions()) if v.constraint == "squeeze-axes"]

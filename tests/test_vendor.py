@@ -637,6 +637,26 @@ def test_nncase_squeezes_every_size_one_axis_and_the_k210_profile_says_so(tmp_pa
             assert "Shapes must be same" in verdict["message"]
         flagged = [v.node for v in find_violations(model, options) if v.constraint == "squeeze-axes"]
         assert flagged == (["squeeze"] if batch == 1 else [])
+        if batch == 1:  # npufix's output (squeeze-reshape: a Reshape to [1,128]) imports
+            fixed = fix(model, options)
+            assert fixed.ok and [n.op_type for n in fixed.model.graph.node] == ["Reshape"]
+            assert judge(NNCASE_PYTHON, "judge_nncase.py", fixed.model, tmp_path / "fixed")["verdict"] == "accepted"
+
+
+@requires_nncase
+def test_silero_vad_compiles_for_k210_after_npufix(tmp_path, fixture_path):
+    """Issue 25: Silero VAD (shipped in the silero-vad wheel) fails in nncase 1.9 as exported (an If; Unsqueeze axes
+    from Constant nodes: "bad optional access"; Squeezes that keep a size-1 axis). npufix --target k210 with its
+    sample rate frozen folds the If, stores the axes as initializers and makes those Squeezes Reshapes: nncase
+    imports and compiles the output."""
+    options = apply_target(load_target("k210"), FixOptions(
+        input_shapes={"input": (1, 512), "state": (2, 1, 128)}, freeze_inputs={"sr": "16000"}), {})
+    original = judge(NNCASE_PYTHON, "judge_nncase.py", fixture_path("silero_vad.onnx"), tmp_path / "original",
+                     "--input-shape", "input:1,512", "--input-shape", "state:2,1,128", "--input-shape", "sr:1")
+    assert original["verdict"] == "rejected", original["message"]
+    result = fix(fixture_path("silero_vad.onnx"), options)
+    assert result.ok
+    assert judge(NNCASE_PYTHON, "judge_nncase.py", result.model, tmp_path / "fixed")["verdict"] == "accepted"
 
 
 @requires_nncase

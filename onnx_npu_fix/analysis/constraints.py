@@ -64,6 +64,7 @@ from onnx_npu_fix.ir.ops import (
 from onnx_npu_fix.ir.qdq import is_qoperator
 from onnx_npu_fix.ir.schedule import constant_names
 from onnx_npu_fix.passes.base import Found
+from onnx_npu_fix.passes.squeeze_reshape import keeps_a_size_one_axis
 
 
 @dataclass(frozen=True)
@@ -165,10 +166,10 @@ CONSTRAINT_TABLE: tuple[Constraint, ...] = (
                "which the target's importer does not read (it reads initializers)",
                "fold-constants (the Constant becomes an initializer; an op computed from constants only folds)",
                judged_by_result=True),
-    Constraint("squeeze-axes", "{}", ("squeeze_axes_ignored",), "fold-constants",
+    Constraint("squeeze-axes", "{}", ("squeeze_axes_ignored",), "squeeze-reshape",
                "a Squeeze with its axes as an input (opset 13 on) keeps a size-1 axis, and the target's importer "
                "removes every one (`squeeze_axes_ignored`)",
-               "fold-constants where the Squeeze is computed from constants only, else none", judged_by_result=True),
+               "squeeze-reshape (a Reshape to the static output shape), else none"),
     Constraint("quantized-input", "{}", ("allow_qdq",), None,
                "the model holds QuantizeLinear / DequantizeLinear or QOperator ops and the target's compiler "
                "takes float models only (`allow_qdq = false`)",
@@ -605,7 +606,7 @@ def _check_constant_node_inputs(ctx: _Context, node: onnx.NodeProto) -> None:
 
 def _check_squeeze_axes(ctx: _Context, node: onnx.NodeProto) -> None:
     before, after = ctx.index.static_shape(node.input[0]), ctx.index.static_shape(node.output[0])
-    if before is not None and after is not None and len(after) != len(before) - list(before).count(1):
+    if before is not None and after is not None and keeps_a_size_one_axis(tuple(before), tuple(after)):
         ctx.add_fixable(node, "squeeze-axes", f"{format_shape(before)} -> {format_shape(after)}",
                         "every size-1 axis removed",
                         "the target's importer ignores the axes input and removes every size-1 axis")

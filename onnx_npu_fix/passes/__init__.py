@@ -3,7 +3,8 @@
 Why this order: constant folding and cleanup first, so later passes see static shapes and plain constants (folding
 before cleanup: a Pad / Slice / Reshape whose pads or shape are computed from static shapes is only recognised as
 a no-op once they are constants, e.g. the all-zero Pad asteroid's ConvTasNet export ends with);
-fold-pad-conv right after them (the Pads whose pads fold-constants just made constant);
+fold-pad-conv right after them (the Pads whose pads fold-constants just made constant); squeeze-reshape then
+(shapes are static by now);
 BatchNorm folding before channel alignment, so alignment only pads Conv weights; alignment before dilated-conv,
 so the space-to-batch rewrite works on channel counts that are already aligned and keeps them.
 """
@@ -19,11 +20,13 @@ from onnx_npu_fix.passes.fold_constants import FoldConstantsPass
 from onnx_npu_fix.passes.fold_pad_conv import FoldPadConvPass
 from onnx_npu_fix.passes.reorder_memory import ReorderMemoryPass
 from onnx_npu_fix.passes.resize_nearest import ResizeNearestPass
+from onnx_npu_fix.passes.squeeze_reshape import SqueezeReshapePass
 
 DEFAULT_ORDER: tuple[type[Pass], ...] = (
     FoldConstantsPass,
     CleanupPass,
     FoldPadConvPass,
+    SqueezeReshapePass,
     FoldBatchNormPass,
     ResizeNearestPass,
     AlignChannelsPass,

@@ -186,7 +186,7 @@ class FoldConstantsPass(Pass):
         if stores:
             drop_nodes(model, (p.node for p in stores))
             model.graph.initializer.extend(folded_tensor(p.value, p.node.output[0]) for p in stores)
-            result.changes += [Change(p.node.name, "Constant", f"stored as an initializer (read by {p.nodes[0]})")
+            result.changes += [Change(p.node.name, "Constant", p.action, detail={"read_by": list(p.nodes[:-1])})
                                for p in stores]
         flow = [p for p in found.plans if isinstance(p, (InlineIf, UnrollLoop))]
         if flow:
