@@ -860,13 +860,14 @@ def node_macs(index: GraphIndex, node: onnx.NodeProto) -> int:
         out_shape = index.static_shape(node.output[0])
         if w_shape is None or out_shape is None:
             return 0
-        # every output element takes (C_in / group) * prod(kernel) MACs; W is [M, C/group, k...]
-        return int(np.prod(out_shape, dtype=np.int64)) * int(np.prod(w_shape[1:], dtype=np.int64))
+        # every output element takes (C_in / group) * prod(kernel) MACs; W is [M, C/group, k...]. math.prod on
+        # the int tuples: np.prod's array round trip was a third of the cost table at 10k nodes.
+        return math.prod(out_shape) * math.prod(w_shape[1:])
     in_shape = index.static_shape(node.input[0])
     if w_shape is None or in_shape is None:
         return 0
     # ConvTranspose: every input element scatters into (M / group) * prod(kernel) outputs; W is [C, M/group, k...]
-    return int(np.prod(in_shape, dtype=np.int64)) * int(np.prod(w_shape[1:], dtype=np.int64))
+    return math.prod(in_shape) * math.prod(w_shape[1:])
 
 
 def opset_version(model: onnx.ModelProto, domain: str = "") -> int:
