@@ -64,10 +64,16 @@ class Cost:
                 "unknown_shapes": dict(self.unknown)}
 
 
+def needs_index(model: onnx.ModelProto) -> bool:
+    """Whether :func:`model_cost` of ``model`` reads a GraphIndex (its MACs and peak): up to DETAIL_MAX_NODES."""
+    return len(model.graph.node) <= DETAIL_MAX_NODES
+
+
 def model_cost(model: onnx.ModelProto, act_bytes: int = 1, index: GraphIndex | None = None) -> Cost:
-    """The cost of ``model`` (shapes must be inferred, as the pass manager leaves them)."""
+    """The cost of ``model`` (shapes must be inferred, as the pass manager leaves them). ``index``: one of
+    ``model`` built already, else one is built when :func:`needs_index`."""
     nodes = model.graph.node
-    detail = len(nodes) <= DETAIL_MAX_NODES
+    detail = needs_index(model)
     if detail:
         index = index or GraphIndex(model)
     ops: dict[str, int] = {}
