@@ -218,12 +218,16 @@ def stored_peak(index: GraphIndex, act_bytes: int) -> tuple[int, int]:
     diff = [0] * (n + 1)
     blank = total = 0
     outputs = index.output_set
+    sizes: dict[Shape | None, int | None] = {}  # most activations share a few shapes
     for name, first in start.items():
         shape = index.shape(name)
-        if shape is None or not all(isinstance(d, int) and d >= 0 for d in shape):
+        size = sizes.get(shape, -1)
+        if size == -1:
+            static = shape is not None and all(isinstance(d, int) and d >= 0 for d in shape)
+            size = sizes[shape] = math.prod(shape) * act_bytes if static else None  # type: ignore[arg-type]
+        if size is None:
             blank += 1
             continue
-        size = math.prod(shape) * act_bytes
         if not size:
             continue
         total += size
