@@ -148,7 +148,7 @@ def _fix_in_place(model: onnx.ModelProto, options: FixOptions | None = None,
                   source: str | os.PathLike | None = None, keep_inputs: bool = False) -> FixResult:
     """:func:`fix` on ``model`` itself (edited in place): for a model nobody else holds, e.g. just read.
     ``keep_inputs``: FixResult.inputs holds the validation inputs (``--save-inputs``)."""
-    from onnx_npu_fix.analysis.cost import input_cost, model_cost
+    from onnx_npu_fix.analysis.cost import input_cost, model_cost, needs_index
 
     options = options or FixOptions()
     prepare(model, options)
@@ -165,7 +165,8 @@ def _fix_in_place(model: onnx.ModelProto, options: FixOptions | None = None,
             own_reference.close()
     result.report.frozen_inputs = {name: f.to_json() for name, f in frozen.items()}
     if result.ok:
-        result.report.cost = (before, model_cost(result.model, options.act_bytes))
+        index = result.graph_index() if needs_index(result.model) else None  # the final check reads it too
+        result.report.cost = (before, model_cost(result.model, options.act_bytes, index))
     return result
 
 
@@ -491,7 +492,7 @@ def _check_output(job: _RunState, outcome: RunOutcome) -> None:
     from onnx_npu_fix.analysis.constraints import check_model
 
     outcome.checked = check_model(outcome.result.model, job.options, shapes=job.shapes, prepared=True,
-                                  memory=job.wants_record)
+                                  memory=job.wants_record, index=outcome.result.graph_index())
 
 
 def _split(job: _RunState, outcome: RunOutcome) -> None:

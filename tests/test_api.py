@@ -205,3 +205,35 @@ def test_an_unknown_input_shape_name_lists_the_inputs_when_fixing_and_checking(t
         api.run(fixture_path("tcn.onnx"), output, options, check=check)
     assert str(raised.value) == "--input-shape names 'nope', which is not a graph input (inputs: mix)"
     assert os.listdir(tmp_path) == []
+
+
+def test_the_cost_table_and_the_final_check_read_one_index_of_the_output(tmp_path, fixture_path, monkeypatch):
+    """The output is indexed once for the cost table and the constraint check of a run (issue 23: no rebuild
+    per consumer); the figures are those of a fresh index."""
+    from onnx_npu_fix.analysis.constraints import check_model
+    from onnx_npu_fix.analysis.cost import model_cost
+    from onnx_npu_fix.ir import graph
+
+    built: list[int] = []
+    real_init = graph.GraphIndex.__init__
+
+    def counting(self, model):
+        built.append(id(model))
+        real_init(self, model)
+
+    real_run_passes = api.run_passes
+
+    def passes_then_count(*args, **kwargs):
+        result = real_run_passes(*args, **kwargs)
+        built.clear()  # what the passes built; from here on the output is read only
+        return result
+
+    monkeypatch.setattr(graph.GraphIndex, "__init__", counting)
+    monkeypatch.setattr(api, "run_passes", passes_then_count)
+    outcome = api.run(fixture_path("tcn.onnx"), tmp_path / "o.onnx", FixOptions(validate="none"))
+    result = outcome.result
+    assert built == [id(result.model)]
+    monkeypatch.setattr(graph.GraphIndex, "__init__", real_init)
+    assert result.report.cost[1] == model_cost(result.model)
+    fresh = check_model(result.model, FixOptions(validate="none"), prepared=True, memory=False)
+    assert [v.to_json() for v in outcome.checked.violations] == [v.to_json() for v in fresh.violations]

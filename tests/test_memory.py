@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.analysis.memory import estimate, render_memory
 from onnx_npu_fix.ir.graph import GraphIndex
-from onnx_npu_fix.ir.schedule import memory_aware_order, order_plan
+from onnx_npu_fix.ir.schedule import memory_aware_order, order_plan, stored_peak
 from onnx_npu_fix.passes.reorder_memory import ReorderMemoryPass
 
 F = TensorProto.FLOAT
@@ -337,6 +337,26 @@ def test_property_profile_matches_naive_count(case):
     est = estimate(model, infer=False)
     assert est.profile == naive_profile(model, sizes, range(len(model.graph.node)))
     assert est.peak_bytes == max(est.profile)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dags(), st.sampled_from([1, 4]))
+def test_property_stored_peak_is_the_estimates_peak(case, act_bytes):
+    """The cost table's one-sweep peak (schedule.stored_peak) is the estimate's stored-order peak and unknown
+    count, also on a node order that is not topological (the nodes reversed) and with shapes missing."""
+    model, _ = case
+    backwards = onnx.ModelProto()
+    backwards.CopyFrom(model)
+    del backwards.graph.node[:]
+    backwards.graph.node.extend(reversed(model.graph.node))
+    blind = onnx.ModelProto()
+    blind.CopyFrom(model)
+    kept = list(blind.graph.value_info)[1::2]
+    blind.graph.ClearField("value_info")
+    blind.graph.value_info.extend(kept)
+    for m in (model, backwards, blind):
+        est = estimate(m, act_bytes, infer=False, reorder=False)
+        assert stored_peak(GraphIndex(m), act_bytes) == (est.peak_bytes, len(est.unknown))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

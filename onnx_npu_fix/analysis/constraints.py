@@ -347,14 +347,15 @@ def find_violations(model: onnx.ModelProto, options: FixOptions) -> list[Violati
 
 
 def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = False,
-                prepared: bool = False, memory: bool = True, _ask: bool = True) -> CheckReport:
+                prepared: bool = False, memory: bool = True, _ask: bool = True,
+                index: GraphIndex | None = None) -> CheckReport:
     """Violations plus the activation-memory estimate (and the shape listing when ``shapes``), all from one
     analysis copy with inferred shapes. ``options.input_shapes`` is applied to the copy, as a fixing run would.
 
     ``prepared``: ``model`` comes out of the pass manager (named nodes, frozen inputs, fresh inferred shapes),
     so it is read as is instead of copied and inferred again — it is still not modified.
     ``memory=False`` skips the activation estimate (a second of work at 100k nodes) unless an SRAM budget
-    needs it for a verdict.
+    needs it for a verdict. ``index``: with ``prepared``, an index of ``model`` built already (the run's own).
     """
     if prepared:
         light, inference_error = model, None
@@ -363,7 +364,7 @@ def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = F
     # Every tensor's shape and every node's record stay alive to the end: the collector's full passes over
     # them would cost a sixth of the check at 100k nodes.
     with paused_gc():
-        index = GraphIndex(light)
+        index = index if prepared and index is not None and index.model is light else GraphIndex(light)
         ctx = _Context(index, options, constant_names(index))
         if inference_error:
             ctx.found.append(Violation("(graph)", "(model)", "shape-inference", inference_error, "consistent shapes",
