@@ -582,3 +582,12 @@ def test_vela_runs_a_nearest_x4_resize_on_the_npu_and_a_half_pixel_bilinear_one_
     bilinear = judge(VELA_PYTHON, "judge_vela.py", conv_resize("linear", "half_pixel"), tmp_path / "bilinear")
     assert bilinear["verdict"] == "accepted", bilinear
     assert len(bilinear["cpu_ops"]) == 1, bilinear
+
+
+@requires_vela
+def test_vela_judges_a_three_channel_image_model_offline(tmp_path):
+    """onnx2tf 1.29 downloads sample images for every model whose inputs are all 3-channel images (even with -cind
+    calibration data); the judge puts its own in onnx2tf's working directory, so Vela gets to see the model with no
+    network: a verdict, not "no verdict" (exit 3)."""
+    verdict = judge(VELA_PYTHON, "judge_vela.py", conv_bn_relu(), tmp_path / "rgb")
+    assert verdict["verdict"] == "accepted" and verdict["cpu_ops"] == [], verdict

@@ -102,9 +102,9 @@ def judge(judge_spec: tuple, model: str, entry: dict, work: str, timeout: float)
            *[a for s in shape_args(entry) for a in ("--input-shape", s)]]
     started = time.time()
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"verdict": "rejected", "message": f"judge timeout after {timeout:.0f} s", "cpu_ops": None,
+        done = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:  # the compiler said nothing yet: neither accepted nor rejected
+        return {"verdict": "no verdict", "message": f"judge timeout after {timeout:.0f} s", "cpu_ops": None,
                 "seconds": round(time.time() - started, 1)}
     if os.path.exists(out):
         return json.load(open(out, encoding="utf-8"))
@@ -118,7 +118,7 @@ def run_npufix(checkout: str, python: str, model: str, entry: dict, target: str,
     cmd = [python, "-m", "onnx_npu_fix", model, "-o", out, "--target", target,
            *[a for s in shape_args(entry) for a in ("--input-shape", s)], *entry.get("npufix_args", [])]
     started = time.time()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    done = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, env=env, timeout=3600)
     lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
     unfixed = [ln.strip() for ln in lines if ln.lstrip().startswith("unfixed")]
     return {"exit": done.returncode, "unfixed": unfixed[:6], "last": lines[-1][-300:] if lines else "",
@@ -137,43 +137,72 @@ def cpu_delta(before: dict | None, after: dict | None) -> str:
 
 
 def tasks(manifest: dict, profiles: list[str]) -> list[tuple[str, str, str, tuple]]:
-    """(column, model, target profile, judge spec) in the order they are run."""
+    """(column, model, target profile, judge spec), model by model with every column of a model together, so an
+    interrupted run has judged every profile on the same first models."""
     out = []
-    for column in profiles:
-        if column in JUDGES:
-            out += [(column, name, column, JUDGES[column]) for name in manifest]
-        elif column in CROSS:
-            target, spec = CROSS[column]
-            out += [(column, name, target, spec) for name in manifest if name.endswith("_qdq")]
+    for name in manifest:
+        for column in profiles:
+            if column in JUDGES:
+                out.append((column, name, column, JUDGES[column]))
+            elif column in CROSS and name.endswith("_qdq"):
+                out.append((column, name, *CROSS[column]))
     return out
 
 
+UNDECIDED = ("no verdict", "judge failed")
+
+
+def undecided(row: dict | None) -> bool:
+    """No verdict yet: never judged, or the judge could not decide (converter failure, timeout, judge crash;
+    the Vela rows cached before exit 3 existed say 'onnx2tf:')."""
+    return row is None or row["verdict"] in UNDECIDED or (row.get("message") or "").startswith("onnx2tf:")
+
+
+def verdict_of(cache: Cache, spec_key: str, sha: str) -> dict | None:
+    """The judge's verdict on the model with this digest: an output identical to an original (npufix changed
+    nothing) shares the original's verdict, and identical outputs of several checkouts or targets share one."""
+    return cache.get("output", spec_key, sha) or cache.get("original", spec_key, sha)
+
+
+def judge_once(args: argparse.Namespace, cache: Cache, spec: tuple, kind: str, model: str, entry: dict,
+               work: str, column: str, name: str) -> None:
+    """Judge ``model`` unless its digest already has a verdict from this judge (a retry with --retry-undecided
+    for one that had none)."""
+    spec_key, sha = " ".join([spec[0], *spec[1]]), digest(model)
+    known = verdict_of(cache, spec_key, sha)
+    if known is not None and not (args.retry_undecided and undecided(known)):
+        return
+    verdict = judge(spec, model, entry, work, args.timeout)
+    cache.put(dict(verdict, model=name, column=column), kind, spec_key, sha)
+    log(f"{column} {name} {kind}: {verdict['verdict']} {' '.join(verdict.get('message', '').split())[:120]}")
+
+
 def run_all(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: dict[str, str]) -> None:
-    for column, name, target, spec in tasks(manifest, args.profiles):
-        if not os.environ.get(spec[2]):
-            continue
-        entry = manifest[name]
-        model = os.path.join(args.models, entry["file"])
-        base = os.path.join(args.work, column.replace(" ", "_").replace("(", "").replace(")", ""), name)
-        spec_key = " ".join([spec[0], *spec[1]])
-        if cache.get("original", spec_key, digest(model)) is None:
-            verdict = judge(spec, model, entry, os.path.join(base, "original"), args.timeout)
-            cache.put(dict(verdict, model=name, column=column), "original", spec_key, digest(model))
-            log(f"{column} {name} original: {verdict['verdict']} {verdict.get('message', '')[:120]}")
-        for label, checkout in checkouts.items():
+    """Round by round: the originals and the first checkout on every (model, column), then the next checkout;
+    one judge at a time (the compilers each take the machine's cores)."""
+    for label, checkout in checkouts.items():
+        for column, name, target, spec in tasks(manifest, args.profiles):
+            if not os.environ.get(spec[2]) or stopped(args):
+                continue
+            entry = manifest[name]
+            model = os.path.join(args.models, entry["file"])
+            base = os.path.join(args.work, column.replace(" ", "_").replace("(", "").replace(")", ""), name)
+            judge_once(args, cache, spec, "original", model, entry, os.path.join(base, "original"), column, name)
             out = os.path.join(base, label, f"{name}.onnx")
             os.makedirs(os.path.dirname(out), exist_ok=True)
             fixed = cache.get("npufix", label, target, name)
-            if fixed is None:
+            if fixed is None or (fixed["written"] and not os.path.exists(out)):
                 fixed = cache.put(dict(run_npufix(checkout, args.python, model, entry, target, out),
                                        model=name, target=target, checkout=label), "npufix", label, target, name)
                 log(f"{target} {name} npufix[{label}]: exit {fixed['exit']}")
-            if fixed["written"] and os.path.exists(out) and cache.get("output", spec_key, digest(out)) is None:
-                verdict = judge(spec, out, entry, os.path.join(base, label, "judge"), args.timeout)
-                cache.put(dict(verdict, model=name, column=column), "output", spec_key, digest(out))
-                log(f"{column} {name} output[{label}]: {verdict['verdict']} {verdict.get('message', '')[:120]}")
             if fixed["written"] and os.path.exists(out):
+                judge_once(args, cache, spec, "output", out, entry, os.path.join(base, label, "judge"), column, name)
                 cache.put({"digest": digest(out)}, "output-of", label, column, name)
+
+
+def stopped(args: argparse.Namespace) -> bool:
+    """--stop-at HH:MM (UTC): launch nothing new after it, so a bounded session can still render what it has."""
+    return bool(args.stop_at) and time.strftime("%H:%M", time.gmtime()) >= args.stop_at
 
 
 def log(text: str) -> None:
@@ -240,7 +269,7 @@ def render(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: di
             for label in labels:
                 fixed = cache.get("npufix", label, target, name)
                 ref = cache.get("output-of", label, column, name)
-                output = cache.get("output", spec_key, ref["digest"]) if ref else None
+                output = verdict_of(cache, spec_key, ref["digest"]) if ref else None
                 cells += [str(fixed["exit"]) if fixed else "—", short(output), cpu_delta(original, output)]
                 if original and output:
                     counts[label, "judged"] += 1
@@ -277,6 +306,9 @@ def main() -> None:
     p.add_argument("--work", default=None, help="scratch + cache directory (default: MODELS/matrix-work)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds for one judge run")
     p.add_argument("--render", action="store_true", help="only rewrite the markdown from the cache")
+    p.add_argument("--retry-undecided", action="store_true",
+                   help="judge again what has no verdict in the cache (converter failure, timeout)")
+    p.add_argument("--stop-at", metavar="HH:MM", help="UTC time after which no new compile or npufix run starts")
     args = p.parse_args()
     args.models = os.path.abspath(args.models)
     args.work = os.path.abspath(args.work or os.path.join(args.models, "matrix-work"))
