@@ -237,6 +237,27 @@ def commit_of(checkout: str) -> str:
     return done.stdout.strip()[:90] or "?"
 
 
+TALLIES = ("judged", "no verdict", "won", "lost", "silent", "cpu+")
+
+
+def tally(counts: collections.Counter, label: str, original: dict | None, output: dict | None,
+          fixed: dict | None) -> None:
+    """Count one (model, checkout) cell into the summary; undecided verdicts count as "no verdict" only."""
+    if not original or not output:
+        return
+    if undecided(original) or undecided(output):
+        counts[label, "no verdict"] += 1
+        return
+    before, after = original["verdict"] == "accepted", output["verdict"] == "accepted"
+    counts[label, "judged"] += 1
+    counts[label, "original ok"] += before
+    counts[label, "kept"] += before and after
+    counts[label, "won"] += after and not before
+    counts[label, "lost"] += before and not after
+    counts[label, "silent"] += not after and bool(fixed) and fixed["exit"] == 0
+    counts[label, "cpu+"] += "+" in cpu_delta(original, output)
+
+
 def render(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: dict[str, str]) -> str:
     labels = list(checkouts)
     lines = [
@@ -271,26 +292,22 @@ def render(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: di
                 ref = cache.get("output-of", label, column, name)
                 output = verdict_of(cache, spec_key, ref["digest"]) if ref else None
                 cells += [str(fixed["exit"]) if fixed else "—", short(output), cpu_delta(original, output)]
-                if original and output:
-                    counts[label, "judged"] += 1
-                    if original["verdict"] == "accepted" and output["verdict"] != "accepted":
-                        counts[label, "lost"] += 1
-                    if original["verdict"] != "accepted" and output["verdict"] == "accepted":
-                        counts[label, "won"] += 1
-                    if output["verdict"] != "accepted" and fixed and fixed["exit"] == 0:
-                        counts[label, "silent"] += 1
-                    if "+" in cpu_delta(original, output):
-                        counts[label, "cpu+"] += 1
+                tally(counts, label, original, output, fixed)
             table.append("| " + " | ".join(cells) + " |")
         lines += table + [""]
         for label in labels:
-            summary.append(f"| {column} | {label} | {counts[label, 'judged']} | {counts[label, 'won']} | "
-                           f"{counts[label, 'lost']} | {counts[label, 'silent']} | {counts[label, 'cpu+']} |")
+            summary.append(f"| {column} | {label} | " + " | ".join(str(counts[label, k]) for k in TALLIES[:2])
+                           + f" | {counts[label, 'kept']}/{counts[label, 'original ok']} | "
+                           + " | ".join(str(counts[label, k]) for k in TALLIES[2:]) + " |")
     head = ["## Summary", "",
-            "judged: model pairs with both verdicts; won: rejected as exported, accepted after npufix; lost: "
-            "accepted as exported, rejected after npufix; silent: rejected after npufix while npufix exited 0; "
+            "judged: models with a verdict on the original and on npufix's output; no verdict: one of the two has "
+            "none (the converter before the compiler failed, or the judge timed out); kept: outputs accepted where "
+            "the original is accepted / originals accepted; won: rejected as exported, accepted after npufix; "
+            "lost: accepted as exported, rejected after npufix; silent: rejected after npufix while npufix exited "
+            "0 (its `--target` run found no unfixed constraint, so `--check --target` on its output passes too); "
             "cpu+: outputs with more CPU ops of some type than the original.", "",
-            "| profile | checkout | judged | won | lost | silent | cpu+ |", "|---|---|---|---|---|---|---|"]
+            "| profile | checkout | judged | no verdict | kept | won | lost | silent | cpu+ |",
+            "|---|---|---|---|---|---|---|---|---|"]
     return "\n".join(lines[:6] + head + summary + [""] + lines[6:]) + "\n"
 
 
