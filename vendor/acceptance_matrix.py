@@ -1,15 +1,16 @@
 """The acceptance matrix (issue 25): every model x every profile with a real-compiler judge, before and after npufix.
 
     python vendor/acceptance_matrix.py --models DIR --out docs/acceptance-matrix.md \\
-        --npufix main=/work/main --npufix h25-profiles=/work/wt/h25-profiles
+        --npufix before=OLD_CHECKOUT --npufix after=NEW_CHECKOUT
 
 DIR is what vendor/export_real_models.py wrote (DIR/models.json). For each model and profile: the judge's verdict
 on the original, then for each npufix checkout (run with PYTHONPATH=<checkout>, so branches can be compared
 without installing them) `npufix MODEL -o OUT --target T [--input-shape ...]`'s exit code, the judge's verdict on
 OUT and the CPU ops it added / removed where the compiler reports placement. The judges are vendor/judge_*.sh and
 need their NPUFIX_* variables (vendor/install_*.sh); a profile whose judge is not installed is skipped and said so.
-Every result is cached in --work (JSON lines): a second run only judges what is missing, and --render alone
-rewrites the markdown from the cache. Runs outside CI (minutes to hours; real compilers).
+Every result is cached in --work (JSON lines), verdicts by the judged file's digest (one compile per distinct
+model and judge; an output identical to its original shares its verdict): a second run only judges what is
+missing, and --render alone rewrites the markdown from the cache. Runs outside CI (hours; real compilers).
 """
 
 from __future__ import annotations
