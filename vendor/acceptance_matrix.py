@@ -189,7 +189,7 @@ def run_all(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: d
             model = os.path.join(args.models, entry["file"])
             base = os.path.join(args.work, column.replace(" ", "_").replace("(", "").replace(")", ""), name)
             judge_once(args, cache, spec, "original", model, entry, os.path.join(base, "original"), column, name)
-            out = os.path.join(base, label, f"{name}.onnx")
+            out = os.path.join(args.work, target, name, label, f"{name}.onnx")  # one npufix run per target
             os.makedirs(os.path.dirname(out), exist_ok=True)
             fixed = cache.get("npufix", label, target, name)
             if fixed is None or (fixed["written"] and not os.path.exists(out)):
