@@ -188,7 +188,8 @@ def run_all(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: d
             entry = manifest[name]
             model = os.path.join(args.models, entry["file"])
             base = os.path.join(args.work, column.replace(" ", "_").replace("(", "").replace(")", ""), name)
-            judge_once(args, cache, spec, "original", model, entry, os.path.join(base, "original"), column, name)
+            if not args.npufix_only:
+                judge_once(args, cache, spec, "original", model, entry, os.path.join(base, "original"), column, name)
             out = os.path.join(args.work, target, name, label, f"{name}.onnx")  # one npufix run per target
             os.makedirs(os.path.dirname(out), exist_ok=True)
             fixed = cache.get("npufix", label, target, name)
@@ -196,7 +197,7 @@ def run_all(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: d
                 fixed = cache.put(dict(run_npufix(checkout, args.python, model, entry, target, out),
                                        model=name, target=target, checkout=label), "npufix", label, target, name)
                 log(f"{target} {name} npufix[{label}]: exit {fixed['exit']}")
-            if fixed["written"] and os.path.exists(out):
+            if fixed["written"] and os.path.exists(out) and not args.npufix_only:
                 judge_once(args, cache, spec, "output", out, entry, os.path.join(base, label, "judge"), column, name)
                 cache.put({"digest": digest(out)}, "output-of", label, column, name)
 
@@ -326,6 +327,8 @@ def main() -> None:
     p.add_argument("--render", action="store_true", help="only rewrite the markdown from the cache")
     p.add_argument("--retry-undecided", action="store_true",
                    help="judge again what has no verdict in the cache (converter failure, timeout)")
+    p.add_argument("--npufix-only", action="store_true",
+                   help="only run the checkouts' npufix (no compiler): a second process can prepare a later round")
     p.add_argument("--stop-at", metavar="HH:MM", help="UTC time after which no new compile or npufix run starts")
     args = p.parse_args()
     args.models = os.path.abspath(args.models)
