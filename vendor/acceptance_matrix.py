@@ -234,17 +234,29 @@ def short(verdict: dict | None) -> str:
     return f"**no**: `{message[:110]}`"
 
 
+def exit_cell(fixed: dict | None) -> str:
+    """npufix's exit code; with the reason when it wrote nothing."""
+    if fixed is None:
+        return "—"
+    if fixed["exit"] in (0, 1):
+        return str(fixed["exit"])
+    reason = " ".join(fixed.get("last", "").split()).replace("|", "/").replace("`", "'")
+    return f"{fixed['exit']}: `{reason[:140]}`"
+
+
 def commit_of(checkout: str) -> str:
     done = subprocess.run(["git", "-C", checkout, "log", "-1", "--format=%h %s"], capture_output=True, text=True)
     return done.stdout.strip()[:90] or "?"
 
 
-TALLIES = ("judged", "no verdict", "won", "lost", "silent", "cpu+")
+TALLIES = ("judged", "no verdict", "won", "lost", "silent", "cpu+", "npufix failed")
 
 
 def tally(counts: collections.Counter, label: str, original: dict | None, output: dict | None,
           fixed: dict | None) -> None:
     """Count one (model, checkout) cell into the summary; undecided verdicts count as "no verdict" only."""
+    if fixed and fixed["exit"] not in (0, 1):
+        counts[label, "npufix failed"] += 1
     if not original or not output:
         return
     if undecided(original) or undecided(output):
@@ -293,7 +305,7 @@ def render(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: di
                 fixed = cache.get("npufix", label, target, name)
                 ref = cache.get("output-of", label, column, name)
                 output = verdict_of(cache, spec_key, ref["digest"]) if ref else None
-                cells += [str(fixed["exit"]) if fixed else "—", short(output), cpu_delta(original, output)]
+                cells += [exit_cell(fixed), short(output), cpu_delta(original, output)]
                 tally(counts, label, original, output, fixed)
             table.append("| " + " | ".join(cells) + " |")
         lines += table + [""]
@@ -307,9 +319,10 @@ def render(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: di
             "the original is accepted / originals accepted; won: rejected as exported, accepted after npufix; "
             "lost: accepted as exported, rejected after npufix; silent: rejected after npufix while npufix exited "
             "0 (its `--target` run found no unfixed constraint, so `--check --target` on its output passes too); "
-            "cpu+: outputs with more CPU ops of some type than the original.", "",
-            "| profile | checkout | judged | no verdict | kept | won | lost | silent | cpu+ |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "cpu+: outputs with more CPU ops of some type than the original; npufix failed: no output written (exit "
+            "2 or more, its message in the npufix column).", "",
+            "| profile | checkout | judged | no verdict | kept | won | lost | silent | cpu+ | npufix failed |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     return "\n".join(lines[:6] + head + summary + [""] + lines[6:]) + "\n"
 
 
