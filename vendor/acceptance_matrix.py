@@ -193,7 +193,9 @@ def run_all(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: d
             out = os.path.join(args.work, target, name, label, f"{name}.onnx")  # one npufix run per target
             os.makedirs(os.path.dirname(out), exist_ok=True)
             fixed = cache.get("npufix", label, target, name)
-            if fixed is None or (fixed["written"] and not os.path.exists(out)):
+            # exit 2 is a usage error of this call (e.g. a dynamic input the manifest gave no shape): run it again
+            rerun = args.retry_undecided and fixed is not None and fixed["exit"] == 2
+            if fixed is None or rerun or (fixed["written"] and not os.path.exists(out)):
                 fixed = cache.put(dict(run_npufix(checkout, args.python, model, entry, target, out),
                                        model=name, target=target, checkout=label), "npufix", label, target, name)
                 log(f"{target} {name} npufix[{label}]: exit {fixed['exit']}")
