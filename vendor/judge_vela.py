@@ -44,7 +44,8 @@ def onnx2tf(model_path: str, work: str, shapes: dict, timeout: float) -> tuple[s
     offline_sample_images(work)
     cmd = [os.path.join(os.path.dirname(sys.executable), "onnx2tf"), "-i", copy, "-o", out, "-oiqt", "-n"]
     for i, (name, (shape, dtype)) in enumerate(shapes.items()):
-        data = np.stack([sample(shape, dtype, seed)[0] for seed in range(4)])
+        # four calibration samples of one item each; a scalar input (Silero's sample rate) is its own item
+        data = np.stack([sample(shape, dtype, seed)[0] if shape else sample(shape, dtype, seed) for seed in range(4)])
         if data.ndim == 4:  # onnx2tf calibrates in its own NHWC layout
             data = data.transpose(0, 2, 3, 1)
         path = os.path.join(work, f"calib_{i}.npy")
