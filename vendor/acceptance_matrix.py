@@ -199,8 +199,10 @@ def run_all(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: d
                 fixed = cache.put(dict(run_npufix(checkout, args.python, model, entry, target, out),
                                        model=name, target=target, checkout=label), "npufix", label, target, name)
                 log(f"{target} {name} npufix[{label}]: exit {fixed['exit']}")
-            if fixed["written"] and os.path.exists(out) and not args.npufix_only:
-                judge_once(args, cache, spec, "output", out, entry, os.path.join(base, label, "judge"), column, name)
+            if fixed["written"] and os.path.exists(out):
+                if not args.npufix_only:
+                    judge_once(args, cache, spec, "output", out, entry, os.path.join(base, label, "judge"), column,
+                               name)
                 cache.put({"digest": digest(out)}, "output-of", label, column, name)
 
 
