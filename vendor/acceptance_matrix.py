@@ -119,7 +119,10 @@ def run_npufix(checkout: str, python: str, model: str, entry: dict, target: str,
     cmd = [python, "-m", "onnx_npu_fix", model, "-o", out, "--target", target,
            *[a for s in shape_args(entry) for a in ("--input-shape", s)], *entry.get("npufix_args", [])]
     started = time.time()
-    done = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, env=env, timeout=3600)
+    # run in the output's directory: `python -m` puts the working directory first on sys.path, so from inside
+    # another checkout that checkout's package would run instead of PYTHONPATH's
+    done = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, env=env, timeout=3600,
+                          cwd=os.path.dirname(out))
     lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
     unfixed = [ln.strip() for ln in lines if ln.lstrip().startswith("unfixed")]
     return {"exit": done.returncode, "unfixed": unfixed[:6], "last": lines[-1][-300:] if lines else "",
