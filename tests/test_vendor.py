@@ -626,3 +626,22 @@ def test_acceptance_matrix_compiles_each_distinct_model_once(tmp_path, monkeypat
     assert calls[2:] == [str(same)]
     spec_key = " ".join([judge_spec[0], *judge_spec[1]])
     assert matrix.verdict_of(cache, spec_key, matrix.digest(str(original)))["verdict"] == "accepted"
+
+
+def test_acceptance_matrix_runs_the_checkout_it_names(tmp_path, monkeypatch):
+    """Each --npufix LABEL=CHECKOUT runs that checkout's package even when the matrix runs from inside another
+    checkout (`python -m` puts the working directory before PYTHONPATH)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("acceptance_matrix", os.path.join(VENDOR, "acceptance_matrix.py"))
+    matrix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(matrix)
+    package = tmp_path / "checkout" / "onnx_npu_fix"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text("import sys\nopen(sys.argv[sys.argv.index('-o') + 1], 'w').write('other')\n")
+    monkeypatch.chdir(os.path.dirname(VENDOR))  # this checkout, with its own onnx_npu_fix
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    result = matrix.run_npufix(str(tmp_path / "checkout"), sys.executable, str(tmp_path / "model.onnx"), {},
+                               "rv1106", str(out))
+    assert result["exit"] == 0 and out.read_text() == "other", result
