@@ -763,3 +763,66 @@ def test_vela_runs_a_nearest_x4_resize_on_the_npu_and_a_half_pixel_bilinear_one_
     bilinear = judge(VELA_PYTHON, "judge_vela.py", conv_resize("linear", "half_pixel"), tmp_path / "bilinear")
     assert bilinear["verdict"] == "accepted", bilinear
     assert len(bilinear["cpu_ops"]) == 1, bilinear
+
+
+@requires_vela
+def test_vela_judges_a_three_channel_image_model_offline(tmp_path):
+    """onnx2tf 1.29 downloads sample images for every model whose inputs are all 3-channel images (even with -cind
+    calibration data); the judge puts its own in onnx2tf's working directory, so Vela gets to see the model with no
+    network: a verdict, not "no verdict" (exit 3)."""
+    verdict = judge(VELA_PYTHON, "judge_vela.py", conv_bn_relu(), tmp_path / "rgb")
+    assert verdict["verdict"] == "accepted" and verdict["cpu_ops"] == [], verdict
+
+
+def test_acceptance_matrix_compiles_each_distinct_model_once(tmp_path, monkeypatch):
+    """The matrix judges by the model file's digest: an npufix output identical to its original shares the
+    original's verdict, and the same output written by a second checkout is not compiled again (no compiler
+    needed: the judge is counted, not run). Undecided verdicts are judged again only with --retry-undecided."""
+    import argparse
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("acceptance_matrix", os.path.join(VENDOR, "acceptance_matrix.py"))
+    matrix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(matrix)
+    calls = []
+    verdicts = iter([{"verdict": "no verdict", "message": "onnx2tf: offline"}] + [{"verdict": "accepted"}] * 9)
+    monkeypatch.setattr(matrix, "judge", lambda spec, model, *rest: calls.append(model) or dict(next(verdicts)))
+    original, same, other = (tmp_path / f"{n}.onnx" for n in ("original", "same", "other"))
+    original.write_bytes(b"model")
+    same.write_bytes(b"model")
+    other.write_bytes(b"changed")
+    cache = matrix.Cache(str(tmp_path / "results.jsonl"))
+    judge_spec = matrix.JUDGES["ethos-u55"]
+    args = argparse.Namespace(timeout=1, retry_undecided=False)
+
+    def once(kind: str, path) -> None:
+        matrix.judge_once(args, cache, judge_spec, kind, str(path), {}, str(tmp_path / "w"), "ethos-u55", "m")
+
+    once("original", original)
+    once("output", same)  # npufix changed nothing: the original's verdict (none yet) stands
+    once("output", other)
+    once("output", other)  # a second checkout wrote the same model
+    assert calls == [str(original), str(other)]
+    args.retry_undecided = True
+    once("output", same)
+    assert calls[2:] == [str(same)]
+    spec_key = " ".join([judge_spec[0], *judge_spec[1]])
+    assert matrix.verdict_of(cache, spec_key, matrix.digest(str(original)))["verdict"] == "accepted"
+
+
+def test_acceptance_matrix_runs_the_checkout_it_names(tmp_path, monkeypatch):
+    """Each --npufix LABEL=CHECKOUT runs that checkout's package even when the matrix runs from inside another
+    checkout (`python -m` puts the working directory before PYTHONPATH)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("acceptance_matrix", os.path.join(VENDOR, "acceptance_matrix.py"))
+    matrix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(matrix)
+    package = tmp_path / "checkout" / "onnx_npu_fix"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text("import sys\nopen(sys.argv[sys.argv.index('-o') + 1], 'w').write('other')\n")
+    monkeypatch.chdir(os.path.dirname(VENDOR))  # this checkout, with its own onnx_npu_fix
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    result = matrix.run_npufix(str(tmp_path / "checkout"), sys.executable, str(tmp_path / "model.onnx"), {},
+                               "rv1106", str(out))
+    assert result["exit"] == 0 and out.read_text() == "other", result

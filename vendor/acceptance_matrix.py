@@ -1,15 +1,16 @@
 """The acceptance matrix (issue 25): every model x every profile with a real-compiler judge, before and after npufix.
 
     python vendor/acceptance_matrix.py --models DIR --out docs/acceptance-matrix.md \\
-        --npufix main=/work/main --npufix h25-profiles=/work/wt/h25-profiles
+        --npufix before=OLD_CHECKOUT --npufix after=NEW_CHECKOUT
 
 DIR is what vendor/export_real_models.py wrote (DIR/models.json). For each model and profile: the judge's verdict
 on the original, then for each npufix checkout (run with PYTHONPATH=<checkout>, so branches can be compared
 without installing them) `npufix MODEL -o OUT --target T [--input-shape ...]`'s exit code, the judge's verdict on
 OUT and the CPU ops it added / removed where the compiler reports placement. The judges are vendor/judge_*.sh and
 need their NPUFIX_* variables (vendor/install_*.sh); a profile whose judge is not installed is skipped and said so.
-Every result is cached in --work (JSON lines): a second run only judges what is missing, and --render alone
-rewrites the markdown from the cache. Runs outside CI (minutes to hours; real compilers).
+Every result is cached in --work (JSON lines), verdicts by the judged file's digest (one compile per distinct
+model and judge; an output identical to its original shares its verdict): a second run only judges what is
+missing, and --render alone rewrites the markdown from the cache. Runs outside CI (hours; real compilers).
 """
 
 from __future__ import annotations
@@ -102,9 +103,9 @@ def judge(judge_spec: tuple, model: str, entry: dict, work: str, timeout: float)
            *[a for s in shape_args(entry) for a in ("--input-shape", s)]]
     started = time.time()
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"verdict": "rejected", "message": f"judge timeout after {timeout:.0f} s", "cpu_ops": None,
+        done = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:  # the compiler said nothing yet: neither accepted nor rejected
+        return {"verdict": "no verdict", "message": f"judge timeout after {timeout:.0f} s", "cpu_ops": None,
                 "seconds": round(time.time() - started, 1)}
     if os.path.exists(out):
         return json.load(open(out, encoding="utf-8"))
@@ -118,7 +119,10 @@ def run_npufix(checkout: str, python: str, model: str, entry: dict, target: str,
     cmd = [python, "-m", "onnx_npu_fix", model, "-o", out, "--target", target,
            *[a for s in shape_args(entry) for a in ("--input-shape", s)], *entry.get("npufix_args", [])]
     started = time.time()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    # run in the output's directory: `python -m` puts the working directory first on sys.path, so from inside
+    # another checkout that checkout's package would run instead of PYTHONPATH's
+    done = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, env=env, timeout=3600,
+                          cwd=os.path.dirname(out))
     lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
     unfixed = [ln.strip() for ln in lines if ln.lstrip().startswith("unfixed")]
     return {"exit": done.returncode, "unfixed": unfixed[:6], "last": lines[-1][-300:] if lines else "",
@@ -137,43 +141,77 @@ def cpu_delta(before: dict | None, after: dict | None) -> str:
 
 
 def tasks(manifest: dict, profiles: list[str]) -> list[tuple[str, str, str, tuple]]:
-    """(column, model, target profile, judge spec) in the order they are run."""
+    """(column, model, target profile, judge spec), model by model with every column of a model together, so an
+    interrupted run has judged every profile on the same first models."""
     out = []
-    for column in profiles:
-        if column in JUDGES:
-            out += [(column, name, column, JUDGES[column]) for name in manifest]
-        elif column in CROSS:
-            target, spec = CROSS[column]
-            out += [(column, name, target, spec) for name in manifest if name.endswith("_qdq")]
+    for name in manifest:
+        for column in profiles:
+            if column in JUDGES:
+                out.append((column, name, column, JUDGES[column]))
+            elif column in CROSS and name.endswith("_qdq"):
+                out.append((column, name, *CROSS[column]))
     return out
 
 
+UNDECIDED = ("no verdict", "judge failed")
+
+
+def undecided(row: dict | None) -> bool:
+    """No verdict yet: never judged, or the judge could not decide (converter failure, timeout, judge crash;
+    the Vela rows cached before exit 3 existed say 'onnx2tf:')."""
+    return row is None or row["verdict"] in UNDECIDED or (row.get("message") or "").startswith("onnx2tf:")
+
+
+def verdict_of(cache: Cache, spec_key: str, sha: str) -> dict | None:
+    """The judge's verdict on the model with this digest: an output identical to an original (npufix changed
+    nothing) shares the original's verdict, and identical outputs of several checkouts or targets share one."""
+    return cache.get("output", spec_key, sha) or cache.get("original", spec_key, sha)
+
+
+def judge_once(args: argparse.Namespace, cache: Cache, spec: tuple, kind: str, model: str, entry: dict,
+               work: str, column: str, name: str) -> None:
+    """Judge ``model`` unless its digest already has a verdict from this judge (a retry with --retry-undecided
+    for one that had none)."""
+    spec_key, sha = " ".join([spec[0], *spec[1]]), digest(model)
+    known = verdict_of(cache, spec_key, sha)
+    if known is not None and not (args.retry_undecided and undecided(known)):
+        return
+    verdict = judge(spec, model, entry, work, args.timeout)
+    cache.put(dict(verdict, model=name, column=column), kind, spec_key, sha)
+    log(f"{column} {name} {kind}: {verdict['verdict']} {' '.join(verdict.get('message', '').split())[:120]}")
+
+
 def run_all(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: dict[str, str]) -> None:
-    for column, name, target, spec in tasks(manifest, args.profiles):
-        if not os.environ.get(spec[2]):
-            continue
-        entry = manifest[name]
-        model = os.path.join(args.models, entry["file"])
-        base = os.path.join(args.work, column.replace(" ", "_").replace("(", "").replace(")", ""), name)
-        spec_key = " ".join([spec[0], *spec[1]])
-        if cache.get("original", spec_key, digest(model)) is None:
-            verdict = judge(spec, model, entry, os.path.join(base, "original"), args.timeout)
-            cache.put(dict(verdict, model=name, column=column), "original", spec_key, digest(model))
-            log(f"{column} {name} original: {verdict['verdict']} {verdict.get('message', '')[:120]}")
-        for label, checkout in checkouts.items():
-            out = os.path.join(base, label, f"{name}.onnx")
+    """Round by round: the originals and the first checkout on every (model, column), then the next checkout;
+    one judge at a time (the compilers each take the machine's cores)."""
+    for label, checkout in checkouts.items():
+        for column, name, target, spec in tasks(manifest, args.profiles):
+            if not os.environ.get(spec[2]) or stopped(args):
+                continue
+            entry = manifest[name]
+            model = os.path.join(args.models, entry["file"])
+            base = os.path.join(args.work, column.replace(" ", "_").replace("(", "").replace(")", ""), name)
+            if not args.npufix_only:
+                judge_once(args, cache, spec, "original", model, entry, os.path.join(base, "original"), column, name)
+            out = os.path.join(args.work, target, name, label, f"{name}.onnx")  # one npufix run per target
             os.makedirs(os.path.dirname(out), exist_ok=True)
             fixed = cache.get("npufix", label, target, name)
-            if fixed is None:
+            # exit 2 is a usage error of this call (e.g. a dynamic input the manifest gave no shape): run it again
+            rerun = args.retry_undecided and fixed is not None and fixed["exit"] == 2
+            if fixed is None or rerun or (fixed["written"] and not os.path.exists(out)):
                 fixed = cache.put(dict(run_npufix(checkout, args.python, model, entry, target, out),
                                        model=name, target=target, checkout=label), "npufix", label, target, name)
                 log(f"{target} {name} npufix[{label}]: exit {fixed['exit']}")
-            if fixed["written"] and os.path.exists(out) and cache.get("output", spec_key, digest(out)) is None:
-                verdict = judge(spec, out, entry, os.path.join(base, label, "judge"), args.timeout)
-                cache.put(dict(verdict, model=name, column=column), "output", spec_key, digest(out))
-                log(f"{column} {name} output[{label}]: {verdict['verdict']} {verdict.get('message', '')[:120]}")
             if fixed["written"] and os.path.exists(out):
+                if not args.npufix_only:
+                    judge_once(args, cache, spec, "output", out, entry, os.path.join(base, label, "judge"), column,
+                               name)
                 cache.put({"digest": digest(out)}, "output-of", label, column, name)
+
+
+def stopped(args: argparse.Namespace) -> bool:
+    """--stop-at HH:MM (UTC): launch nothing new after it, so a bounded session can still render what it has."""
+    return bool(args.stop_at) and time.strftime("%H:%M", time.gmtime()) >= args.stop_at
 
 
 def log(text: str) -> None:
@@ -203,9 +241,42 @@ def short(verdict: dict | None) -> str:
     return f"**no**: `{message[:110]}`"
 
 
+def exit_cell(fixed: dict | None) -> str:
+    """npufix's exit code; with the reason when it wrote nothing."""
+    if fixed is None:
+        return "—"
+    if fixed["exit"] in (0, 1):
+        return str(fixed["exit"])
+    reason = " ".join(fixed.get("last", "").split()).replace("|", "/").replace("`", "'")
+    return f"{fixed['exit']}: `{reason[:140]}`"
+
+
 def commit_of(checkout: str) -> str:
     done = subprocess.run(["git", "-C", checkout, "log", "-1", "--format=%h %s"], capture_output=True, text=True)
     return done.stdout.strip()[:90] or "?"
+
+
+TALLIES = ("judged", "no verdict", "won", "lost", "silent", "cpu+", "npufix failed")
+
+
+def tally(counts: collections.Counter, label: str, original: dict | None, output: dict | None,
+          fixed: dict | None) -> None:
+    """Count one (model, checkout) cell into the summary; undecided verdicts count as "no verdict" only."""
+    if fixed and fixed["exit"] not in (0, 1):
+        counts[label, "npufix failed"] += 1
+    if not original or not output:
+        return
+    if undecided(original) or undecided(output):
+        counts[label, "no verdict"] += 1
+        return
+    before, after = original["verdict"] == "accepted", output["verdict"] == "accepted"
+    counts[label, "judged"] += 1
+    counts[label, "original ok"] += before
+    counts[label, "kept"] += before and after
+    counts[label, "won"] += after and not before
+    counts[label, "lost"] += before and not after
+    counts[label, "silent"] += not after and bool(fixed) and fixed["exit"] == 0
+    counts[label, "cpu+"] += "+" in cpu_delta(original, output)
 
 
 def render(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: dict[str, str]) -> str:
@@ -240,28 +311,25 @@ def render(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: di
             for label in labels:
                 fixed = cache.get("npufix", label, target, name)
                 ref = cache.get("output-of", label, column, name)
-                output = cache.get("output", spec_key, ref["digest"]) if ref else None
-                cells += [str(fixed["exit"]) if fixed else "—", short(output), cpu_delta(original, output)]
-                if original and output:
-                    counts[label, "judged"] += 1
-                    if original["verdict"] == "accepted" and output["verdict"] != "accepted":
-                        counts[label, "lost"] += 1
-                    if original["verdict"] != "accepted" and output["verdict"] == "accepted":
-                        counts[label, "won"] += 1
-                    if output["verdict"] != "accepted" and fixed and fixed["exit"] == 0:
-                        counts[label, "silent"] += 1
-                    if "+" in cpu_delta(original, output):
-                        counts[label, "cpu+"] += 1
+                output = verdict_of(cache, spec_key, ref["digest"]) if ref else None
+                cells += [exit_cell(fixed), short(output), cpu_delta(original, output)]
+                tally(counts, label, original, output, fixed)
             table.append("| " + " | ".join(cells) + " |")
         lines += table + [""]
         for label in labels:
-            summary.append(f"| {column} | {label} | {counts[label, 'judged']} | {counts[label, 'won']} | "
-                           f"{counts[label, 'lost']} | {counts[label, 'silent']} | {counts[label, 'cpu+']} |")
+            summary.append(f"| {column} | {label} | " + " | ".join(str(counts[label, k]) for k in TALLIES[:2])
+                           + f" | {counts[label, 'kept']}/{counts[label, 'original ok']} | "
+                           + " | ".join(str(counts[label, k]) for k in TALLIES[2:]) + " |")
     head = ["## Summary", "",
-            "judged: model pairs with both verdicts; won: rejected as exported, accepted after npufix; lost: "
-            "accepted as exported, rejected after npufix; silent: rejected after npufix while npufix exited 0; "
-            "cpu+: outputs with more CPU ops of some type than the original.", "",
-            "| profile | checkout | judged | won | lost | silent | cpu+ |", "|---|---|---|---|---|---|---|"]
+            "judged: models with a verdict on the original and on npufix's output; no verdict: one of the two has "
+            "none (the converter before the compiler failed, or the judge timed out); kept: outputs accepted where "
+            "the original is accepted / originals accepted; won: rejected as exported, accepted after npufix; "
+            "lost: accepted as exported, rejected after npufix; silent: rejected after npufix while npufix exited "
+            "0 (its `--target` run found no unfixed constraint, so `--check --target` on its output passes too); "
+            "cpu+: outputs with more CPU ops of some type than the original; npufix failed: no output written (exit "
+            "2 or more, its message in the npufix column).", "",
+            "| profile | checkout | judged | no verdict | kept | won | lost | silent | cpu+ | npufix failed |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     return "\n".join(lines[:6] + head + summary + [""] + lines[6:]) + "\n"
 
 
@@ -277,6 +345,11 @@ def main() -> None:
     p.add_argument("--work", default=None, help="scratch + cache directory (default: MODELS/matrix-work)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds for one judge run")
     p.add_argument("--render", action="store_true", help="only rewrite the markdown from the cache")
+    p.add_argument("--retry-undecided", action="store_true",
+                   help="judge again what has no verdict in the cache (converter failure, timeout)")
+    p.add_argument("--npufix-only", action="store_true",
+                   help="only run the checkouts' npufix (no compiler): a second process can prepare a later round")
+    p.add_argument("--stop-at", metavar="HH:MM", help="UTC time after which no new compile or npufix run starts")
     args = p.parse_args()
     args.models = os.path.abspath(args.models)
     args.work = os.path.abspath(args.work or os.path.join(args.models, "matrix-work"))

@@ -39,7 +39,7 @@ IMAGE = (1, 3, 224, 224)
 
 # wheel (pinned) -> files inside it to keep (fnmatch on the archive path) -> model name, input shapes when dynamic
 WHEELS = {
-    "nudenet==3.4.2": [("*/320n.onnx", "wheel_nudenet_320n", {})],
+    "nudenet==3.4.2": [("*/320n.onnx", "wheel_nudenet_320n", {"images": [1, 3, 320, 320]})],  # [batch,3,h,w]
     "rapidocr-onnxruntime==1.4.4": [
         ("*/models/ch_PP-OCRv4_det_infer.onnx", "wheel_ppocr_det", {"x": [1, 3, 320, 320]}),
         ("*/models/ch_PP-OCRv4_rec_infer.onnx", "wheel_ppocr_rec", {"x": [1, 3, 48, 320]}),

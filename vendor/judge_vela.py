@@ -1,8 +1,7 @@
 """Judge: Arm Vela (Ethos-U) on the int8 TFLite that onnx2tf writes from the ONNX model.
 
 Run by the Vela venv's Python (vendor/judge_vela.sh). onnx2tf runs onnxsim on its input *in place*, so it gets a
-copy. No verdict (exit 3) = onnx2tf cannot convert or quantize the model (e.g. onnx2tf 1.29 downloads its own
-calibration images for 3-channel inputs, which fails offline); rejected = Vela fails; accepted = Vela writes
+copy. No verdict (exit 3) = onnx2tf cannot convert or quantize the model; rejected = Vela fails; accepted = Vela writes
 its optimised model; cpu_ops = the operators Vela leaves on the CPU (`--show-cpu-operations`).
 """
 
@@ -24,14 +23,29 @@ from _judge_common import Verdict, error_line, finish, input_shapes, parser, sam
 _CPU_LINE = re.compile(r"^\s+CPU: (\w+) = (.*?)(?: \(outputs .*)?$")
 
 
+# onnx2tf 1.29 (utils/common_functions.py download_test_image_data) fetches 20 MS-COCO crops from its GitHub
+# release whenever every input is a 4-D 3-channel image -- for its own output check, even when -cind supplies the
+# calibration data -- unless this file is in its working directory. Offline it dies there, so the judge writes the
+# file itself: same name, shape and dtype, seeded uniform [0, 1) pixels (onnx2tf resizes them to the input).
+_ONNX2TF_SAMPLE_IMAGES = ("calibration_image_sample_data_20x128x128x3_float32.npy", (20, 128, 128, 3))
+
+
+def offline_sample_images(work: str) -> None:
+    name, shape = _ONNX2TF_SAMPLE_IMAGES
+    data = np.random.default_rng(0).random(shape, dtype=np.float32)
+    np.save(os.path.join(work, name), data)
+
+
 def onnx2tf(model_path: str, work: str, shapes: dict, timeout: float) -> tuple[str | None, str]:
     """The full-integer TFLite onnx2tf writes (or None) and its log."""
     copy = os.path.join(work, "copy.onnx")  # onnx2tf simplifies its input in place
     shutil.copyfile(model_path, copy)
     out = os.path.join(work, "tf")
+    offline_sample_images(work)
     cmd = [os.path.join(os.path.dirname(sys.executable), "onnx2tf"), "-i", copy, "-o", out, "-oiqt", "-n"]
     for i, (name, (shape, dtype)) in enumerate(shapes.items()):
-        data = np.stack([sample(shape, dtype, seed)[0] for seed in range(4)])
+        # four calibration samples of one item each; a scalar input (Silero's sample rate) is its own item
+        data = np.stack([sample(shape, dtype, seed)[0] if shape else sample(shape, dtype, seed) for seed in range(4)])
         if data.ndim == 4:  # onnx2tf calibrates in its own NHWC layout
             data = data.transpose(0, 2, 3, 1)
         path = os.path.join(work, f"calib_{i}.npy")
