@@ -13,6 +13,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 from helpers import assert_equivalent
+from onnx import TensorProto, helper
 
 from onnx_npu_fix.cli import main
 
@@ -701,3 +702,20 @@ def test_input_shape_without_a_name_on_several_inputs_names_them(tmp_path):
 def test_sram_size_errors_say_why(fixture_path, size, says):
     text = assert_one_line_error(invoke(fixture_path("tcn.onnx"), "--check", "--sram", size))
     assert says in text and "--sram" in text
+
+
+def test_declared_minus_one_dims_mean_any_size(tmp_path):
+    """Paddle2ONNX writes ``dim_value: -1`` for "any size" (PP-OCR's classifier, shipped in rapidocr's wheel): with
+    the input frozen by --input-shape, strict shape inference met the output's -1 and fold-constants failed
+    (exit 3). Such a dimension is unknown: the run fixes and validates the model, and the output declares the
+    real size."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 3, 4])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["i"], name="identity"),
+                               helper.make_node("Relu", ["i"], ["y"], name="relu")], "paddle", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    source, out = tmp_path / "paddle.onnx", tmp_path / "out.onnx"
+    onnx.save(model, source)
+    result = invoke(source, "-o", out, "--input-shape", "x:1,3,4")
+    assert result.exit_code == 0, result.output
+    assert [d.dim_value for d in onnx.load(out).graph.output[0].type.tensor_type.shape.dim] == [1, 3, 4]

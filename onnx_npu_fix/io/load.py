@@ -19,6 +19,7 @@ from onnx_npu_fix.errors import InputError, first_line
 from onnx_npu_fix.ir.graph import (
     TWO_GB,
     approx_model_bytes,
+    clear_negative_dims,
     feedable_inputs,
     infer_shapes,
     name_unnamed_nodes,
@@ -229,6 +230,7 @@ def prepare(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | 
     (read-only analysis, where the failure is a finding) the first line of the inference error is returned and
     ``model`` carries whatever non-strict inference could find; None when inference succeeded.
     ``light``: ``model`` is a shape-only copy already (``graph.infer_shapes``)."""
+    clear_negative_dims(model.graph)
     if input_shapes:
         try:
             set_input_shapes(model, dict(input_shapes))

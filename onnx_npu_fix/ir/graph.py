@@ -812,6 +812,22 @@ def set_input_shapes(model: onnx.ModelProto, shapes: dict[str, Sequence[int]]) -
             shape.dim.add().dim_value = int(d)
 
 
+def clear_negative_dims(graph: onnx.GraphProto) -> int:
+    """Make every declared dimension below 0 (Paddle2ONNX writes ``dim_value: -1`` for "any size") an unknown
+    one, in the graph's inputs, outputs and value_info: that is what it means, and strict shape inference
+    otherwise refuses the model once a real size meets it ("differ in dimension 0: (1) vs (-1)"). Returns how
+    many were cleared."""
+    cleared = 0
+    for vi in (*graph.input, *graph.output, *graph.value_info):
+        if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+            continue
+        for dim in vi.type.tensor_type.shape.dim:
+            if dim.HasField("dim_value") and dim.dim_value < 0:
+                dim.Clear()
+                cleared += 1
+    return cleared
+
+
 def feedable_inputs(model: onnx.ModelProto) -> list[str]:
     """The graph inputs a caller must feed: those that are not initializers (an initializer-backed input is a
     default)."""
