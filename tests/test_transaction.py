@@ -13,6 +13,8 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import onnx
@@ -365,3 +367,23 @@ def test_an_existing_file_under_another_name_is_the_same_file_by_its_inode(tmp_p
                                        "--report", str(work / "old.json")])
     assert result.exit_code == 2 and "--report" in result.output, result.output
     assert _listing(work) == before
+
+
+def test_a_signal_while_the_output_path_is_probed_leaves_no_empty_output(tmp_path, model_bytes):
+    """check_output_path creates the output's own name to learn that it can be written, then removes it: SIGTERM
+    in between (here raised right after the probe is created) waits until the probe is gone, so the run ends
+    with exit 143 and an empty directory, not an empty output file."""
+    work = _work(tmp_path, model_bytes)
+    program = ("import os, signal, sys\n"
+               "import onnx_npu_fix.io.paths as paths\n"
+               "real_close = os.close\n"
+               "def close(fd):\n"
+               "    real_close(fd)\n"
+               "    signal.raise_signal(signal.SIGTERM)\n"
+               "paths.os = type(os)('os_probe'); paths.os.__dict__.update(os.__dict__); paths.os.close = close\n"
+               "from onnx_npu_fix.cli import main\n"
+               "main()\n")
+    done = subprocess.run([sys.executable, "-c", program, str(work / "in.onnx"), "-o", str(work / "out.onnx"), "-q"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, done.stderr
+    assert sorted(os.listdir(work)) == ["in.onnx"]

@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterable
 
 from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.io.save import signals_held
 
 
 def check_output_path(output: str | os.PathLike, input_path: str | os.PathLike | None = None, *,
@@ -45,9 +46,12 @@ def check_output_path(output: str | os.PathLike, input_path: str | os.PathLike |
     probe = os.path.join(directory, os.path.basename(output))
     if not os.path.exists(probe):
         try:
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            os.close(fd)
-            os.unlink(probe)
+            # The probe is the output's own name (a name the file system refuses fails here, not at the commit):
+            # a signal between its creation and its removal would leave an empty output, so signals wait.
+            with signals_held():
+                fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                os.close(fd)
+                os.unlink(probe)
         except OSError as exc:
             raise InputError(f"{what} {output}: cannot write there ({exc.strerror})") from None
     elif not os.access(probe, os.W_OK) or not os.access(directory, os.W_OK):

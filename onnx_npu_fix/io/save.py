@@ -233,7 +233,7 @@ class AtomicDir(_Staged):
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
+def signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM wait while the body runs (the renames of a commit happen all or none), then reach the
     handlers that were in place. Python-level handlers, not a thread's signal mask: the kernel may deliver a
     process signal to any thread, and CPython runs its handler in the main thread regardless. Main thread only
@@ -307,7 +307,7 @@ class Transaction:
             self.discard()
             raise
         try:
-            with _signals_held():
+            with signals_held():
                 self._rename_all()
         except BaseException as exc:
             exc.npufix_written = list(self.committed)
