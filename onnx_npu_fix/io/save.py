@@ -546,7 +546,7 @@ class MappedWeights:
     def __init__(self, *, threshold: int = 1024) -> None:
         self.threshold = threshold
         self.directory: str | None = None
-        self._fd: int | None = None
+        self._file: Any = None
         self._end = 0
         self._placed: dict[str, tuple[int, int]] = {}
         self._models = 0
@@ -555,19 +555,19 @@ class MappedWeights:
     def _register(self, name: str | None) -> None:
         self.directory = name
 
-    def _open(self) -> int:
-        if self._fd is None:
+    def _open(self) -> Any:
+        if self._file is None:
             _create_unique(tempfile.gettempdir(), "npufix-validate-", "", functools.partial(os.mkdir, mode=0o700),
                            self._register)
             assert self.directory is not None
-            self._fd = os.open(os.path.join(self.directory, "weights.data"), os.O_RDWR | os.O_CREAT | os.O_EXCL,
-                               0o600)
-        return self._fd
+            fd = os.open(os.path.join(self.directory, "weights.data"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            self._file = os.fdopen(fd, "r+b", buffering=0)
+        return self._file
 
     def write(self, model: onnx.ModelProto) -> str:
         """Write ``model`` (left as it is) for onnxruntime; returns the model file's path."""
         with self._lock:
-            fd = self._open()
+            data = self._open()
             assert self.directory is not None
             shell = onnx.ModelProto()
             _copy_without_initializers(model, shell)
@@ -578,7 +578,7 @@ class MappedWeights:
                     continue
                 raw = tensor.raw_data  # one copy out of the message; every read of the field makes another
                 ref = shell.graph.initializer.add(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
-                for key, value in (("location", "weights.data"), ("offset", str(self._place(fd, tensor.name, raw))),
+                for key, value in (("location", "weights.data"), ("offset", str(self._place(data, tensor.name, raw))),
                                    ("length", str(len(raw)))):
                     ref.external_data.add(key=key, value=value)
                 ref.data_location = onnx.TensorProto.EXTERNAL
@@ -589,16 +589,18 @@ class MappedWeights:
                 f.write(shell.SerializeToString())
             return path
 
-    def _place(self, fd: int, name: str, raw: bytes) -> int:
+    def _place(self, data: Any, name: str, raw: bytes) -> int:
         """The offset of ``raw`` (tensor ``name``) in the data file: where it was written, else at the next page."""
         placed = self._placed.get(name)
-        if placed is not None and placed[1] == len(raw) and os.pread(fd, len(raw), placed[0]) == raw:
-            return placed[0]
+        if placed is not None and placed[1] == len(raw):
+            data.seek(placed[0])
+            if data.read(len(raw)) == raw:
+                return placed[0]
         offset = -(-self._end // PAGE) * PAGE
-        view, at = memoryview(raw), offset
+        data.seek(offset)
+        view = memoryview(raw)
         while view:
-            written = os.pwrite(fd, view, at)
-            view, at = view[written:], at + written
+            view = view[data.write(view):]
         self._end = offset + len(raw)
         self._placed[name] = (offset, len(raw))
         return offset
@@ -606,9 +608,9 @@ class MappedWeights:
     def close(self) -> None:
         """Remove the directory and everything in it (a session that still maps the data keeps its pages)."""
         with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            if self._file is not None:
+                self._file.close()
+                self._file = None
             if self.directory is not None:
                 _remove_tree(self.directory)
                 self.directory = None
