@@ -80,13 +80,12 @@ class Runner:
         self._own_weights = None
         if model_path is not None:
             source: Any = model_path
-        elif model is not None and weights is not None:
-            source = weights.write(model)
+        elif model is not None and weights is not None and (source := _write_scratch(weights, model)) is not None:
             if refused is None and data is not None:
                 refused = data
             elif refused is None and approx_model_bytes(model) < TWO_GB:
                 refused = model.SerializeToString
-        elif data is not None:  # the caller serialized it already
+        elif data is not None:  # the caller serialized it already (or the scratch copy could not be written)
             source = data
         elif model is None:
             raise ValueError("Runner needs a model, a model_path or data")
@@ -95,8 +94,10 @@ class Runner:
         else:
             # Too large to pass as bytes: a scratch copy whose weights live in a data file; the model in
             # memory is left as it is (the passes after this validation still read its weights).
-            self._own_weights = MappedWeights()
+            self._own_weights = weights or MappedWeights()
             source = self._own_weights.write(model)
+            if weights is not None:
+                self._own_weights = None  # the caller's to remove
         try:
             self.session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
         except runtime_errors():
@@ -123,6 +124,16 @@ class Runner:
         if self._own_weights is not None:
             self._own_weights.close()
         release_freed_memory()
+
+
+def _write_scratch(weights: MappedWeights, model: onnx.ModelProto) -> str | None:
+    """``model`` written to ``weights`` for onnxruntime to map, or None when the file system refuses (full, a
+    file size limit): then onnxruntime gets the model as it did before the scratch copies, which validates the
+    same, with more memory."""
+    try:
+        return weights.write(model)
+    except OSError:
+        return None
 
 
 def release_freed_memory() -> None:
@@ -337,7 +348,7 @@ class Reference:
         else:
             model = onnx.ModelProto()
             model.ParseFromString(source)
-            scratch = self.weights.write(model)
+            scratch = _write_scratch(self.weights, model)
             del model  # the scratch files from here on: the weights are mapped, not held
             runner = self._runner_of_scratch(scratch, digest, refused=self._read_from or source)
             del source
@@ -353,9 +364,10 @@ class Reference:
         finally:
             runner.close()
 
-    def _runner_of_scratch(self, scratch: str, digest: bytes | None, *, refused: bytes | str) -> Runner:
-        """A session of ``scratch`` (the bytes read, written to :attr:`weights`); with ``read_from``, once it is
-        built, that file proven to hold the bytes read (identity, else digest)."""
+    def _runner_of_scratch(self, scratch: str | None, digest: bytes | None, *, refused: bytes | str) -> Runner:
+        """A session of ``scratch`` (the bytes read, written to :attr:`weights`; None: it could not be written,
+        so ``refused``, the input file or the bytes read); with ``read_from``, once it is built, that file proven
+        to hold the bytes read (identity, else digest)."""
         path = self._read_from
 
         def same() -> bool:
@@ -366,7 +378,12 @@ class Reference:
             return file_digest(path) == digest
 
         try:
-            runner = Runner(None, model_path=scratch, refused=refused)
+            if scratch is not None:
+                runner = Runner(None, model_path=scratch, refused=refused)
+            elif isinstance(refused, str):
+                runner = Runner(None, model_path=refused)
+            else:
+                runner = Runner(None, data=refused)
         except (*runtime_errors(), OSError):
             if not same():
                 raise _changed(path) from None
@@ -927,7 +944,7 @@ class Validator:
         self.changed = False
         """Some change was accepted (validated or not)."""
         self.steps: dict[str, StepBound] = {}
-        self._edge_model: str | None = None
+        self._edge_model: str | bytes | None = None
         """The model as validation starts, written to the run's mapped weights, when a change may be approximate:
         an approximate verdict near its bound runs it on more input sets (:meth:`_at_the_edge`)."""
         self._weights = MappedWeights()
@@ -964,7 +981,7 @@ class Validator:
         self._reference = reference
         self._weights = reference.take_weights()
         if approximate and not options.strict and not options.validation_data and approx_model_bytes(model) < TWO_GB:
-            self._edge_model = self._weights.write(model)
+            self._edge_model = _write_scratch(self._weights, model) or model.SerializeToString()
         if reference is not None and reference_feeds:
             self._reference.run([{**feeds, **reference_feeds} for feeds in self.feeds])
         else:
@@ -1101,7 +1118,9 @@ class Validator:
             return comparison
         feeds = make_inputs(model, more, self.options.seed + EDGE_SEED_OFFSET,
                             ranges=parse_input_ranges(self.options.input_ranges))
-        original, candidate = Runner(None, model_path=self._edge_model), Runner(model, data=data, weights=self._weights)
+        edge = self._edge_model
+        original = Runner(None, model_path=edge) if isinstance(edge, str) else Runner(None, data=edge)
+        candidate = Runner(model, data=data, weights=self._weights)
         try:
             extra_reference, extra = original.run_all(feeds), candidate.run_all(feeds)
         except runtime_errors():
