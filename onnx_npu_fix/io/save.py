@@ -550,12 +550,15 @@ class MappedWeights:
         self._end = 0
         self._placed: dict[str, tuple[int, int]] = {}
         self._models = 0
+        self._closed = False
         self._lock = threading.Lock()
 
     def _register(self, name: str | None) -> None:
         self.directory = name
 
     def _open(self) -> Any:
+        if self._closed:  # a late writer (a worker thread a signal left running) must not create it again
+            raise OSError("the scratch directory was removed")
         if self._file is None:
             _create_unique(tempfile.gettempdir(), "npufix-validate-", "", functools.partial(os.mkdir, mode=0o700),
                            self._register)
@@ -608,6 +611,7 @@ class MappedWeights:
     def close(self) -> None:
         """Remove the directory and everything in it (a session that still maps the data keeps its pages)."""
         with self._lock:
+            self._closed = True
             if self._file is not None:
                 self._file.close()
                 self._file = None

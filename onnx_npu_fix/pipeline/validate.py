@@ -413,11 +413,13 @@ class Reference:
     def close(self) -> None:
         """Stop waiting for inputs that will not come (or running those nobody will read), join the worker."""
         self._closing = True
-        if not self._feeds.done():
-            self._feeds.set_exception(_NotNeeded())
-        self._executor.shutdown(wait=True)
-        if not self._weights_taken:
-            self.weights.close()
+        try:
+            if not self._feeds.done():
+                self._feeds.set_exception(_NotNeeded())
+            self._executor.shutdown(wait=True)
+        finally:  # also when a signal interrupts the wait: the scratch directory never outlives the run
+            if not self._weights_taken:
+                self.weights.close()
 
 
 def _changed(path: str) -> InputError:
