@@ -560,8 +560,9 @@ class MappedWeights:
         if self._closed:  # a late writer (a worker thread a signal left running) must not create it again
             raise OSError("the scratch directory was removed")
         if self._file is None:
-            _create_unique(tempfile.gettempdir(), "npufix-validate-", "", functools.partial(os.mkdir, mode=0o700),
-                           self._register)
+            if self.directory is None:  # else an earlier attempt made it and failed after: the same one, reused
+                _create_unique(tempfile.gettempdir(), "npufix-validate-", "", functools.partial(os.mkdir, mode=0o700),
+                               self._register)
             assert self.directory is not None
             fd = os.open(os.path.join(self.directory, "weights.data"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             self._file = os.fdopen(fd, "r+b", buffering=0)
