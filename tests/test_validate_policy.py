@@ -742,3 +742,91 @@ def test_a_file_changed_a_moment_ago_has_no_identity(tmp_path):
     old = os.stat(path)
     assert load.file_identity(str(path)) is None
     assert load.file_identity(str(path), old) is None
+
+
+# --- validation sessions map their weights from one run-owned scratch file -----------------------------------
+
+
+def test_mapped_weights_write_each_weight_once_at_page_offsets(tmp_path, monkeypatch):
+    import onnxruntime as ort
+
+    from onnx_npu_fix.io.save import PAGE, MappedWeights
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    model = _conv_model(weight_shape=(8, 4, 3, 3), bias=8)  # w: 1152 bytes (mapped), b: 32 bytes (inline)
+    changed = _conv_model(weight_shape=(8, 4, 3, 3), bias=8)
+    w = changed.graph.initializer[0]
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * 2, w.name))
+    store = MappedWeights()
+    try:
+        first, same, other = store.write(model), store.write(model), store.write(changed)
+        data = os.path.join(store.directory, "weights.data")
+        refs = [onnx.load(p, load_external_data=False).graph.initializer for p in (first, same, other)]
+        offsets = [int({e.key: e.value for e in r[0].external_data}["offset"]) for r in refs]
+        assert offsets[0] == offsets[1] and offsets[2] != offsets[0]  # unchanged: written once; changed: again
+        assert all(o % PAGE == 0 for o in offsets) and os.path.getsize(data) == offsets[2] + 1152
+        assert refs[0][1].data_location != TensorProto.EXTERNAL  # below the threshold: stays in the model
+        x = {"x": np.random.default_rng(1).standard_normal((1, 4, 8, 8)).astype(np.float32)}
+        for path, proto in ((first, model), (other, changed)):
+            mapped = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, x)[0]
+            inline = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x)[0]
+            assert np.array_equal(mapped, inline)
+    finally:
+        directory = store.directory
+        store.close()
+    assert not os.path.exists(directory) and os.listdir(tmp_path) == []
+
+
+class _SeesScratch:
+    """An exact pass that changes nothing but records the validation scratch directories present when it runs
+    (once the original's session was built), then optionally interrupts the run."""
+
+    name = "sees-scratch"
+    summary = "test pass"
+    exact = True
+    keeps_shapes = True
+
+    def __init__(self, where, reference, interrupt=False):
+        self.where, self.reference, self.interrupt, self.seen = where, reference, interrupt, None
+
+    def may_change(self, model, options):
+        return True
+
+    def run(self, model, options):
+        from onnx_npu_fix.passes.base import PassResult
+
+        self.reference.outputs()  # the original's session was built on the worker thread (and has run)
+        self.seen = {d: {f: os.path.getsize(os.path.join(self.where, d, f))
+                         for f in os.listdir(os.path.join(self.where, d))} for d in os.listdir(self.where)}
+        if self.interrupt:
+            raise KeyboardInterrupt
+        return PassResult(changes=[])
+
+
+@pytest.mark.parametrize("interrupt", [False, True])
+def test_validation_scratch_holds_the_mapped_weights_and_is_removed_on_every_exit(tmp_path, monkeypatch, interrupt):
+    from onnx_npu_fix.passes.align_channels import AlignChannelsPass
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    path = _save(_conv_model(weight_shape=(12, 4, 3, 3), bias=12), tmp_path / "m.onnx")  # w: 1728 bytes
+    loaded = api.read_model(path, keep_bytes=True)
+    options = FixOptions(align=8)
+    reference = api.start_reference(loaded, options)
+    seer = _SeesScratch(str(scratch), reference, interrupt)
+    try:
+        if interrupt:
+            with pytest.raises(KeyboardInterrupt):
+                api.fix(loaded.model, options, [AlignChannelsPass(), seer], reference=reference, source=path)
+        else:
+            result = api.fix(loaded.model, options, [AlignChannelsPass(), seer], reference=reference, source=path)
+            assert result.ok and result.report.passes[0].status == "validated"
+    finally:
+        reference.close()
+    # One directory for the run; the original's session was built from it, its weight in the data file (the
+    # candidate of the exact group is validated after this pass).
+    (name, files), = seer.seen.items()
+    assert name.startswith("npufix-validate-") and sorted(files) == ["model-1.onnx", "weights.data"]
+    assert files["weights.data"] == 1728
+    assert os.listdir(scratch) == []

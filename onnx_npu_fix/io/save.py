@@ -9,10 +9,12 @@ import functools
 import hashlib
 import json
 import math
+import mmap
 import os
 import secrets
 import shutil
 import signal
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -522,6 +524,102 @@ def write_with_external_data(model: onnx.ModelProto, model_file: str, data_file:
                 target.graph.initializer.append(ref)
     with open(model_file, "wb") as f:
         f.write(target.SerializeToString())
+
+
+PAGE = mmap.ALLOCATIONGRANULARITY
+"""Every weight in a :class:`MappedWeights` file starts at a multiple of this (the unit in which mmap takes file
+offsets: 4 KiB on Linux, 64 KiB on Windows), so that a loader can map each tensor in place instead of copying it.
+onnxruntime 1.32 maps them: a session of a 110 MB U-Net holds 8 MB of heap, its weights' pages are the file's."""
+
+
+class MappedWeights:
+    """Scratch models for onnxruntime, their weights in one data file it maps instead of copying (validation: the
+    original's session and each candidate's). Lives in a run-owned temporary directory that :meth:`close`
+    removes (the caller closes it in a ``finally``: every exit path, KeyboardInterrupt and SIGTERM included); the
+    directory's name is registered before it exists, so a signal during its creation cannot orphan it.
+
+    Each raw initializer of ``threshold`` bytes or more is written once: a later model whose tensor of the same
+    name holds the same bytes (compared with those written, not hashed) refers to the same place, so a pass that
+    changed two weights writes two weights. Thread-safe (the original's reference thread and the pass manager).
+    """
+
+    def __init__(self, *, threshold: int = 1024) -> None:
+        self.threshold = threshold
+        self.directory: str | None = None
+        self._file: Any = None
+        self._end = 0
+        self._placed: dict[str, tuple[int, int]] = {}
+        self._models = 0
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def _register(self, name: str | None) -> None:
+        self.directory = name
+
+    def _open(self) -> Any:
+        if self._closed:  # a late writer (a worker thread a signal left running) must not create it again
+            raise OSError("the scratch directory was removed")
+        if self._file is None:
+            if self.directory is None:  # else an earlier attempt made it and failed after: the same one, reused
+                _create_unique(tempfile.gettempdir(), "npufix-validate-", "", functools.partial(os.mkdir, mode=0o700),
+                               self._register)
+            assert self.directory is not None
+            fd = os.open(os.path.join(self.directory, "weights.data"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            self._file = os.fdopen(fd, "r+b", buffering=0)
+        return self._file
+
+    def write(self, model: onnx.ModelProto) -> str:
+        """Write ``model`` (left as it is) for onnxruntime; returns the model file's path."""
+        with self._lock:
+            data = self._open()
+            assert self.directory is not None
+            shell = onnx.ModelProto()
+            _copy_without_initializers(model, shell)
+            for tensor in model.graph.initializer:
+                if (tensor.data_location == onnx.TensorProto.EXTERNAL or not tensor.HasField("raw_data")
+                        or payload_bytes(tensor) < self.threshold):
+                    shell.graph.initializer.append(tensor)
+                    continue
+                raw = tensor.raw_data  # one copy out of the message; every read of the field makes another
+                ref = shell.graph.initializer.add(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
+                for key, value in (("location", "weights.data"), ("offset", str(self._place(data, tensor.name, raw))),
+                                   ("length", str(len(raw)))):
+                    ref.external_data.add(key=key, value=value)
+                ref.data_location = onnx.TensorProto.EXTERNAL
+                del raw
+            self._models += 1
+            path = os.path.join(self.directory, f"model-{self._models}.onnx")
+            with open(path, "wb") as f:
+                f.write(shell.SerializeToString())
+            return path
+
+    def _place(self, data: Any, name: str, raw: bytes) -> int:
+        """The offset of ``raw`` (tensor ``name``) in the data file: where it was written, else at the next page."""
+        placed = self._placed.get(name)
+        if placed is not None and placed[1] == len(raw):
+            data.seek(placed[0])
+            if data.read(len(raw)) == raw:
+                return placed[0]
+        offset = -(-self._end // PAGE) * PAGE
+        data.seek(offset)
+        view = memoryview(raw)
+        while view:
+            view = view[data.write(view):]
+        self._end = offset + len(raw)
+        self._placed[name] = (offset, len(raw))
+        return offset
+
+    def close(self) -> None:
+        """Remove the directory and everything in it (a session that still maps the data keeps its pages)."""
+        with self._lock:
+            self._closed = True
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+            if self.directory is not None:
+                _remove_tree(self.directory)
+                self.directory = None
+            self._placed.clear()
 
 
 def _copy_without_initializers(model: onnx.ModelProto, target: onnx.ModelProto) -> None:

@@ -19,7 +19,6 @@ import functools
 import hashlib
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,7 +30,7 @@ from onnx_npu_fix import progress
 from onnx_npu_fix.config.options import check_output_names
 from onnx_npu_fix.errors import InputError, first_line
 from onnx_npu_fix.io.load import FileIdentity, file_identity
-from onnx_npu_fix.io.save import write_with_external_data
+from onnx_npu_fix.io.save import MappedWeights
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, subgraphs
 from onnx_npu_fix.ir.ops import RANDOM_OPS, is_default_domain
 from onnx_npu_fix.ir.qdq import StepBound
@@ -55,10 +54,18 @@ def runtime_errors() -> tuple[type[BaseException], ...]:
 
 
 class Runner:
-    """One onnxruntime session for one model (given as a proto, a file or bytes); reused for every input set."""
+    """One onnxruntime session for one model (given as a proto, a file or bytes); reused for every input set.
+
+    ``weights``: where a ``model`` given as a proto is written for onnxruntime to map its weights (io.save.
+    MappedWeights) instead of handing it bytes, which it copies twice (its own message, then its tensors): a
+    session of a 110 MB U-Net then holds 8 MB of heap instead of about 250 MB, and the weights' pages are the data
+    file's, shared with the page cache. Without it, a model below 2 GB is serialized. ``refused``: the model as
+    the caller knows it (bytes or a path), loaded instead when onnxruntime refuses the scratch file, so that its
+    message is the one the model itself gets (it names the file it loaded, never a scratch name)."""
 
     def __init__(self, model: onnx.ModelProto | None, *, model_path: str | None = None,
-                 data: bytes | None = None) -> None:
+                 data: bytes | None = None, weights: MappedWeights | None = None,
+                 refused: bytes | str | Callable[[], bytes] | None = None) -> None:
         import onnxruntime as ort
 
         # Fatal only: onnxruntime's own (coloured, multi-line) log lines must not reach stderr around npufix's
@@ -70,10 +77,15 @@ class Runner:
         opts.intra_op_num_threads = min(2, os.cpu_count() or 1)
         # Idle worker threads must not spin: the reference outputs are computed while the passes run.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._tmpdir = None
+        self._own_weights = None
         if model_path is not None:
             source: Any = model_path
-        elif data is not None:  # the caller serialized it already
+        elif model is not None and weights is not None and (source := _write_scratch(weights, model)) is not None:
+            if refused is None and data is not None:
+                refused = data
+            elif refused is None and approx_model_bytes(model) < TWO_GB:
+                refused = model.SerializeToString
+        elif data is not None:  # the caller serialized it already (or the scratch copy could not be written)
             source = data
         elif model is None:
             raise ValueError("Runner needs a model, a model_path or data")
@@ -82,11 +94,17 @@ class Runner:
         else:
             # Too large to pass as bytes: a scratch copy whose weights live in a data file; the model in
             # memory is left as it is (the passes after this validation still read its weights).
-            self._tmpdir = tempfile.TemporaryDirectory(prefix="npufix-validate-")
-            source = os.path.join(self._tmpdir.name, "model.onnx")
-            write_with_external_data(model, source, os.path.join(self._tmpdir.name, "weights.data"),
-                                     "weights.data", in_place=False)
-        self.session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+            self._own_weights = weights or MappedWeights()
+            source = self._own_weights.write(model)
+            if weights is not None:
+                self._own_weights = None  # the caller's to remove
+        try:
+            self.session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+        except runtime_errors():
+            if refused is None:
+                raise
+            self.session = ort.InferenceSession(refused() if callable(refused) else refused, opts,
+                                                providers=["CPUExecutionProvider"])
         self.output_names = [o.name for o in self.session.get_outputs()]  # the graph's outputs, in order
 
     def run(self, feeds: Feeds) -> Outputs:
@@ -103,9 +121,19 @@ class Runner:
 
     def close(self) -> None:
         self.session = None
-        if self._tmpdir is not None:
-            self._tmpdir.cleanup()
+        if self._own_weights is not None:
+            self._own_weights.close()
         release_freed_memory()
+
+
+def _write_scratch(weights: MappedWeights, model: onnx.ModelProto) -> str | None:
+    """``model`` written to ``weights`` for onnxruntime to map, or None when the file system refuses (full, a
+    file size limit): then onnxruntime gets the model as it did before the scratch copies, which validates the
+    same, with more memory."""
+    try:
+        return weights.write(model)
+    except OSError:
+        return None
 
 
 def release_freed_memory() -> None:
@@ -218,9 +246,10 @@ class _NotSegmentable(Exception):
 
 
 def run_model(model: onnx.ModelProto | None, feeds: Sequence[Feeds], *,
-              data: bytes | None = None, task: str = "validation") -> list[Outputs]:
+              data: bytes | None = None, task: str = "validation",
+              weights: MappedWeights | None = None) -> list[Outputs]:
     """``model``'s outputs on every input set (``data``: it serialized already; needed without ``model``);
-    ``task``: what its progress steps are called (progress.Step).
+    ``task``: what its progress steps are called (progress.Step); ``weights``: see Runner.
 
     One session, unless the graph is long (:func:`segmented`): onnxruntime's session creation grows faster than
     the graph (about n^1.5 in nodes and initializers: 2.3 s CPU at 10k nodes, 27 s at 30k), so a long graph runs
@@ -233,7 +262,7 @@ def run_model(model: onnx.ModelProto | None, feeds: Sequence[Feeds], *,
             return _run_segments(model, feeds, task)
         except _NotSegmentable:
             pass
-    runner = Runner(model, data=data)
+    runner = Runner(model, data=data, weights=weights)
     try:
         return runner.run_all(feeds, task)
     finally:
@@ -268,13 +297,18 @@ class Reference:
     runs start when :meth:`run` hands over the inputs. onnxruntime releases the GIL while it works, and its idle
     workers do not spin (see Runner), so the passes keep a core. ``source``: serialized bytes, or a file path.
 
-    ``read_from``: the file ``source`` (bytes) was read from. onnxruntime then loads that file — given bytes it
-    copies them twice while it builds the session (+380 MB at a 190 MB model; a file it streams into its tensors)
-    — and the Reference checks that the file is still the one read: its ``identity`` (io.load.FileIdentity:
-    inode, size, modification and change times, taken while reading) once the session is built, or, without
-    one (a file changed too recently for its timestamps to tell), its SHA-256 against that of the bytes read.
-    When it is not (replaced, rewritten or removed since it was read), the outputs raise InputError: the
-    reference is the model that was read, or there is none and the run stops; validation is never silently off.
+    Bytes are parsed and written to :attr:`weights` (io.save.MappedWeights, a run-owned scratch directory), so
+    that onnxruntime maps the weights instead of copying them (given bytes it copies them twice, given the input
+    file once: 356 MB of heap while a 110 MB U-Net's session was built); the candidates' sessions share the
+    weights a pass left alone. The pass manager's Validator takes the store over (:meth:`take_weights`); else
+    :meth:`close` removes it.
+
+    ``read_from``: the file ``source`` (bytes) was read from. The Reference checks that the file is still the one
+    read: its ``identity`` (io.load.FileIdentity: inode, size, modification and change times, taken while reading)
+    once the session is built, or, without one (a file changed too recently for its timestamps to tell), its
+    SHA-256 against that of the bytes read. When it is not (replaced, rewritten or removed since it was read),
+    the outputs raise InputError: a rollback reads that file again, and a run whose input moved under it stops;
+    validation is never silently off.
 
     ``long_graph``: the model is run in segments (:func:`segmented`): it is parsed from ``source`` (the bytes
     read: no file is opened again) and run by :func:`run_model`.
@@ -288,6 +322,8 @@ class Reference:
         self._read_from = read_from
         self._identity = identity
         self._long_graph = long_graph
+        self.weights = MappedWeights()
+        self._weights_taken = False
         self._digest: concurrent.futures.Future = concurrent.futures.Future()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="npufix-reference")
         # The worker reports its progress to the run's listener (progress.listening): it runs in a copy of the
@@ -307,11 +343,14 @@ class Reference:
             model.ParseFromString(source)
             del source
             return run_model(model, self._feeds.result(), task="reference outputs")
-        if from_file:
-            del source  # from here on the file is read in place and proven to be the one read
-            runner = self._runner_of_file(self._read_from, digest)
+        if isinstance(source, str):
+            runner = Runner(None, model_path=source)
         else:
-            runner = Runner(None, model_path=source) if isinstance(source, str) else Runner(None, data=source)
+            model = onnx.ModelProto()
+            model.ParseFromString(source)
+            scratch = _write_scratch(self.weights, model)
+            del model  # the scratch files from here on: the weights are mapped, not held
+            runner = self._runner_of_scratch(scratch, digest, refused=self._read_from or source)
             del source
         try:
             outputs = []
@@ -325,16 +364,26 @@ class Reference:
         finally:
             runner.close()
 
-    def _runner_of_file(self, path: str, digest: bytes | None) -> Runner:
-        """A session of the file at ``path``, proven to hold the bytes read (identity, else digest)."""
+    def _runner_of_scratch(self, scratch: str | None, digest: bytes | None, *, refused: bytes | str) -> Runner:
+        """A session of ``scratch`` (the bytes read, written to :attr:`weights`; None: it could not be written,
+        so ``refused``, the input file or the bytes read); with ``read_from``, once it is built, that file proven
+        to hold the bytes read (identity, else digest)."""
+        path = self._read_from
 
         def same() -> bool:
+            if path is None:
+                return True
             if self._identity is not None:
                 return file_identity(path) == self._identity
             return file_digest(path) == digest
 
         try:
-            runner = Runner(None, model_path=path)
+            if scratch is not None:
+                runner = Runner(None, model_path=scratch, refused=refused)
+            elif isinstance(refused, str):
+                runner = Runner(None, model_path=refused)
+            else:
+                runner = Runner(None, data=refused)
         except (*runtime_errors(), OSError):
             if not same():
                 raise _changed(path) from None
@@ -343,6 +392,11 @@ class Reference:
             runner.close()
             raise _changed(path)
         return runner
+
+    def take_weights(self) -> MappedWeights:
+        """The store of mapped weights, from now on the caller's to close (see the class docstring)."""
+        self._weights_taken = True
+        return self.weights
 
     def digest(self) -> bytes | None:
         """SHA-256 of the bytes read from ``read_from`` (None without one): what that file must still hold."""
@@ -359,9 +413,13 @@ class Reference:
     def close(self) -> None:
         """Stop waiting for inputs that will not come (or running those nobody will read), join the worker."""
         self._closing = True
-        if not self._feeds.done():
-            self._feeds.set_exception(_NotNeeded())
-        self._executor.shutdown(wait=True)
+        try:
+            if not self._feeds.done():
+                self._feeds.set_exception(_NotNeeded())
+            self._executor.shutdown(wait=True)
+        finally:  # also when a signal interrupts the wait: the scratch directory never outlives the run
+            if not self._weights_taken:
+                self.weights.close()
 
 
 def _changed(path: str) -> InputError:
@@ -810,6 +868,10 @@ def check_structure(model: onnx.ModelProto, data: bytes | None = None) -> str | 
         onnx.checker.check_model(data)
     except Exception as exc:  # noqa: BLE001
         return first_line(exc)
+    finally:
+        # The checker parsed its own copy of the model; handed back before onnxruntime's session and its runs
+        # come on top (U-Net, 110 MB: 100 MB lower peak).
+        release_freed_memory()
     return None
 
 
@@ -884,20 +946,31 @@ class Validator:
         self.changed = False
         """Some change was accepted (validated or not)."""
         self.steps: dict[str, StepBound] = {}
-        self._edge_model: bytes | None = None
-        """The model as validation starts, serialized, when a change may be approximate: an approximate verdict
-        near its bound runs it on more input sets (:meth:`_at_the_edge`)."""
+        self._edge_model: str | bytes | None = None
+        """The model as validation starts, written to the run's mapped weights, when a change may be approximate:
+        an approximate verdict near its bound runs it on more input sets (:meth:`_at_the_edge`)."""
+        self._weights = MappedWeights()
+        """Where the candidates' weights are written for onnxruntime to map (shared with the original's: a
+        weight no pass changed is written once per run); removed by :meth:`close`, also when this raises."""
         check_output_names(options, [o.name for o in model.graph.output])
         if options.validate == "none":
             return
+        try:
+            self._start(model, reference, reference_feeds, approximate)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, model: onnx.ModelProto, reference: Reference | None, reference_feeds: Feeds | None,
+               approximate: bool) -> None:
+        """The input sets, and the original's outputs under way (see __init__)."""
+        options = self.options
         refuse_random(model)
         self.feeds = validation_feeds(model, n_inputs=options.n_inputs, seed=options.seed,
                                       data=options.validation_data, ranges=options.input_ranges,
                                       approximate=approximate and not options.strict)
         # Outputs made by a DequantizeLinear are judged in quantization steps (graph output names never change).
         self.steps = quantized_output_steps(model)
-        if approximate and not options.strict and not options.validation_data and approx_model_bytes(model) < TWO_GB:
-            self._edge_model = model.SerializeToString()
         if reference is None and approx_model_bytes(model) >= TWO_GB:
             # No file to start from and too large for bytes: the scratch copy must be written now, before the
             # passes change the model, so this one is computed here.
@@ -908,6 +981,9 @@ class Validator:
             reference = Reference(data, long_graph=segmented(model, len(data)))
             del data
         self._reference = reference
+        self._weights = reference.take_weights()
+        if approximate and not options.strict and not options.validation_data and approx_model_bytes(model) < TWO_GB:
+            self._edge_model = _write_scratch(self._weights, model) or model.SerializeToString()
         if reference is not None and reference_feeds:
             self._reference.run([{**feeds, **reference_feeds} for feeds in self.feeds])
         else:
@@ -957,11 +1033,14 @@ class Validator:
         return self._current
 
     def close(self) -> None:
-        if self._reference is not None:
-            self._reference.close()
+        try:
+            if self._reference is not None:
+                self._reference.close()
+        finally:
+            self._weights.close()
 
     def _run(self, model: onnx.ModelProto, data: bytes | None = None, task: str = "validation") -> list[Outputs]:
-        return run_model(model, self.feeds, data=data, task=task)
+        return run_model(model, self.feeds, data=data, task=task, weights=self._weights)
 
     def check(self, model: onnx.ModelProto, *, exact: bool,
               on_serialized: Callable[[bytes], None] | None = None, task: str = "validation") -> Verdict:
@@ -970,16 +1049,16 @@ class Validator:
         else by the approximate bound. A passing candidate becomes the accepted model. ``on_serialized`` gets
         the candidate's bytes once the checker accepted them, before onnxruntime runs them. ``task``: what its
         progress steps are called (progress.Step)."""
+        # The original's session is let go before the candidate is serialized and checked: its weights next to
+        # the candidate's bytes and the checker's copy of them made the peak (and two models computing at once
+        # would only fight over the cores). An original that cannot run is the input's problem: raised here.
+        self._wait()
         data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
         problem = check_structure(model, data)
         if problem:
             return Verdict(f"the model fails the onnx checker after this pass: {problem}", None, data)
         if on_serialized is not None and data is not None:
             on_serialized(data)
-        # The original's session is let go before the candidate's is built: two sessions' copies of the weights
-        # next to the candidate's bytes made the peak 3 model sizes above the floor (and two models computing at
-        # once would only fight over the cores). An original that cannot run is the input's problem: raised here.
-        self._wait()
         try:
             outputs = self._run(model, data, task=task)
         except runtime_errors() as exc:
@@ -1041,7 +1120,9 @@ class Validator:
             return comparison
         feeds = make_inputs(model, more, self.options.seed + EDGE_SEED_OFFSET,
                             ranges=parse_input_ranges(self.options.input_ranges))
-        original, candidate = Runner(None, data=self._edge_model), Runner(model, data=data)
+        edge = self._edge_model
+        original = Runner(None, model_path=edge) if isinstance(edge, str) else Runner(None, data=edge)
+        candidate = Runner(model, data=data, weights=self._weights)
         try:
             extra_reference, extra = original.run_all(feeds), candidate.run_all(feeds)
         except runtime_errors():
