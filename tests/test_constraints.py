@@ -882,3 +882,23 @@ def test_ethos_u55_resize_factor_rule_and_what_resize_nearest_does(h, out, coord
     assert helper.get_attribute_value(next(a for a in resize.attribute if a.name == "mode")).decode() == after_mode
     assert [v.constraint for v in find_violations(fixed, options)] == (["resize-factor"] if coord ==
                                                                         "align_corners" else [])
+
+
+@pytest.mark.parametrize("stride", [7, 8])
+def test_rv1106_limits_the_stride_of_quantized_convs_only(tmp_path, stride):
+    """rv1106's max_stride_quantized: rknn-toolkit2 2.5.0 refuses a QDQ Conv1d with stride 8 (its own split makes a
+    float16 Conv), builds stride 7, and builds the float Conv with stride 8 (it quantizes it itself). The model is
+    a Conv1d on [1,1,8000] quantized by onnxruntime's quantizer here."""
+    from helpers import quantize_with_onnxruntime
+
+    from onnx_npu_fix.config.targets import apply_target, load_target
+
+    rng = np.random.default_rng(3)
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], name="encoder", strides=[stride])
+    weight = numpy_helper.from_array(rng.standard_normal((16, 1, 16)).astype(np.float32), "w")
+    float_model = _model([conv], [_vi("x", [1, 1, 8000])], [_vi("y", [1, 16, (8000 - 16) // stride + 1])], [weight])
+    qdq = quantize_with_onnxruntime(float_model, tmp_path)
+    options = apply_target(load_target("rv1106"), FixOptions(), {})
+    flagged = [(v.node, v.limit) for v in find_violations(qdq, options) if v.constraint == "max-stride"]
+    assert flagged == ([("encoder", 7)] if stride > 7 else [])
+    assert not [v for v in find_violations(float_model, options) if v.constraint == "max-stride"]

@@ -522,6 +522,26 @@ def strided_model(s, depthwise=False):
     return _model([conv], [("x", [1, 16, 24, 24])], [w])
 
 
+def quantized_strided_model(s):
+    """A Conv with stride ``s`` whose weight is a DequantizeLinear of int8 constants (the QDQ weight form)."""
+    conv, w = _conv("conv_q_strided", "x", "y", 16, 16, stride=s)
+    conv.input[1] = "w_dequantized"
+    weight = np.clip(np.round(numpy_helper.to_array(w) * 64), -127, 127).astype(np.int8)
+    dq = helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zero"], ["w_dequantized"], name="w_dq")
+    return _model([dq, conv], [("x", [1, 16, 24, 24])],
+                  [numpy_helper.from_array(weight, "w_q"), numpy_helper.from_array(np.float32(1 / 64), "w_scale"),
+                   numpy_helper.from_array(np.int8(0), "w_zero")])
+
+
+def stride_violations(key, value, options):
+    if key == "max_stride_quantized":
+        return [(f"quantized stride {value + 1}", quantized_strided_model(value + 1), "conv_q_strided",
+                 "max-stride")]
+    # stride_limit_depthwise_only (Vela 5.2): only a depthwise Conv's stride counts
+    return [(f"stride {value + 1}", strided_model(value + 1, options.stride_limit_depthwise_only),
+             "conv_strided", "max-stride")]
+
+
 def large_activation_model(budget, act_bytes):
     """A Relu whose input alone exceeds the budget (input and output are live together)."""
     side = int(np.ceil(np.sqrt(budget / (16 * act_bytes)))) + 8
@@ -585,10 +605,8 @@ def violations_for(key, value, options):
         return [("bilinear Resize", bilinear_model(), "up_linear", "resize-mode")]
     if key == "max_kernel":
         return [(f"kernel {value + 2}", big_kernel_model(value + 2), "conv_big_kernel", "max-kernel")]
-    if key == "max_stride":
-        # stride_limit_depthwise_only (Vela 5.2): only a depthwise Conv's stride counts
-        return [(f"stride {value + 1}", strided_model(value + 1, options.stride_limit_depthwise_only),
-                 "conv_strided", "max-stride")]
+    if key in ("max_stride", "max_stride_quantized"):
+        return stride_violations(key, value, options)
     if key == "allow_control_flow":
         return [("an If on a graph input", if_model(), "if_node", "control-flow")]
     if key == "sram_bytes":
@@ -684,7 +702,8 @@ def test_clean_model_satisfies_every_profile(checker, name):
 # Each constraint switched off, for the control below.
 OFF = {"max_dilation": None, "allowed_dilations": None, "align": 0, "concat_align": 0, "batch_one": False,
        "max_rank": None, "forbidden_ops": (), "allow_batchnorm": True, "require_nearest_resize": False,
-       "max_kernel": None, "max_stride": None, "sram_bytes": None, "allow_control_flow": True,
+       "max_kernel": None, "max_stride": None, "max_stride_quantized": None, "sram_bytes": None,
+       "allow_control_flow": True,
        "allowed_kernels": None, "symmetric_pads": False, "initializer_inputs": (), "squeeze_axes_ignored": False,
        "allow_qdq": True,
        "resize_factors": None, "linear_half_pixel_factors": None}

@@ -61,7 +61,7 @@ from onnx_npu_fix.ir.ops import (
     is_default_domain,
     resize_factor_problem,
 )
-from onnx_npu_fix.ir.qdq import is_qoperator
+from onnx_npu_fix.ir.qdq import is_dequantized_const, is_qoperator
 from onnx_npu_fix.ir.schedule import constant_names
 from onnx_npu_fix.passes.base import Found
 from onnx_npu_fix.passes.squeeze_reshape import keeps_a_size_one_axis
@@ -145,9 +145,10 @@ CONSTRAINT_TABLE: tuple[Constraint, ...] = (
     Constraint("max-kernel", "max {}", ("max_kernel",), None,
                "a Conv kernel extent above the target's `max_kernel`",
                "none"),
-    Constraint("max-stride", "max {}", ("max_stride",), None,
+    Constraint("max-stride", "max {}", ("max_stride", "max_stride_quantized"), None,
                "a Conv stride above the target's `max_stride` (with `stride_limit_depthwise_only`: a depthwise Conv's "
-               "or a ConvTranspose's only)",
+               "or a ConvTranspose's only), or a quantized Conv's (its weight a DequantizeLinear of a constant) above "
+               "`max_stride_quantized`",
                "none"),
     Constraint("kernel-allowed", "allowed {}", ("allowed_kernels",), None,
                "a Conv kernel that is not k x k with k among the target's `allowed_kernels` (k210: 1x1 or 3x3, so no "
@@ -645,7 +646,8 @@ def _check_conv(ctx: _Context, node: onnx.NodeProto) -> None:
     dilations = (list(get_attr(node, "dilations") or [1] * len(kernel))
                  if options.max_dilation is not None or options.allowed_dilations is not None
                  or options.max_kernel is not None else [])
-    strides = list(get_attr(node, "strides") or [1] * len(kernel)) if options.max_stride is not None else []
+    strides = (list(get_attr(node, "strides") or [1] * len(kernel))
+               if options.max_stride is not None or options.max_stride_quantized is not None else [])
     group = int(get_attr(node, "group", 1) or 1)
     if options.max_dilation is not None and max(dilations, default=1) > options.max_dilation:
         ctx.add_fixable(node, "dilation", dilations, options.max_dilation,
@@ -661,6 +663,10 @@ def _check_conv(ctx: _Context, node: onnx.NodeProto) -> None:
         why = _stride_problem(ctx, node, group, w_shape)
         if why is not None:
             ctx.add(node, "max-stride", strides, options.max_stride, None, why)
+    elif (options.max_stride_quantized is not None and max(strides, default=1) > options.max_stride_quantized
+          and is_dequantized_const(ctx.index, node.input[1])):
+        ctx.add(node, "max-stride", strides, options.max_stride_quantized, None,
+                "a quantized Conv (max_stride_quantized): the target's limit for QDQ Convs")
     if options.allowed_kernels is not None and (len(set(kernel)) > 1 or kernel[0] not in options.allowed_kernels):
         ctx.add(node, "kernel-allowed", kernel, list(options.allowed_kernels), None,
                 f"{op} kernel {'x'.join(map(str, kernel))}: the target runs only "

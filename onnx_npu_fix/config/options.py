@@ -36,7 +36,8 @@ LIST_CHOICES: dict[str, tuple[str, ...]] = {
 }
 # Smallest value of a numeric option (for a tuple: of each element); numeric options not listed must be >= 0.
 MINIMUM: dict[str, int] = {
-    "max_dilation": 1, "n_inputs": 1, "max_rank": 1, "max_kernel": 1, "max_stride": 1, "act_bytes": 1,
+    "max_dilation": 1, "n_inputs": 1, "max_rank": 1, "max_kernel": 1, "max_stride": 1, "max_stride_quantized": 1,
+    "act_bytes": 1,
     "allowed_dilations": 1, "max_convtranspose_stride": 1, "allowed_kernels": 1, "resize_factors": 1,
     "linear_half_pixel_factors": 1,
 }
@@ -112,6 +113,10 @@ class FixOptions:
     """Largest Conv kernel extent on any axis worth reporting (None: not checked)."""
     max_stride: int | None = None
     """Largest Conv stride on any axis (None: not checked)."""
+    max_stride_quantized: int | None = None
+    """Largest stride on any axis of a Conv whose weight is quantized (a DequantizeLinear of a constant), where the
+    target's limit for quantized Convs is lower than ``max_stride`` (rknn-toolkit2 2.5.0 on rv1106 splits a stride-8
+    QDQ Conv into a float16 one it then refuses; the float Conv builds). None: not checked."""
     stride_limit_depthwise_only: bool = False
     """``max_stride`` limits depthwise Convs (and ConvTransposes) only: the compiler runs an ordinary Conv of any
     stride on its NPU (Vela 5.2: strides 4, 7 and 8 on 1-D and 2-D Convs did, a depthwise stride 4 did not)."""

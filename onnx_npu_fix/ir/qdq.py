@@ -164,6 +164,13 @@ def quantized_const(index: GraphIndex, name: str) -> QuantizedConst | None:
     return QuantizedConst(dq, q, params)
 
 
+def is_dequantized_const(index: GraphIndex, name: str) -> bool:
+    """Float tensor ``name`` is a DequantizeLinear of a constant (a QDQ weight); no value is read, so this works on
+    a shape-only copy."""
+    dq = index.producer.get(name)
+    return dq is not None and dq.op_type == "DequantizeLinear" and index.is_const(dq.input[0])
+
+
 def dequantizer_of(index: GraphIndex, name: str) -> tuple[onnx.NodeProto, QuantParams] | None:
     """The DequantizeLinear producing float tensor ``name`` (from a run-time quantized tensor) and its params."""
     dq = index.producer.get(name)
