@@ -147,8 +147,8 @@ CONSTRAINT_TABLE: tuple[Constraint, ...] = (
                "none"),
     Constraint("max-stride", "max {}", ("max_stride", "max_stride_quantized"), None,
                "a Conv stride above the target's `max_stride` (with `stride_limit_depthwise_only`: a depthwise Conv's "
-               "or a ConvTranspose's only), or a quantized Conv's (its weight a DequantizeLinear of a constant) above "
-               "`max_stride_quantized`",
+               "or a ConvTranspose's only), or a quantized Conv's (its weight a DequantizeLinear of a constant; not a "
+               "ConvTranspose) above `max_stride_quantized`",
                "none"),
     Constraint("kernel-allowed", "allowed {}", ("allowed_kernels",), None,
                "a Conv kernel that is not k x k with k among the target's `allowed_kernels` (k210: 1x1 or 3x3, so no "
@@ -663,8 +663,10 @@ def _check_conv(ctx: _Context, node: onnx.NodeProto) -> None:
         why = _stride_problem(ctx, node, group, w_shape)
         if why is not None:
             ctx.add(node, "max-stride", strides, options.max_stride, None, why)
-    elif (options.max_stride_quantized is not None and max(strides, default=1) > options.max_stride_quantized
+    elif (options.max_stride_quantized is not None and op == "Conv"
+          and max(strides, default=1) > options.max_stride_quantized
           and is_dequantized_const(ctx.index, node.input[1])):
+        # Conv only: the rknn refusal it stands for is of its split of a Conv (a ConvTranspose was not measured)
         ctx.add(node, "max-stride", strides, options.max_stride_quantized, None,
                 "a quantized Conv (max_stride_quantized): the target's limit for QDQ Convs")
     if options.allowed_kernels is not None and (len(set(kernel)) > 1 or kernel[0] not in options.allowed_kernels):
