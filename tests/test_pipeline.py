@@ -587,22 +587,9 @@ def test_a_plugin_that_returns_no_result_is_a_failed_pass_with_exit_3(tmp_path):
 def _conv_bn_relu_qdq(tmp_path) -> onnx.ModelProto:
     """Conv -> BatchNormalization -> Relu quantized by onnxruntime (QDQ: the BN stays between its own Q/DQ, so
     folding it removes a rounding step), then an Identity before the graph output (an exact cleanup first)."""
-    from helpers import quantize_with_onnxruntime
+    from helpers import conv_bn_relu, quantize_with_onnxruntime
 
-    gen = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(gen.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(gen.uniform(0.5, 1.5, 8).astype(np.float32), "gamma"),
-             numpy_helper.from_array(gen.standard_normal(8).astype(np.float32), "beta"),
-             numpy_helper.from_array(gen.standard_normal(8).astype(np.float32), "mean"),
-             numpy_helper.from_array(gen.uniform(0.5, 1.5, 8).astype(np.float32), "var")]
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1]),
-         helper.make_node("BatchNormalization", ["y", "gamma", "beta", "mean", "var"], ["yb"], name="bn"),
-         helper.make_node("Relu", ["yb"], ["z"], name="relu")], "conv_bn",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, 8, 16, 16])], inits)
-    model = quantize_with_onnxruntime(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
-                                      tmp_path)
+    model = quantize_with_onnxruntime(conv_bn_relu(), tmp_path)
     last = next(n for n in model.graph.node if "z" in n.output)
     last.output[list(last.output).index("z")] = "z_pre"
     model.graph.node.append(helper.make_node("Identity", ["z_pre"], ["z"], name="out_identity"))

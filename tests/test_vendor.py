@@ -41,7 +41,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import FIXTURES
-from helpers import apply_pass, quantize_with_onnxruntime
+from helpers import apply_pass, conv_bn_relu, quantize_with_onnxruntime
 
 from onnx_npu_fix.api import fix
 from onnx_npu_fix.config.options import FixOptions
@@ -466,24 +466,6 @@ def judge(python: str, script: str, model: onnx.ModelProto | str, workdir, *args
     assert (done.returncode == 0) == (verdict["verdict"] == "accepted"), done.stdout + done.stderr
     assert done.stdout.strip().splitlines()[-1].startswith(f"JUDGE: {verdict['verdict']}"), done.stdout
     return verdict
-
-
-def conv_bn_relu() -> onnx.ModelProto:
-    """Conv 3x3 (3 -> 8) -> BatchNormalization -> Relu on [1,3,16,16], every tensor's shape in value_info."""
-    from onnx import TensorProto, helper, numpy_helper, shape_inference
-    gen = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(gen.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(gen.uniform(0.5, 1.5, 8).astype(np.float32), "gamma"),
-             numpy_helper.from_array(gen.standard_normal(8).astype(np.float32), "beta"),
-             numpy_helper.from_array(gen.standard_normal(8).astype(np.float32), "mean"),
-             numpy_helper.from_array(gen.uniform(0.5, 1.5, 8).astype(np.float32), "var")]
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
-         helper.make_node("BatchNormalization", ["y", "gamma", "beta", "mean", "var"], ["yb"]),
-         helper.make_node("Relu", ["yb"], ["z"])], "conv_bn",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8, 16, 16])], inits)
-    return shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
 
 
 @requires_nncase
