@@ -814,11 +814,12 @@ def set_input_shapes(model: onnx.ModelProto, shapes: dict[str, Sequence[int]]) -
 
 def clear_negative_dims(graph: onnx.GraphProto) -> int:
     """Make every declared dimension below 0 (Paddle2ONNX writes ``dim_value: -1`` for "any size") an unknown
-    one, in the graph's inputs, outputs and value_info: that is what it means, and strict shape inference
-    otherwise refuses the model once a real size meets it ("differ in dimension 0: (1) vs (-1)"). Returns how
-    many were cleared."""
+    one, in the graph's inputs and outputs: that is what it means, and strict shape inference otherwise refuses
+    the model once a real size meets it ("differ in dimension 0: (1) vs (-1)"). The value_info needs nothing:
+    :func:`infer_shapes` never shows it to onnx and replaces it (scanning it cost 0.6 s at 100k nodes). Returns
+    how many were cleared."""
     cleared = 0
-    for vi in (*graph.input, *graph.output, *graph.value_info):
+    for vi in (*graph.input, *graph.output):
         if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
             continue
         for dim in vi.type.tensor_type.shape.dim:
