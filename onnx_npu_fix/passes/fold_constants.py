@@ -125,12 +125,13 @@ class FoldConstantsPass(Pass):
     def _find(self, model: onnx.ModelProto, options: FixOptions, spent: int) -> Found:
         """One round's plans; ``spent``: nodes the Loops unrolled in the rounds before it (one budget per run)."""
         found = Found()
-        if not (_has_candidates(model) or _stored_constants(model, options.initializer_inputs)):
+        stored = _stored_constants(model, options.initializer_inputs)
+        if not (stored or _has_candidates(model)):
             return found  # the usual case on a clean graph: no index, no evaluation
         index = GraphIndex(model)
         known = self._find_folds(model, index, options.large_tensor_bytes, found)
         folded = {id(p.node) for p in found.plans}
-        found.plans.extend(_find_stores(model, options.initializer_inputs, {p.node.name for p in found.plans}))
+        found.plans.extend(_find_stores(model, stored, {p.node.name for p in found.plans}))
         dead = {id(n) for n in unused_after(model, gone=folded)[0]} if folded else set()
         _find_control_flow(model, index, known, dead, spent, found, blocking=not options.allow_control_flow)
         return found
@@ -324,10 +325,10 @@ def _stored_constants(model: onnx.ModelProto, readers: tuple[str, ...]) -> dict[
     return read
 
 
-def _find_stores(model: onnx.ModelProto, readers: tuple[str, ...], folding: set[str]) -> list[StoreConstant]:
-    """A StoreConstant plan for each Constant node read by an op of ``readers`` that does not fold this round
-    (``folding``: the nodes this round's folds replace; a folded reader reads no Constant afterwards)."""
-    read = _stored_constants(model, readers)
+def _find_stores(model: onnx.ModelProto, read: dict[str, list[str]], folding: set[str]) -> list[StoreConstant]:
+    """A StoreConstant plan for each Constant node of ``read`` (:func:`_stored_constants`) with a reader that does
+    not fold this round (``folding``: the nodes this round's folds replace; a folded reader reads no Constant
+    afterwards)."""
     if not read:
         return []
     plans = []
