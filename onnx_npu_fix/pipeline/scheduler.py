@@ -147,10 +147,12 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     frozen in ``model``), added to every input set it runs.
     ``keep_inputs``: FixResult.inputs holds the validation inputs (``--save-inputs``), also when a pass failed.
     ``refusal``: why the target rejects the model whatever the passes do (a constraint no pass fixes), or None;
-    asked once, when a pass first makes an approximate change (before the first pass in a run that keeps no
-    restore point otherwise). When it gives a reason, no approximate change is kept: a pass whose run was not
-    exact (a declared-approximate rewrite, an exact pass's QDQ fold) is undone as a whole and recorded unchanged,
-    with the reason as ``metrics["skipped"]``.
+    asked once, when a pass first makes an approximate change (in a run that keeps no restore point otherwise:
+    before the first pass that can make one, a declared-approximate pass or any pass on a quantized model). When
+    it gives a reason, no approximate change is kept: a pass whose run was not exact (a declared-approximate
+    rewrite, an exact pass's QDQ fold) is undone as a whole and recorded unchanged, with the reason as
+    ``metrics["skipped"]``. (A plugin declared exact that is not, on a float model, in a run without restore
+    points, has nothing to be undone to: its change stays, reported as approximate.)
     """
     started = time.perf_counter()
     report = FixReport()
