@@ -98,7 +98,8 @@ CONSTRAINT_TABLE: tuple[Constraint, ...] = (
                "onnx shape inference fails on the model",
                "none (the vendor compiler will likely fail too)"),
     Constraint("dynamic-shape", "{}", (), None,
-               "a graph input/output dim is not a static integer",
+               "a graph input/output dim is not a static integer (a declared `dim_value` below 0, as Paddle2ONNX "
+               "writes for \"any size\", is read as unknown)",
                "`--input-shape`; for an output whose unknown shape starts at its producer, what fixes that "
                "(see `unknown-shape`)", judged_by_result=True),
     Constraint("unknown-shape", "{}", (), "fold-constants",
