@@ -648,6 +648,12 @@ def compiler_run_violations(key, value, options):
         return [("[1,16,1] squeezed on axis 2", _model([node], [("x", [1, 16, 1])],
                                                       [numpy_helper.from_array(np.array([2], np.int64), "axes")]),
                  "squeeze_keeps_one", "squeeze-axes")]
+    if key == "resize_scales_only":
+        node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="resize_by_sizes", mode="linear")
+        return [("a Resize given sizes", _model([node], [("x", [1, 16, 8, 8])],
+                                                [numpy_helper.from_array(np.array([1, 16, 16, 16], np.int64),
+                                                                         "sizes")]),
+                 "resize_by_sizes", "resize-sizes")]
     if key == "resize_factors":
         odd = next(f for f in range(2, 9) if f not in value)
         return [(f"nearest x{odd}", resize_model("nearest", "asymmetric", odd), "up_factor", "resize-factor")]
@@ -705,6 +711,7 @@ OFF = {"max_dilation": None, "allowed_dilations": None, "align": 0, "concat_alig
        "max_kernel": None, "max_stride": None, "max_stride_quantized": None, "sram_bytes": None,
        "allow_control_flow": True,
        "allowed_kernels": None, "symmetric_pads": False, "initializer_inputs": (), "squeeze_axes_ignored": False,
+       "resize_scales_only": False,
        "allow_qdq": True,
        "resize_factors": None, "linear_half_pixel_factors": None}
 

@@ -626,6 +626,33 @@ def test_nncase_squeezes_every_size_one_axis_and_the_k210_profile_says_so(tmp_pa
 
 
 @requires_nncase
+def test_nncase_refuses_a_resize_given_sizes_and_imports_npufixs_scales(tmp_path):
+    """Seventh session: torchvision's LR-ASPP / DeepLabV3 and smp's exports give their Resizes sizes (scales
+    omitted); nncase 1.9 fails with "Can't pull input data for <>". --target k210 reports it (resize-sizes) and
+    resize-scales gives the float32 scales the sizes stand for: the output imports."""
+    from onnx import TensorProto, helper, numpy_helper, shape_inference
+
+    from onnx_npu_fix.analysis.constraints import find_violations
+
+    options = apply_target(load_target("k210"), FixOptions(), {})
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8, 3, 3)).astype(np.float32), "w")
+    sizes = numpy_helper.from_array(np.array([1, 8, 32, 32], np.int64), "sizes")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("Resize", ["c", "", "", "sizes"], ["y"], name="up", mode="linear",
+                          coordinate_transformation_mode="half_pixel")], "resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32, 32])], [weight, sizes])
+    model = shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    verdict = judge(NNCASE_PYTHON, "judge_nncase.py", model, tmp_path / "sizes")
+    assert verdict["verdict"] == "rejected" and "Can't pull input data for <>" in verdict["message"]
+    assert [v.node for v in find_violations(model, options) if v.constraint == "resize-sizes"] == ["up"]
+    fixed = fix(model, options)
+    assert fixed.ok and [len(n.input) for n in fixed.model.graph.node if n.op_type == "Resize"] == [3]
+    assert judge(NNCASE_PYTHON, "judge_nncase.py", fixed.model, tmp_path / "fixed")["verdict"] == "accepted"
+
+
+@requires_nncase
 def test_silero_vad_compiles_for_k210_after_npufix(tmp_path, fixture_path):
     """Issue 25: Silero VAD (shipped in the silero-vad wheel) fails in nncase 1.9 as exported (an If; Unsqueeze axes
     from Constant nodes: "bad optional access"; Squeezes that keep a size-1 axis). npufix --target k210 with its

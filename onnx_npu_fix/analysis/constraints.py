@@ -64,6 +64,7 @@ from onnx_npu_fix.ir.ops import (
 from onnx_npu_fix.ir.qdq import is_dequantized_const, is_qoperator
 from onnx_npu_fix.ir.schedule import constant_names
 from onnx_npu_fix.passes.base import Found
+from onnx_npu_fix.passes.resize_scales import given_sizes
 from onnx_npu_fix.passes.squeeze_reshape import keeps_a_size_one_axis
 
 
@@ -168,6 +169,11 @@ CONSTRAINT_TABLE: tuple[Constraint, ...] = (
                "which the target's importer does not read (it reads initializers)",
                "fold-constants (the Constant becomes an initializer; an op computed from constants only folds)",
                judged_by_result=True),
+    Constraint("resize-sizes", "{}", ("resize_scales_only",), "resize-scales",
+               "a Resize is given its output `sizes` (its `scales` omitted), and the target's importer reads only "
+               "`scales` (`resize_scales_only`)",
+               "resize-scales (the float32 scales the sizes stand for, where they give the same output size), "
+               "else none"),
     Constraint("squeeze-axes", "{}", ("squeeze_axes_ignored",), "squeeze-reshape",
                "a Squeeze with its axes as an input (opset 13 on) keeps a size-1 axis, and the target's importer "
                "removes every one (`squeeze_axes_ignored`)",
@@ -595,6 +601,9 @@ def _check_node(ctx: _Context, node: onnx.NodeProto) -> None:
         _check_constant_node_inputs(ctx, node)
     if op == "Squeeze" and options.squeeze_axes_ignored and standard and len(node.input) > 1 and node.input[1]:
         _check_squeeze_axes(ctx, node)
+    if op == "Resize" and options.resize_scales_only and standard and given_sizes(ctx.index, node):
+        ctx.add_fixable(node, "resize-sizes", f"sizes {node.input[3]}", "scales",
+                        "the target's importer reads a Resize's size from its scales input only")
     _check_outputs(ctx, node)
 
 

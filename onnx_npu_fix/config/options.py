@@ -132,6 +132,9 @@ class FixOptions:
     squeeze_axes_ignored: bool = False
     """The target's importer removes every size-1 axis of a Squeeze whose axes are an input (opset >= 13), whatever
     they say: one that keeps a size-1 axis is a ``squeeze-axes`` violation (nncase 1.9)."""
+    resize_scales_only: bool = False
+    """The target's importer reads a Resize's output size only from its ``scales`` input: one given by ``sizes``
+    (scales omitted) is a ``resize-sizes`` violation (nncase 1.9: "Can't pull input data for <>")."""
     allow_qdq: bool = True
     """Whether the target's compiler takes quantized ONNX (QuantizeLinear / DequantizeLinear or QOperator ops).
     False: a ``quantized-input`` violation (tpu-mlir 1.30.2 quantizes float models itself and refuses QDQ)."""

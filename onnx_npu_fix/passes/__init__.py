@@ -5,6 +5,7 @@ before cleanup: a Pad / Slice / Reshape whose pads or shape are computed from st
 a no-op once they are constants, e.g. the all-zero Pad asteroid's ConvTasNet export ends with);
 fold-pad-conv right after them (the Pads whose pads fold-constants just made constant); squeeze-reshape then
 (shapes are static by now);
+resize-scales after resize-nearest (which gives the nearest Resizes it rewrites their canonical scales form);
 BatchNorm folding before channel alignment, so alignment only pads Conv weights; alignment before dilated-conv,
 so the space-to-batch rewrite works on channel counts that are already aligned and keeps them.
 """
@@ -20,6 +21,7 @@ from onnx_npu_fix.passes.fold_constants import FoldConstantsPass
 from onnx_npu_fix.passes.fold_pad_conv import FoldPadConvPass
 from onnx_npu_fix.passes.reorder_memory import ReorderMemoryPass
 from onnx_npu_fix.passes.resize_nearest import ResizeNearestPass
+from onnx_npu_fix.passes.resize_scales import ResizeScalesPass
 from onnx_npu_fix.passes.squeeze_reshape import SqueezeReshapePass
 
 DEFAULT_ORDER: tuple[type[Pass], ...] = (
@@ -29,6 +31,7 @@ DEFAULT_ORDER: tuple[type[Pass], ...] = (
     SqueezeReshapePass,
     FoldBatchNormPass,
     ResizeNearestPass,
+    ResizeScalesPass,
     AlignChannelsPass,
     DilatedConvPass,
 )
