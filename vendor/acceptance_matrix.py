@@ -10,7 +10,8 @@ OUT and the CPU ops it added / removed where the compiler reports placement. The
 need their NPUFIX_* variables (vendor/install_*.sh); a profile whose judge is not installed is skipped and said so.
 Every result is cached in --work (JSON lines), verdicts by the judged file's digest (one compile per distinct
 model and judge; an output identical to its original shares its verdict): a second run only judges what is
-missing, and --render alone rewrites the markdown from the cache. Runs outside CI (hours; real compilers).
+missing, and --render alone rewrites the markdown from the cache; --notes appends a hand-written explanation of the
+cells (vendor/acceptance_notes.md). Runs outside CI (hours; real compilers).
 """
 
 from __future__ import annotations
@@ -350,6 +351,9 @@ def main() -> None:
     p.add_argument("--npufix-only", action="store_true",
                    help="only run the checkouts' npufix (no compiler): a second process can prepare a later round")
     p.add_argument("--stop-at", metavar="HH:MM", help="UTC time after which no new compile or npufix run starts")
+    p.add_argument("--notes", metavar="FILE.md",
+                   help="markdown appended after the tables: what the cells the run cannot explain mean (written by "
+                        "hand, from the compilers' logs; vendor/acceptance_notes.md)")
     args = p.parse_args()
     args.models = os.path.abspath(args.models)
     args.work = os.path.abspath(args.work or os.path.join(args.models, "matrix-work"))
@@ -365,8 +369,12 @@ def main() -> None:
         log("not judged (variable unset): " + ", ".join(missing))
     if not args.render:
         run_all(args, manifest, cache, checkouts)
+    text = render(args, manifest, cache, checkouts)
+    if args.notes:
+        with open(args.notes, encoding="utf-8") as f:
+            text += "\n" + f.read()
     with open(args.out, "w", encoding="utf-8") as f:
-        f.write(render(args, manifest, cache, checkouts))
+        f.write(text)
     log(f"wrote {args.out}: " + shlex.join(sys.argv[1:]))
 
 
