@@ -89,9 +89,9 @@ def restores(monkeypatch):
     seen: list[tuple[str, int]] = []
     restore = RestorePoint.restore
 
-    def logged(self, model, reload):
+    def logged(self, model, reload, **kwargs):
         seen.append((self.kind.value, self.index))
-        return restore(self, model, reload)
+        return restore(self, model, reload, **kwargs)
 
     monkeypatch.setattr(RestorePoint, "restore", logged)
     return seen

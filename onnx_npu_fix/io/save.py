@@ -593,6 +593,18 @@ class MappedWeights:
                 f.write(shell.SerializeToString())
             return path
 
+    def keep(self, data: bytes) -> str:
+        """``data`` (a serialized model) written to a new file of the directory; returns its path (the pass
+        manager's restore point: read back only for a replay or a rollback, removed with the rest)."""
+        with self._lock:
+            self._open()
+            assert self.directory is not None
+            self._models += 1
+            path = os.path.join(self.directory, f"kept-{self._models}.onnx")
+            with open(path, "wb") as f:
+                f.write(data)
+            return path
+
     def _place(self, data: Any, name: str, raw: bytes) -> int:
         """The offset of ``raw`` (tensor ``name``) in the data file: where it was written, else at the next page."""
         placed = self._placed.get(name)

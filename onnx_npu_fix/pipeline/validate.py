@@ -348,10 +348,13 @@ class Reference:
         else:
             model = onnx.ModelProto()
             model.ParseFromString(source)
+            # What onnxruntime loads if it refuses the scratch model: the input file, when there is one, so
+            # the bytes read go now, not after the scratch model is written and its session built.
+            refused, source = self._read_from or source, None
             scratch = _write_scratch(self.weights, model)
             del model  # the scratch files from here on: the weights are mapped, not held
-            runner = self._runner_of_scratch(scratch, digest, refused=self._read_from or source)
-            del source
+            runner = self._runner_of_scratch(scratch, digest, refused=refused)
+            del refused
         try:
             outputs = []
             sets = self._feeds.result()
@@ -1042,18 +1045,20 @@ class Validator:
     def _run(self, model: onnx.ModelProto, data: bytes | None = None, task: str = "validation") -> list[Outputs]:
         return run_model(model, self.feeds, data=data, task=task, weights=self._weights)
 
-    def check(self, model: onnx.ModelProto, *, exact: bool,
+    def check(self, model: onnx.ModelProto, *, exact: bool, data: bytes | None = None,
               on_serialized: Callable[[bytes], None] | None = None, task: str = "validation") -> Verdict:
         """Check and run ``model`` (the candidate after one pass or one group of them) and compare its outputs
         with the last accepted model's: by rtol/atol when ``exact`` (quantized outputs in quantization steps),
-        else by the approximate bound. A passing candidate becomes the accepted model. ``on_serialized`` gets
-        the candidate's bytes once the checker accepted them, before onnxruntime runs them. ``task``: what its
-        progress steps are called (progress.Step)."""
-        # The original's session is let go before the candidate is serialized and checked: its weights next to
-        # the candidate's bytes and the checker's copy of them made the peak (and two models computing at once
-        # would only fight over the cores). An original that cannot run is the input's problem: raised here.
+        else by the approximate bound. A passing candidate becomes the accepted model. ``data``: ``model``
+        serialized already (else serialized here, below 2 GB). ``on_serialized`` gets the candidate's bytes once
+        the checker accepted them, before onnxruntime runs them. ``task``: what its progress steps are called
+        (progress.Step)."""
+        # The original's session is let go before the candidate is checked: its weights next to the candidate's
+        # bytes and the checker's copy of them made the peak (and two models computing at once would only fight
+        # over the cores). An original that cannot run is the input's problem: raised here.
         self._wait()
-        data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
+        if data is None and approx_model_bytes(model) < TWO_GB:
+            data = model.SerializeToString()
         problem = check_structure(model, data)
         if problem:
             return Verdict(f"the model fails the onnx checker after this pass: {problem}", None, data)
@@ -1078,6 +1083,14 @@ class Validator:
         self.accept(exact=exact)
         self._current = outputs
         return Verdict(None, comparison, data)
+
+    def keep(self, data: bytes) -> str | None:
+        """``data`` (a validated model's bytes) written to the run's scratch directory, for a restore point that
+        does not sit in memory; its path, or None when the file system refuses (the caller keeps the bytes)."""
+        try:
+            return self._weights.keep(data)
+        except OSError:
+            return None
 
     def accept(self, *, exact: bool) -> None:
         """A change is kept (by :meth:`check`, or unvalidated): the final comparison covers it."""
