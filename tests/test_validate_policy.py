@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 import time
 
 import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from helpers import conv_bn_relu
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
@@ -830,3 +833,35 @@ def test_validation_scratch_holds_the_mapped_weights_and_is_removed_on_every_exi
     assert name.startswith("npufix-validate-") and sorted(files) == ["model-1.onnx", "weights.data"]
     assert files["weights.data"] == 1728
     assert os.listdir(scratch) == []
+
+
+def test_the_reference_lets_go_of_the_bytes_read_once_parsed_when_the_file_can_stand_in(tmp_path, monkeypatch):
+    """The original's outputs start from the bytes read; once they are parsed, the input file is what
+    onnxruntime loads if it refuses the scratch model, so the bytes are not held while the scratch model is
+    written and its session built (one model size less beside the passes' work)."""
+    from onnx_npu_fix.io.load import file_identity
+    from onnx_npu_fix.pipeline import validate as validate_module
+
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_relu(), path)
+    os.utime(path, (time.time() - 10, time.time() - 10))  # settled: its identity can prove it unchanged
+    held = [path.read_bytes()]
+    refs: list[int] = []
+    real = validate_module._write_scratch
+
+    built = threading.Event()
+
+    def counting(weights, model):
+        built.wait(60)  # the constructor's own reference to its argument is gone
+        refs.append(sys.getrefcount(held[0]))
+        return real(weights, model)
+
+    monkeypatch.setattr(validate_module, "_write_scratch", counting)
+    reference = validate_module.Reference(held[0], read_from=str(path), identity=file_identity(str(path)))
+    built.set()
+    try:
+        reference.run(make_inputs(conv_bn_relu(), 1, 0))
+        assert len(reference.outputs()) == 1
+    finally:
+        reference.close()
+    assert refs == [2]  # this test's list and getrefcount's argument: the reference holds no copy
