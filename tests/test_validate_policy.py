@@ -835,10 +835,11 @@ def test_validation_scratch_holds_the_mapped_weights_and_is_removed_on_every_exi
     assert os.listdir(scratch) == []
 
 
-def test_the_reference_lets_go_of_the_bytes_read_once_parsed_when_the_file_can_stand_in(tmp_path, monkeypatch):
-    """The original's outputs start from the bytes read; once they are parsed, the input file is what
-    onnxruntime loads if it refuses the scratch model, so the bytes are not held while the scratch model is
-    written and its session built (one model size less beside the passes' work)."""
+def test_the_reference_writes_its_scratch_model_from_the_bytes_read_and_lets_them_go_before_its_session(
+        tmp_path, monkeypatch):
+    """The original's outputs start from the bytes read: its scratch model is written from them as they are (no
+    proto parsed: no second copy of the weights beside them), and the input file is what onnxruntime loads if it
+    refuses the scratch model, so the bytes are not held while the session is built and run."""
     from onnx_npu_fix.io.load import file_identity
     from onnx_npu_fix.pipeline import validate as validate_module
 
@@ -846,17 +847,22 @@ def test_the_reference_lets_go_of_the_bytes_read_once_parsed_when_the_file_can_s
     onnx.save(conv_bn_relu(), path)
     os.utime(path, (time.time() - 10, time.time() - 10))  # settled: its identity can prove it unchanged
     held = [path.read_bytes()]
+    written: list[type] = []
     refs: list[int] = []
-    real = validate_module._write_scratch
-
+    real_write, real_runner = validate_module._write_scratch, validate_module.Reference._runner_of_scratch
     built = threading.Event()
 
-    def counting(weights, model):
+    def writing(weights, model):
+        written.append(type(model))
+        return real_write(weights, model)
+
+    def counting(self, scratch, digest, *, refused):
         built.wait(60)  # the constructor's own reference to its argument is gone
         refs.append(sys.getrefcount(held[0]))
-        return real(weights, model)
+        return real_runner(self, scratch, digest, refused=refused)
 
-    monkeypatch.setattr(validate_module, "_write_scratch", counting)
+    monkeypatch.setattr(validate_module, "_write_scratch", writing)
+    monkeypatch.setattr(validate_module.Reference, "_runner_of_scratch", counting)
     reference = validate_module.Reference(held[0], read_from=str(path), identity=file_identity(str(path)))
     built.set()
     try:
@@ -864,4 +870,5 @@ def test_the_reference_lets_go_of_the_bytes_read_once_parsed_when_the_file_can_s
         assert len(reference.outputs()) == 1
     finally:
         reference.close()
+    assert written == [bytes]
     assert refs == [2]  # this test's list and getrefcount's argument: the reference holds no copy

@@ -28,6 +28,7 @@ may be measured). An original onnxruntime cannot run is an InputError, never a s
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -42,6 +43,7 @@ from onnx_npu_fix import progress
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError, StrictRefused, first_line
 from onnx_npu_fix.io import load
+from onnx_npu_fix.io.save import serialized_parts
 from onnx_npu_fix.ir.graph import (
     TWO_GB,
     GraphIndex,
@@ -60,6 +62,8 @@ from onnx_npu_fix.pipeline.validate import (  # noqa: F401 - check_structure: pu
     Reference,
     Validator,
     check_structure,
+    release_freed_memory,
+    segmented,
 )
 
 log = logging.getLogger("onnx_npu_fix")
@@ -554,6 +558,7 @@ class _Run:
             # is serialized once: for the checker, the final onnxruntime session and save_model.
             data = self._serialize()
             problem = check_structure(self.model, data)
+            self._fresh(data)  # after the checker: its copies of the bytes and the proto are not held at once
             if not problem and data is not None and self.on_serialized is not None:
                 self.on_serialized(data)
         if problem:
@@ -605,16 +610,31 @@ class _Run:
         return RestorePoint(RestoreKind.BYTES, model=data)
 
     def _serialize(self) -> bytes | None:
-        """The model's bytes (None above 2 GB), for the checker and a session; a run that owns its model goes on
-        from a fresh proto parsed from them (OwnedModel): the old one, and every weight the passes replaced in it,
-        is let go before the checker's and onnxruntime's copies come on top."""
+        """The model's bytes (None above 2 GB), for the checker and a session. A run that owns its model
+        (OwnedModel) lets it go here, and every weight the passes replaced in it with it: the bytes are made in
+        pieces while it lives and joined once it is gone (io.save.serialized_parts), and :meth:`_fresh` parses
+        its successor from them once the checker's copies of them are gone too. Until then ``self.model`` is
+        None."""
         if approx_model_bytes(self.model) >= TWO_GB:
             return None
-        data = self.model.SerializeToString()
-        if self.owned:
-            self.model = None  # type: ignore[assignment]  # freed before its successor is parsed
-            self.model = parse_model(data)
+        if not self.owned:
+            return self.model.SerializeToString()
+        parts = serialized_parts(self.model)
+        self.model = None  # type: ignore[assignment]
+        # glibc keeps what the old proto freed in its heap, and the bytes and the checker's copy of them are
+        # too large to reuse it: handed back now, or they come on top of it (U-Net, 110 MB: 0.2 GB).
+        release_freed_memory()
+        data = b"".join(parts)
+        del parts
+        release_freed_memory()
         return data
+
+    def _fresh(self, data: bytes | None) -> onnx.ModelProto:
+        """The model, parsed from ``data`` when :meth:`_serialize` let it go."""
+        if self.model is None:
+            assert data is not None
+            self.model = parse_model(data)
+        return self.model
 
     # --- validation ---------------------------------------------------------------------------------------
     def _validate_group(self, *, last: bool = False) -> Outcome:
@@ -627,10 +647,14 @@ class _Run:
         # activations are not in memory while the candidate is serialized; then the bytes, which may replace
         # self.model (so they come before the call that reads it).
         self.validator.require_original()
+        whole = not segmented(self.model)  # (a graph run in segments is cut from the proto)
         data = self._serialize()
-        verdict = self.validator.check(self.model, exact=all(r.exact for r in records), data=data,
+        candidate = functools.partial(self._fresh, data) if whole and self.model is None else self._fresh(data)
+        verdict = self.validator.check(candidate, exact=all(r.exact for r in records), data=data,
                                        on_serialized=self.on_serialized if last else None,
                                        task=f"validating {', '.join(r.name for r in records)}")
+        del candidate
+        self._fresh(data)  # after the session: its weights and the proto are not in memory at once
         if verdict.comparison is not None:
             for record in records:
                 record.validation = verdict.comparison
