@@ -550,6 +550,7 @@ class MappedWeights:
         self._end = 0
         self._placed: dict[str, tuple[int, int]] = {}
         self._models = 0
+        self._kept: str | None = None
         self._closed = False
         self._lock = threading.Lock()
 
@@ -628,8 +629,9 @@ class MappedWeights:
             return self._write_shell(shell)
 
     def keep(self, data: bytes) -> str:
-        """``data`` (a serialized model) written to a new file of the directory; returns its path (the pass
-        manager's restore point: read back only for a replay or a rollback, removed with the rest)."""
+        """``data`` (a serialized model) written to a new file of the directory; returns its path. The pass
+        manager's restore point: read back only for a replay or a rollback; it replaces the one kept before,
+        which is removed (the run goes back no further than the last validated model)."""
         with self._lock:
             self._open()
             assert self.directory is not None
@@ -637,6 +639,9 @@ class MappedWeights:
             path = os.path.join(self.directory, f"kept-{self._models}.onnx")
             with open(path, "wb") as f:
                 f.write(data)
+            if self._kept is not None:
+                _remove_file(self._kept)
+            self._kept = path
             return path
 
     def _place(self, data: Any, name: str, raw: bytes) -> int:
