@@ -644,12 +644,12 @@ class MappedWeights:
             self._kept = path
             return path
 
-    def _place(self, data: Any, name: str, raw: bytes) -> int:
+    def _place(self, data: Any, name: str, raw: bytes | memoryview) -> int:
         """The offset of ``raw`` (tensor ``name``) in the data file: where it was written, else at the next page."""
         placed = self._placed.get(name)
         if placed is not None and placed[1] == len(raw):
             data.seek(placed[0])
-            if data.read(len(raw)) == raw:
+            if _same_bytes(data, raw):
                 return placed[0]
         offset = -(-self._end // PAGE) * PAGE
         data.seek(offset)
@@ -770,6 +770,17 @@ def _graph_field(top: bytes) -> tuple[int, int, int]:
     if len(found) != 1:  # protobuf merges a message field given twice; nothing here does that
         raise ValueError(f"{len(found)} graph fields in the serialized ModelProto")
     return found[0]
+
+
+def _same_bytes(file: Any, raw: bytes | memoryview, block: int = 1 << 20) -> bool:
+    """Whether ``file`` holds ``raw`` from where it stands: compared a block at a time as bytes (a memoryview
+    compares byte by byte through its item format, ~30x slower; a copy of a whole weight would be a transient)."""
+    view = memoryview(raw)
+    for start in range(0, len(view), block):
+        part = view[start:start + block].tobytes()
+        if file.read(len(part)) != part:
+            return False
+    return True
 
 
 def _wire_fields(data: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:

@@ -626,7 +626,6 @@ class _Run:
         release_freed_memory()
         data = b"".join(parts)
         del parts
-        release_freed_memory()
         return data
 
     def _fresh(self, data: bytes | None) -> onnx.ModelProto:
