@@ -39,7 +39,7 @@ from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.pipeline.freeze import FrozenInput, freeze_inputs
 from onnx_npu_fix.pipeline.report import FixReport
-from onnx_npu_fix.pipeline.scheduler import FixResult, prepare, run_passes
+from onnx_npu_fix.pipeline.scheduler import FixResult, OwnedModel, prepare, run_passes
 from onnx_npu_fix.pipeline.segments import SplitOutcome, split_model
 from onnx_npu_fix.pipeline.validate import Reference, segmented
 
@@ -133,30 +133,32 @@ def fix(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None =
     reads it again instead of the pass manager keeping a copy of the model."""
     if isinstance(model, (str, os.PathLike)):
         source = model if source is None else source
-        model = read_model(model).model
+        owned = OwnedModel(read_model(model).model)
     elif isinstance(model, onnx.ModelProto):
-        model = copy_model(model)
+        owned = OwnedModel(copy_model(model))
     else:
         raise TypeError(f"fix() takes an onnx.ModelProto or the path of an .onnx file, not {type(model).__name__}"
                         " (export an onnx-graphsurgeon graph with gs.export_onnx first)")
-    return _fix_in_place(model, options, passes, reference=reference, on_serialized=on_serialized, source=source)
+    return _fix_in_place(owned, options, passes, reference=reference, on_serialized=on_serialized, source=source)
 
 
-def _fix_in_place(model: onnx.ModelProto, options: FixOptions | None = None,
+def _fix_in_place(owned: OwnedModel, options: FixOptions | None = None,
                   passes: Sequence[Pass] | None = None, *, reference: Reference | None = None,
                   on_serialized: Callable[[bytes], None] | None = None,
                   source: str | os.PathLike | None = None, keep_inputs: bool = False) -> FixResult:
-    """:func:`fix` on ``model`` itself (edited in place): for a model nobody else holds, e.g. just read.
-    ``keep_inputs``: FixResult.inputs holds the validation inputs (``--save-inputs``)."""
+    """:func:`fix` on a model nobody else holds (e.g. just read), handed over: the pass manager may replace it
+    (scheduler.OwnedModel), so the result is FixResult.model. ``keep_inputs``: FixResult.inputs holds the
+    validation inputs (``--save-inputs``)."""
     from onnx_npu_fix.analysis.cost import input_cost, model_cost, needs_index
 
     options = options or FixOptions()
-    prepare(model, options)
-    before = input_cost(model, options)  # the model is edited in place: its cost is taken now
+    assert owned.model is not None
+    prepare(owned.model, options)
+    before = input_cost(owned.model, options)  # the model is edited in place: its cost is taken now
     reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options, reference)
-    frozen, own_reference = _freeze(model, options, reference)
+    frozen, own_reference = _freeze(owned.model, options, reference)
     try:
-        result = run_passes(model, options, list(passes) if passes is not None else select_passes(),
+        result = run_passes(owned, options, list(passes) if passes is not None else select_passes(),
                             reference=reference or own_reference, on_serialized=on_serialized, reload=reload,
                             reference_feeds={name: f.value for name, f in frozen.items()}, keep_inputs=keep_inputs,
                             refusal=functools.partial(target_refusal, options=options))
@@ -439,7 +441,8 @@ def _load_and_fix(job: _RunState, chosen: list[Pass], early: EarlyWrite) -> FixR
         _write_plan(job, loaded.external_files).check()
         job.external = bool(loaded.external_files)
         job.split_origins = split_origins(loaded.model.graph, job.options.split_at) if job.split_dir else {}
-        result = _fix_in_place(loaded.model, job.options, chosen, reference=reference,
+        owned, loaded = OwnedModel(loaded.model), None  # handed over: nothing here holds the model any more
+        result = _fix_in_place(owned, job.options, chosen, reference=reference,
                                on_serialized=None if job.external else early.start, source=job.input_path,
                                keep_inputs=bool(job.save_inputs))
         job.read_digest = reference.digest() if reference is not None else None

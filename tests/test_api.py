@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import sys
 
 import numpy as np
 import onnx
@@ -237,3 +238,30 @@ def test_the_cost_table_and_the_final_check_read_one_index_of_the_output(tmp_pat
     assert result.report.cost[1] == model_cost(result.model)
     fresh = check_model(result.model, FixOptions(validate="none"), prepared=True, memory=False)
     assert [v.to_json() for v in outcome.checked.violations] == [v.to_json() for v in fresh.violations]
+
+
+@pytest.mark.parametrize("how", ["run", "fix a path", "fix a proto"])
+def test_the_model_is_handed_over_to_the_pass_manager_with_no_other_reference(tmp_path, fixture_path,
+                                                                              monkeypatch, how):
+    """api.run's model read and api.fix's copy are the pass manager's alone (scheduler.OwnedModel): nothing in the
+    calls before it holds them, so the proto it replaces after a validated group (and every weight a pass rewrote
+    in it, which protobuf never gives back while it lives) is freed then, not at the end of the run."""
+    from onnx_npu_fix.pipeline.scheduler import OwnedModel
+
+    refs: list[int] = []
+    real_run_passes = api.run_passes
+
+    def counting(model, *args, **kwargs):
+        assert isinstance(model, OwnedModel)
+        refs.append(sys.getrefcount(model.model))
+        return real_run_passes(model, *args, **kwargs)
+
+    monkeypatch.setattr(api, "run_passes", counting)
+    options = FixOptions(max_dilation=4, align=8)
+    if how == "run":
+        outcome = api.run(fixture_path("tcn.onnx"), tmp_path / "o.onnx", options)
+        assert outcome.ok
+    else:
+        given = fixture_path("tcn.onnx") if how == "fix a path" else api.load_model(fixture_path("tcn.onnx"))
+        assert api.fix(given, options).ok
+    assert refs == [2]  # the holder's reference and getrefcount's argument

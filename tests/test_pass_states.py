@@ -8,6 +8,9 @@ set in the wrong place, a group settled wrongly or a restore from the wrong poin
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import onnx
 import pytest
@@ -89,9 +92,9 @@ def restores(monkeypatch):
     seen: list[tuple[str, int]] = []
     restore = RestorePoint.restore
 
-    def logged(self, model, reload):
+    def logged(self, model, reload, **kwargs):
         seen.append((self.kind.value, self.index))
-        return restore(self, model, reload)
+        return restore(self, model, reload, **kwargs)
 
     monkeypatch.setattr(RestorePoint, "restore", logged)
     return seen
@@ -243,16 +246,88 @@ def test_every_outcome_has_a_status_and_every_status_an_outcome():
     assert all(s == str(s) and f"{s}" == s.value for s in PassStatus)
 
 
-@pytest.mark.parametrize("kind", [RestoreKind.BYTES, RestoreKind.COPY, RestoreKind.REREAD])
-def test_a_restore_point_gives_back_the_model_it_was_taken_at(kind):
+@pytest.mark.parametrize("owned", [False, True])
+@pytest.mark.parametrize("kind", [RestoreKind.BYTES, RestoreKind.COPY, RestoreKind.REREAD, RestoreKind.FILE])
+def test_a_restore_point_gives_back_the_model_it_was_taken_at(kind, owned, tmp_path):
     at = small_model()
-    held = {RestoreKind.BYTES: at.SerializeToString(), RestoreKind.COPY: pipeline.copy_model(at)}.get(kind)
+    (tmp_path / "kept.onnx").write_bytes(at.SerializeToString())
+    held = {RestoreKind.BYTES: at.SerializeToString(), RestoreKind.COPY: pipeline.copy_model(at),
+            RestoreKind.FILE: str(tmp_path / "kept.onnx")}.get(kind)
     point = RestorePoint(kind, 2, 1, held)
     changed = small_model()
     changed.graph.node[2].op_type = "Sigmoid"
-    point.restore(changed, small_model)
-    assert changed == at
-    assert point.data == (held if kind is RestoreKind.BYTES else None)
+    restored = point.restore(changed, small_model, owned=owned)
+    assert restored == at
+    # in place for a caller's model; a new proto for a run that owns it, so that the old one's memory goes
+    assert (restored is changed) != owned
+    assert point.data == (at.SerializeToString() if kind in (RestoreKind.BYTES, RestoreKind.FILE) else None)
+
+
+def test_an_owned_run_goes_on_from_a_fresh_proto_after_each_validated_group_and_holds_no_older_one(monkeypatch):
+    """protobuf never gives back a replaced weight's bytes while the proto lives: a run handed its model
+    (OwnedModel, as api.fix and api.run do) continues after each validated group from a proto parsed from the
+    bytes it validated, and holds on to none of the earlier ones."""
+    parsed: list[int] = []
+    real = pipeline.parse_model
+    monkeypatch.setattr(pipeline, "parse_model", lambda data: parsed.append(len(data)) or real(data))
+    options = FixOptions()
+    model = small_model()
+    prepare(model, options)
+    passes = [Scripted(script, i) for i, script in enumerate(["ok", "ok", "approx", "ok"])]
+    handed = pipeline.OwnedModel(model)
+    refs = sys.getrefcount(model)
+    result = run_passes(handed, options, passes)
+    assert [r.status for r in result.report.passes] == [V, V, V, V]
+    assert len(parsed) == 3  # one fresh proto per validated group: ok0+ok1, approx2, ok3
+    assert result.model is not model and result.serialized == result.model.SerializeToString()
+    assert sys.getrefcount(model) == refs - 1  # only the holder let go: the run kept nothing of it
+    assert handed.model is None
+    assert_equivalent(small_model(), result.model, rtol=0, atol=0.011)
+
+    # a caller's own proto (not handed over) is edited in place, as before
+    model = small_model()
+    prepare(model, options)
+    result = run_passes(model, options, [Scripted("ok", 0), Scripted("approx", 1)])
+    assert result.model is model and result.ok
+
+
+def test_a_large_validated_model_waits_as_the_next_restore_point_on_disk_not_in_memory(monkeypatch, restores):
+    """Above KEEP_ON_DISK the bytes a validation accepted are kept in the run's scratch directory (read back only
+    for a replay or a rollback), not next to the next candidate's bytes and session; removed with it."""
+    monkeypatch.setattr(pipeline, "KEEP_ON_DISK", 0)
+    kept: list[str] = []
+    real = pipeline.Validator.keep
+
+    def spy(self, data):
+        kept.append(real(self, data))
+        assert [os.path.exists(path) for path in kept] == [False] * (len(kept) - 1) + [True]  # one at a time
+        return kept[-1]
+
+    monkeypatch.setattr(pipeline.Validator, "keep", spy)
+    options = FixOptions(keep_going=True)
+    model = small_model()
+    prepare(model, options)
+    scripts = ["ok", "approx", "far", "far", "ok"]
+    result = run_passes(pipeline.OwnedModel(model), options, [Scripted(s, i) for i, s in enumerate(scripts)])
+    assert [r.status for r in result.report.passes] == [V, V, RB, RB, V]
+    assert restores == [("file", 2), ("file", 3)]  # the bytes validated after approx1, from its file both times
+    assert len(kept) == 2 and not any(os.path.exists(path) for path in kept)  # gone with the scratch directory
+    assert_equivalent(small_model(), result.model, rtol=0, atol=0.011)
+
+
+def test_the_file_system_refusing_the_restore_point_keeps_it_in_memory(monkeypatch, restores):
+    monkeypatch.setattr(pipeline, "KEEP_ON_DISK", 0)
+
+    def full(self, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(validate_module.MappedWeights, "keep", full)
+    options = FixOptions(keep_going=True)
+    model = small_model()
+    prepare(model, options)
+    result = run_passes(model, options, [Scripted("ok", 0), Scripted("far", 1), Scripted("ok", 2)])
+    assert [r.status for r in result.report.passes] == [V, RB, V]
+    assert restores == [("bytes", 1)]
 
 
 class _KeepsNothing(Pass):

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 import time
 
 import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from helpers import conv_bn_relu
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
@@ -777,6 +780,92 @@ def test_mapped_weights_write_each_weight_once_at_page_offsets(tmp_path, monkeyp
     assert not os.path.exists(directory) and os.listdir(tmp_path) == []
 
 
+def _unet_like() -> onnx.ModelProto:
+    """Convs whose weights straddle io.save's chunk and mapping thresholds (set small by the tests), a name and a
+    doc string on the graph, and a value_info after the initializers in field order."""
+    gen = np.random.default_rng(3)
+    inits, nodes, x = [], [], "x"
+    for i, (cout, cin) in enumerate([(8, 3), (16, 8), (4, 16)]):
+        inits.append(numpy_helper.from_array(gen.standard_normal((cout, cin, 3, 3)).astype(np.float32), f"w{i}"))
+        inits.append(numpy_helper.from_array(gen.standard_normal(cout).astype(np.float32), f"b{i}"))
+        nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"))
+        x = f"c{i}"
+    graph = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 4, 8, 8])], inits,
+                              doc_string="after the initializers in field order",
+                              value_info=[helper.make_tensor_value_info("c0", TensorProto.FLOAT, [1, 8, 8, 8])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8, producer_name="t")
+
+
+@pytest.mark.parametrize("chunk", [1, 700, 1 << 20])
+def test_serialized_parts_join_to_the_bytes_protobuf_writes(monkeypatch, fixture_path, chunk):
+    """The pieces an owned run serializes a model in (a transient of one run of weights, not protobuf's ~2.4 model
+    sizes) are byte for byte SerializeToString, with runs of any size; a model with unknown fields of its own is
+    serialized whole."""
+    from onnx_npu_fix.io import save
+
+    monkeypatch.setattr(save, "SERIALIZE_CHUNK", chunk)
+    for model in (_unet_like(), api.load_model(fixture_path("tcn.onnx")), api.load_model(fixture_path("unet.onnx"))):
+        parts = save.serialized_parts(model)
+        assert b"".join(parts) == model.SerializeToString()
+        assert len(parts) > 4  # really in pieces: shell head, graph tag, initializer runs, tail
+    unknown = _unet_like()
+    unknown.ParseFromString(unknown.SerializeToString() + b"\xb8\x06\x01")  # field 103: unknown to onnx
+    assert save.serialized_parts(unknown) == [unknown.SerializeToString()]
+
+
+def test_mapped_weights_written_from_bytes_are_those_written_from_the_proto(tmp_path, monkeypatch):
+    """A candidate's session maps weights written straight from its bytes (no proto beside them): the same
+    scratch model and data file as from the proto; a layout it does not take apart (a graph given twice, which
+    protobuf merges) is parsed instead, with the same result."""
+    from onnx_npu_fix.io.save import MappedWeights
+    from onnx_npu_fix.pipeline import validate as validate_module
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    model = _unet_like()
+    data = model.SerializeToString()
+    stores = [MappedWeights(threshold=100) for _ in range(3)]
+    try:
+        shells = [stores[0].write(model), stores[1].write_bytes(data)]
+        split = onnx.ModelProto()
+        split.CopyFrom(model)
+        del split.graph.initializer[:]
+        # the graph without its weights, then a second graph field holding them: protobuf merges the two
+        twice = split.SerializeToString() + onnx.ModelProto(
+            graph=onnx.GraphProto(initializer=model.graph.initializer)).SerializeToString()
+        with pytest.raises(ValueError, match="2 graph fields"):
+            MappedWeights().write_bytes(twice)
+        shells.append(validate_module._write_scratch(stores[2], twice))
+        protos = [onnx.load(p, load_external_data=False) for p in shells]
+        assert protos[0] == protos[1] == protos[2]
+        assert sum(t.data_location == TensorProto.EXTERNAL for t in protos[1].graph.initializer) == 3
+        datas = [open(os.path.join(s.directory, "weights.data"), "rb").read() for s in stores]
+        assert datas[0] == datas[1] == datas[2]
+    finally:
+        for store in stores:
+            store.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_owned_run_holds_no_proto_while_a_candidate_s_session_runs(monkeypatch, fixture_path):
+    """Between the checker and the end of a candidate's runs the run holds its bytes only: onnxruntime gets them
+    (mapped weights written from the bytes), and the proto the passes go on with is parsed afterwards (one model
+    size off the peak of a validated run)."""
+    from onnx_npu_fix.pipeline import validate as validate_module
+
+    given: list[tuple[bool, bool]] = []
+    real = validate_module.run_model
+
+    def spy(model, feeds, *, data=None, task="validation", weights=None):
+        given.append((model is None, isinstance(data, bytes)))
+        return real(model, feeds, data=data, task=task, weights=weights)
+
+    monkeypatch.setattr(validate_module, "run_model", spy)
+    result = api.fix(fixture_path("tcn.onnx"), FixOptions(max_dilation=4, align=8))
+    assert result.ok and result.report.final.passed
+    assert given and all(pair == (True, True) for pair in given)
+
+
 class _SeesScratch:
     """An exact pass that changes nothing but records the validation scratch directories present when it runs
     (once the original's session was built), then optionally interrupts the run."""
@@ -830,3 +919,42 @@ def test_validation_scratch_holds_the_mapped_weights_and_is_removed_on_every_exi
     assert name.startswith("npufix-validate-") and sorted(files) == ["model-1.onnx", "weights.data"]
     assert files["weights.data"] == 1728
     assert os.listdir(scratch) == []
+
+
+def test_the_reference_writes_its_scratch_model_from_the_bytes_read_and_lets_them_go_before_its_session(
+        tmp_path, monkeypatch):
+    """The original's outputs start from the bytes read: its scratch model is written from them as they are (no
+    proto parsed: no second copy of the weights beside them), and the input file is what onnxruntime loads if it
+    refuses the scratch model, so the bytes are not held while the session is built and run."""
+    from onnx_npu_fix.io.load import file_identity
+    from onnx_npu_fix.pipeline import validate as validate_module
+
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_relu(), path)
+    os.utime(path, (time.time() - 10, time.time() - 10))  # settled: its identity can prove it unchanged
+    held = [path.read_bytes()]
+    written: list[type] = []
+    refs: list[int] = []
+    real_write, real_runner = validate_module._write_scratch, validate_module.Reference._runner_of_scratch
+    built = threading.Event()
+
+    def writing(weights, model):
+        written.append(type(model))
+        return real_write(weights, model)
+
+    def counting(self, scratch, digest, *, refused):
+        built.wait(60)  # the constructor's own reference to its argument is gone
+        refs.append(sys.getrefcount(held[0]))
+        return real_runner(self, scratch, digest, refused=refused)
+
+    monkeypatch.setattr(validate_module, "_write_scratch", writing)
+    monkeypatch.setattr(validate_module.Reference, "_runner_of_scratch", counting)
+    reference = validate_module.Reference(held[0], read_from=str(path), identity=file_identity(str(path)))
+    built.set()
+    try:
+        reference.run(make_inputs(conv_bn_relu(), 1, 0))
+        assert len(reference.outputs()) == 1
+    finally:
+        reference.close()
+    assert written == [bytes]
+    assert refs == [2]  # this test's list and getrefcount's argument: the reference holds no copy

@@ -550,6 +550,7 @@ class MappedWeights:
         self._end = 0
         self._placed: dict[str, tuple[int, int]] = {}
         self._models = 0
+        self._kept: str | None = None
         self._closed = False
         self._lock = threading.Lock()
 
@@ -587,18 +588,68 @@ class MappedWeights:
                     ref.external_data.add(key=key, value=value)
                 ref.data_location = onnx.TensorProto.EXTERNAL
                 del raw
+            return self._write_shell(shell)
+
+    def _write_shell(self, shell: onnx.ModelProto) -> str:
+        assert self.directory is not None
+        self._models += 1
+        path = os.path.join(self.directory, f"model-{self._models}.onnx")
+        with open(path, "wb") as f:
+            f.write(shell.SerializeToString())
+        return path
+
+    def write_bytes(self, data: bytes) -> str:
+        """:meth:`write` for a model given as its bytes, without parsing them into a proto (which would hold
+        its weights a second time beside them): the graph's initializer entries are found in the wire format,
+        each large raw weight written straight from ``data``; the rest is parsed as a small shell. ValueError
+        for a layout protobuf accepts but this does not take apart (a field given twice, to be merged)."""
+        view = memoryview(data)
+        tag_start, start, end = _graph_field(data)
+        kept, entries = [], []
+        for number, field_start, value_start, value_end in _wire_fields(data, start, end):
+            (entries if number == 5 else kept).append((field_start, value_start, value_end))
+        graph = b"".join(view[a:c] for a, _, c in kept)
+        shell = onnx.ModelProto()
+        shell.ParseFromString(b"".join((view[:tag_start], _GRAPH_TAG, _varint(len(graph)), graph, view[end:])))
+        del graph
+        with self._lock:
+            file = self._open()
+            assert self.directory is not None
+            for _, a, c in entries:
+                header, raw = _tensor_header(view, a, c)
+                if (raw is None or header.data_location == onnx.TensorProto.EXTERNAL
+                        or payload_bytes(header) < self.threshold):
+                    shell.graph.initializer.add().ParseFromString(view[a:c])
+                    continue
+                ref = shell.graph.initializer.add(name=header.name, data_type=header.data_type, dims=header.dims)
+                for key, value in (("location", "weights.data"), ("offset", str(self._place(file, header.name, raw))),
+                                   ("length", str(len(raw)))):
+                    ref.external_data.add(key=key, value=value)
+                ref.data_location = onnx.TensorProto.EXTERNAL
+            return self._write_shell(shell)
+
+    def keep(self, data: bytes) -> str:
+        """``data`` (a serialized model) written to a new file of the directory; returns its path. The pass
+        manager's restore point: read back only for a replay or a rollback; it replaces the one kept before,
+        which is removed (the run goes back no further than the last validated model)."""
+        with self._lock:
+            self._open()
+            assert self.directory is not None
             self._models += 1
-            path = os.path.join(self.directory, f"model-{self._models}.onnx")
+            path = os.path.join(self.directory, f"kept-{self._models}.onnx")
             with open(path, "wb") as f:
-                f.write(shell.SerializeToString())
+                f.write(data)
+            if self._kept is not None:
+                _remove_file(self._kept)
+            self._kept = path
             return path
 
-    def _place(self, data: Any, name: str, raw: bytes) -> int:
+    def _place(self, data: Any, name: str, raw: bytes | memoryview) -> int:
         """The offset of ``raw`` (tensor ``name``) in the data file: where it was written, else at the next page."""
         placed = self._placed.get(name)
         if placed is not None and placed[1] == len(raw):
             data.seek(placed[0])
-            if data.read(len(raw)) == raw:
+            if _same_bytes(data, raw):
                 return placed[0]
         offset = -(-self._end // PAGE) * PAGE
         data.seek(offset)
@@ -620,6 +671,161 @@ class MappedWeights:
                 _remove_tree(self.directory)
                 self.directory = None
             self._placed.clear()
+
+
+SERIALIZE_CHUNK = 16 << 20
+""":func:`serialized_parts` serializes the initializers in runs of about this many payload bytes."""
+
+
+def serialized_parts(model: onnx.ModelProto) -> list[bytes]:
+    """``model.SerializeToString()`` in pieces whose ``b"".join`` is byte for byte the same, made with a
+    transient of one run of weights (:data:`SERIALIZE_CHUNK`, or one larger tensor) instead of protobuf's.
+
+    Why: upb encodes a message backwards into a buffer it doubles as it fills and frees only at the end, then
+    copies the result into the bytes object: serializing a 110 MB model takes about 2.4 times its size on top
+    of the model (the largest transient of a validated run). Here the model is a shell without initializers
+    (serialized by upb, small), split where the graph's initializers belong (after ``node`` and ``name``, before
+    field 10: upb writes known fields in field-number order and unknown ones last), with the initializers
+    serialized a run at a time in between. A model or graph with unknown fields of its own (which the shell
+    copy would lose) is serialized whole. The caller may drop ``model`` before joining the pieces."""
+    graph = model.graph
+    if not len(graph.initializer) or _unknown_fields(model) or _unknown_fields(graph):
+        return [model.SerializeToString()]
+    shell = onnx.ModelProto()
+    _copy_without_initializers(model, shell)
+    top = shell.SerializeToString()
+    tag_start, value_start, value_end = _graph_field(top)
+    shell.graph.ClearField("node")
+    shell.graph.ClearField("name")
+    split = value_end - len(shell.graph.SerializeToString())  # the graph's fields after its initializers
+    parts = [top[:tag_start], b"", top[value_start:split]]  # [1]: the graph's tag and length, set below
+    parts.extend(_initializer_runs(graph.initializer))
+    parts.append(top[split:value_end])
+    parts[1] = _GRAPH_TAG + _varint(sum(len(part) for part in parts[2:]))
+    parts.append(top[value_end:])
+    return parts
+
+
+_GRAPH_TAG = bytes([7 << 3 | 2])  # ModelProto.graph: field 7, length-delimited
+_INITIALIZER_TAG = bytes([5 << 3 | 2])  # GraphProto.initializer: field 5, length-delimited
+
+
+def _initializer_runs(initializers: Any) -> Iterator[bytes]:
+    """The serialized ``initializer`` entries of a graph, in order: runs of small tensors copied into a scratch
+    GraphProto (whose bytes are exactly those entries), a tensor above :data:`SERIALIZE_CHUNK` on its own."""
+    run: list[onnx.TensorProto] = []
+    held = 0
+    for tensor in initializers:
+        size = payload_bytes(tensor)
+        if run and held + size > SERIALIZE_CHUNK:
+            yield _entries(run)
+            run, held = [], 0
+        if size > SERIALIZE_CHUNK:
+            data = tensor.SerializeToString()
+            yield _INITIALIZER_TAG + _varint(len(data))
+            yield data
+            del data
+            continue
+        run.append(tensor)
+        held += size
+    if run:
+        yield _entries(run)
+
+
+def _entries(tensors: list[onnx.TensorProto]) -> bytes:
+    scratch = onnx.GraphProto()
+    scratch.initializer.extend(tensors)
+    return scratch.SerializeToString()
+
+
+def _unknown_fields(message: Any) -> bool:
+    from google.protobuf import unknown_fields
+
+    return len(unknown_fields.UnknownFieldSet(message)) > 0
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _graph_field(top: bytes) -> tuple[int, int, int]:
+    """Where ModelProto ``top`` (serialized) holds its graph: the tag's offset, the value's start and end."""
+    found = [(a, b, c) for number, a, b, c in _wire_fields(top, 0, len(top)) if number == 7]
+    if len(found) != 1:  # protobuf merges a message field given twice; nothing here does that
+        raise ValueError(f"{len(found)} graph fields in the serialized ModelProto")
+    return found[0]
+
+
+def _same_bytes(file: Any, raw: bytes | memoryview, block: int = 1 << 20) -> bool:
+    """Whether ``file`` holds ``raw`` from where it stands: compared a block at a time as bytes (a memoryview
+    compares byte by byte through its item format, ~30x slower; a copy of a whole weight would be a transient)."""
+    view = memoryview(raw)
+    for start in range(0, len(view), block):
+        part = view[start:start + block].tobytes()
+        if file.read(len(part)) != part:
+            return False
+    return True
+
+
+def _wire_fields(data: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """The fields of the message serialized in ``data[start:end]``: (number, where its tag starts, where its
+    value starts, where it ends)."""
+    pos = start
+    while pos < end:
+        field_start = pos
+        key, pos = _read_varint(data, pos)
+        wire = key & 7
+        if wire == 0:
+            value_start = pos
+            _, pos = _read_varint(data, pos)
+        elif wire == 2:
+            length, value_start = _read_varint(data, pos)
+            pos = value_start + length
+        elif wire in (1, 5):
+            value_start = pos
+            pos += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"unexpected wire type {wire} in a serialized ONNX message")
+        yield key >> 3, field_start, value_start, pos
+
+
+def _tensor_header(view: memoryview, start: int, end: int) -> tuple[onnx.TensorProto, memoryview | None]:
+    """The TensorProto serialized in ``view[start:end]`` without its raw data (an empty ``raw_data`` stands in
+    for it), and that raw data as a view of ``view`` (None without)."""
+    other, raw = [], None
+    for number, field_start, value_start, value_end in _wire_fields(view, start, end):
+        if number == 9:
+            if raw is not None:
+                raise ValueError("raw_data given twice in a serialized TensorProto")
+            raw = view[value_start:value_end]
+        else:
+            other.append(view[field_start:value_end])
+    header = onnx.TensorProto()
+    header.ParseFromString(b"".join(other))
+    if raw is not None:
+        header.raw_data = b""
+    return header, raw
+
+
+def serialize_model(model: onnx.ModelProto) -> bytes:
+    """``model.SerializeToString()`` with a transient of one run of weights (see :func:`serialized_parts`)."""
+    return b"".join(serialized_parts(model))
 
 
 def _copy_without_initializers(model: onnx.ModelProto, target: onnx.ModelProto) -> None:

@@ -28,6 +28,7 @@ may be measured). An original onnxruntime cannot run is an InputError, never a s
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -42,6 +43,7 @@ from onnx_npu_fix import progress
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError, StrictRefused, first_line
 from onnx_npu_fix.io import load
+from onnx_npu_fix.io.save import serialized_parts
 from onnx_npu_fix.ir.graph import (
     TWO_GB,
     GraphIndex,
@@ -60,6 +62,8 @@ from onnx_npu_fix.pipeline.validate import (  # noqa: F401 - check_structure: pu
     Reference,
     Validator,
     check_structure,
+    release_freed_memory,
+    segmented,
 )
 
 log = logging.getLogger("onnx_npu_fix")
@@ -118,19 +122,50 @@ class FixResult:
         return self.report.failed_pass is None and (final is None or final.passed)
 
 
+class OwnedModel:
+    """A model handed over to :func:`run_passes`, which may then replace it by an equal one: the caller keeps no
+    other reference to it or to any part of it, and reads the result from FixResult.model (api.fix works on its
+    own copy, api.run on the model it read).
+
+    Why: protobuf (upb) keeps every byte a message ever held until the whole message is freed, so a weight a pass
+    rewrites leaves its old bytes behind (rewriting every weight once adds about the model's size; neither Clear()
+    nor ParseFromString gives it back). A run that owns its model continues from a fresh proto parsed from the
+    bytes it serializes anyway (for a validation, or for the checker at the end), and the old one goes with all it
+    held."""
+
+    __slots__ = ("model",)
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model: onnx.ModelProto | None = model
+
+    def take(self) -> onnx.ModelProto:
+        """The model, no longer held here."""
+        model, self.model = self.model, None
+        assert model is not None, "an OwnedModel is handed over once"
+        return model
+
+
+def _proto(model: onnx.ModelProto | OwnedModel) -> onnx.ModelProto:
+    if isinstance(model, OwnedModel):
+        assert model.model is not None
+        return model.model
+    return model
+
+
 def prepare(model: onnx.ModelProto, options: FixOptions) -> None:
     """What :func:`run_passes` needs first: ``model`` prepared in place for ``options`` (:func:`io.load.prepare`,
     strict: an InputError for an unknown ``--input-shape`` name or a model shape inference rejects)."""
     load.prepare(model, options.input_shapes)
 
 
-def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pass], *,
+def run_passes(model: onnx.ModelProto | OwnedModel, options: FixOptions, passes: Sequence[Pass], *,
                reference: Reference | None = None,
                on_serialized: Callable[[bytes], None] | None = None,
                reload: Callable[[], onnx.ModelProto] | None = None,
                reference_feeds: Feeds | None = None, keep_inputs: bool = False,
                refusal: Callable[[onnx.ModelProto], str | None] | None = None) -> FixResult:
-    """Run ``passes`` over ``model`` (edited in place) and return it with the report.
+    """Run ``passes`` over ``model`` (edited in place) and return it with the report. An :class:`OwnedModel` is the
+    run's from here on: FixResult.model is then the result, not necessarily the proto handed over.
 
     Call :func:`prepare` first. Never raises for a failing pass: the report says which pass failed and why.
     Raises InputError when validation needs inputs it cannot generate (dynamic input shapes, an integer input
@@ -158,17 +193,18 @@ def run_passes(model: onnx.ModelProto, options: FixOptions, passes: Sequence[Pas
     report = FixReport()
     if options.validate == "none":
         report.validation_note = NOT_VALIDATED
-    approximate = any(not p.exact and _may_change(p, model, options) for p in passes)
-    validator = Validator(model, options, reference=reference, approximate=approximate,
+    approximate = any(not p.exact and _may_change(p, _proto(model), options) for p in passes)
+    validator = Validator(_proto(model), options, reference=reference, approximate=approximate,
                           reference_feeds=reference_feeds)
     try:
-        data = _Run(model, options, list(passes), report, validator, on_serialized, reload, refusal).run()
+        run = _Run(model, options, list(passes), report, validator, on_serialized, reload, refusal)
+        data = run.run()
     finally:
         validator.close()
     report.seconds = time.perf_counter() - started
     inputs = [{**feeds, **(reference_feeds or {})} for feeds in validator.feeds] \
         if keep_inputs and validator.feeds else None
-    return FixResult(model=model, report=report, serialized=data, inputs=inputs)
+    return FixResult(model=run.model, report=report, serialized=data, inputs=inputs)
 
 
 def _may_change(pass_: Pass, model: onnx.ModelProto, options: FixOptions) -> bool:
@@ -229,6 +265,10 @@ class RestoreKind(Enum):
     """The input, read and prepared again (no pass has changed it yet): no copy held for a rare failure."""
     BYTES = "bytes"
     """The bytes the last validation serialized (nothing has changed the model since): free."""
+    FILE = "file"
+    """Those bytes kept in the run's scratch directory instead of in memory (Validator.keep): a model of
+    :data:`KEEP_ON_DISK` bytes or more, whose restore point would otherwise sit next to the next candidate's bytes
+    and session."""
     COPY = "copy"
     """A copy of the model proto."""
 
@@ -241,24 +281,54 @@ class RestorePoint:
     kind: RestoreKind
     index: int = 0
     records: int = 0
-    model: bytes | onnx.ModelProto | None = None
-    """The serialized model (BYTES) or its copy (COPY)."""
+    model: bytes | str | onnx.ModelProto | None = None
+    """The serialized model (BYTES), the file holding it (FILE) or its copy (COPY)."""
 
     @property
     def data(self) -> bytes | None:
-        """The model's bytes, when this point holds them."""
+        """The model's bytes, when this point holds them (read back for FILE)."""
+        if self.kind is RestoreKind.FILE:
+            assert isinstance(self.model, str)
+            with open(self.model, "rb") as f:
+                return f.read()
         return self.model if isinstance(self.model, bytes) else None
 
-    def restore(self, model: onnx.ModelProto, reload: Callable[[], onnx.ModelProto] | None) -> None:
-        """Make ``model`` what it was at this point (``reload`` reads the input again, for REREAD)."""
+    def restore(self, model: onnx.ModelProto, reload: Callable[[], onnx.ModelProto] | None, *,
+                owned: bool = False) -> onnx.ModelProto:
+        """The model as it was at this point: ``model`` made so, or with ``owned`` (the run may replace its
+        model, OwnedModel) a new proto, so that ``model``'s memory goes (``reload`` reads the input again, for
+        REREAD)."""
         if self.kind is RestoreKind.REREAD:
             assert reload is not None
+            if owned:
+                return reload()
             model.CopyFrom(reload())
-        elif self.kind is RestoreKind.BYTES:
+        elif self.kind in (RestoreKind.BYTES, RestoreKind.FILE):
+            data = self.data
+            assert data is not None
+            if owned:
+                return parse_model(data)
             model.Clear()
-            model.ParseFromString(self.model)
+            model.ParseFromString(data)
         elif self.kind is RestoreKind.COPY:
+            assert isinstance(self.model, onnx.ModelProto)
+            if owned:
+                return copy_model(self.model)
             model.CopyFrom(self.model)
+        return model
+
+
+def parse_model(data: bytes) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    model.ParseFromString(data)
+    return model
+
+
+KEEP_ON_DISK = 1 << 20
+"""A validated model of this many serialized bytes or more is kept as the next restore point in the run's scratch
+directory (RestoreKind.FILE), not in memory: it would sit there through the next group's passes, serialization,
+checker and session (U-Net, 110 MB: one model size off the peak), and is read back only for a replay or a
+rollback."""
 
 
 _CHANGED = RestorePoint(RestoreKind.NONE)
@@ -287,11 +357,14 @@ class _Run:
     returns an :class:`Outcome`; :meth:`_next` turns it into the pass to run next, :meth:`_settle` into statuses.
     """
 
-    def __init__(self, model: onnx.ModelProto, options: FixOptions, passes: list[Pass], report: FixReport,
-                 validator: Validator, on_serialized: Callable[[bytes], None] | None = None,
+    def __init__(self, model: onnx.ModelProto | OwnedModel, options: FixOptions, passes: list[Pass],
+                 report: FixReport, validator: Validator, on_serialized: Callable[[bytes], None] | None = None,
                  reload: Callable[[], onnx.ModelProto] | None = None,
                  refusal: Callable[[onnx.ModelProto], str | None] | None = None) -> None:
-        self.model, self.options, self.passes = model, options, passes
+        self.owned = isinstance(model, OwnedModel)
+        """The run may replace its model (:meth:`_serialize`, restores): handed over as an OwnedModel."""
+        self.model: onnx.ModelProto = model.take() if isinstance(model, OwnedModel) else model
+        self.options, self.passes = options, passes
         self.refusal = refusal
         self.refused: str | None = None
         """refusal's answer once asked (:meth:`_refused`)."""
@@ -303,7 +376,7 @@ class _Run:
         self.each = options.validate == "each"
         # Above 2 GB a restore point is a second copy of the weights: there, every pass is validated alone, as
         # a replay would need that copy.
-        self.grouping = self.each and approx_model_bytes(model) < TWO_GB
+        self.grouping = self.each and approx_model_bytes(self.model) < TWO_GB
         self.group: list[_Pending] = []
         self.solo_until = -1
         """Passes up to this index are validated alone (a replay after a failed group)."""
@@ -398,13 +471,7 @@ class _Run:
             self.recorded = recorded
             return self._settle([record], Outcome.UNCHANGED)
         self.here = _CHANGED
-        # What a rewrite left unused (old weights, Constant producers of replaced inputs) is dropped here,
-        # once, instead of in every pass.
-        dead, unused = remove_unused(self.model)
-        for node in dead:
-            record.changes.append(Change(node.name, node.op_type, "removed dead node"))
-        for name in unused:
-            record.changes.append(Change(name, "initializer", "removed unused initializer"))
+        self._drop_unused(record)
         t1 = time.perf_counter()
         problem = declared.broken_shapes(self.model)
         if problem is None and not (pass_.keeps_shapes and keep_inferred_shapes(self.model.graph)):
@@ -413,6 +480,14 @@ class _Run:
         if problem is not None:
             return self._fail(i, record, Outcome.FAILED, problem)
         return self._group_or_validate(i, record)
+
+    def _drop_unused(self, record: PassRecord) -> None:
+        """What a rewrite left unused (old weights, Constant producers of replaced inputs) is dropped here, once,
+        instead of in every pass. (A method of its own: the removed nodes, which keep the proto they came from
+        alive, go before the validation that may let that proto go, OwnedModel.)"""
+        dead, unused = remove_unused(self.model)
+        record.changes.extend(Change(node.name, node.op_type, "removed dead node") for node in dead)
+        record.changes.extend(Change(name, "initializer", "removed unused initializer") for name in unused)
 
     def _group_or_validate(self, i: int, record: PassRecord) -> Outcome:
         """Pass ``i`` changed the model: keep it unvalidated, add it to the pending group, or validate now."""
@@ -481,8 +556,9 @@ class _Run:
         if not self.each and validator.changed:
             # Without per-pass validation the checker still runs once, before anything is written. The model
             # is serialized once: for the checker, the final onnxruntime session and save_model.
-            data = self.model.SerializeToString() if approx_model_bytes(self.model) < TWO_GB else None
+            data = self._serialize()
             problem = check_structure(self.model, data)
+            self._fresh(data)  # after the checker: its copies of the bytes and the proto are not held at once
             if not problem and data is not None and self.on_serialized is not None:
                 self.on_serialized(data)
         if problem:
@@ -495,7 +571,7 @@ class _Run:
     def _take_point(self, i: int) -> None:
         """Remember the model as it is before pass ``i`` (free when the last validation serialized it)."""
         here = self.here
-        if here.kind is RestoreKind.BYTES:
+        if here.kind in (RestoreKind.BYTES, RestoreKind.FILE):
             kind, model = here.kind, here.model
         elif not (self.grouping or self.options.keep_going
                   or (self._may_approximate(i) and _may_change(self.passes[i], self.model, self.options)
@@ -512,9 +588,9 @@ class _Run:
 
     def _restore(self) -> None:
         self.recorded = None
-        self.point.restore(self.model, self.reload)
+        self.model = self.point.restore(self.model, self.reload, owned=self.owned)
         # Restored from bytes or by reading the input again: the same way back is free again.
-        free = self.point.kind in (RestoreKind.REREAD, RestoreKind.BYTES)
+        free = self.point.kind in (RestoreKind.REREAD, RestoreKind.BYTES, RestoreKind.FILE)
         self.here = RestorePoint(self.point.kind, model=self.point.model) if free else _CHANGED
 
     def _replay(self, until: int) -> Outcome:
@@ -525,6 +601,43 @@ class _Run:
         del self.report.passes[self.point.records:]
         return Outcome.REPLAY
 
+    def _validated(self, data: bytes | None, last: bool) -> RestorePoint:
+        """The free way back to the model a validation just accepted (``data``: its bytes): those bytes, or, for
+        a large model with passes still to run, the file they are kept in (RestoreKind.FILE)."""
+        if data is None:
+            return _CHANGED
+        if not last and len(data) >= KEEP_ON_DISK:
+            path = self.validator.keep(data)
+            if path is not None:
+                return RestorePoint(RestoreKind.FILE, model=path)
+        return RestorePoint(RestoreKind.BYTES, model=data)
+
+    def _serialize(self) -> bytes | None:
+        """The model's bytes (None above 2 GB), for the checker and a session. A run that owns its model
+        (OwnedModel) lets it go here, and every weight the passes replaced in it with it: the bytes are made in
+        pieces while it lives and joined once it is gone (io.save.serialized_parts), and :meth:`_fresh` parses
+        its successor from them once the checker's copies of them are gone too. Until then ``self.model`` is
+        None."""
+        if approx_model_bytes(self.model) >= TWO_GB:
+            return None
+        if not self.owned:
+            return self.model.SerializeToString()
+        parts = serialized_parts(self.model)
+        self.model = None  # type: ignore[assignment]
+        # glibc keeps what the old proto freed in its heap, and the bytes and the checker's copy of them are
+        # too large to reuse it: handed back now, or they come on top of it (U-Net, 110 MB: 0.2 GB).
+        release_freed_memory()
+        data = b"".join(parts)
+        del parts
+        return data
+
+    def _fresh(self, data: bytes | None) -> onnx.ModelProto:
+        """The model, parsed from ``data`` when :meth:`_serialize` let it go."""
+        if self.model is None:
+            assert data is not None
+            self.model = parse_model(data)
+        return self.model
+
     # --- validation ---------------------------------------------------------------------------------------
     def _validate_group(self, *, last: bool = False) -> Outcome:
         """Validate the pending group: VALIDATED, FAILED (the run ends), REPLAY (restored: run again from the
@@ -532,9 +645,18 @@ class _Run:
         follows, so these are the output's bytes if they pass."""
         records = [p.record for p in self.group]
         t0 = time.perf_counter()
-        verdict = self.validator.check(self.model, exact=all(r.exact for r in records),
+        # The original's session goes first (its outputs are needed now anyway), so that its weights and
+        # activations are not in memory while the candidate is serialized; then the bytes, which may replace
+        # self.model (so they come before the call that reads it).
+        self.validator.require_original()
+        whole = not segmented(self.model)  # (a graph run in segments is cut from the proto)
+        data = self._serialize()
+        candidate = functools.partial(self._fresh, data) if whole and self.model is None else self._fresh(data)
+        verdict = self.validator.check(candidate, exact=all(r.exact for r in records), data=data,
                                        on_serialized=self.on_serialized if last else None,
                                        task=f"validating {', '.join(r.name for r in records)}")
+        del candidate
+        self._fresh(data)  # after the session: its weights and the proto are not in memory at once
         if verdict.comparison is not None:
             for record in records:
                 record.validation = verdict.comparison
@@ -543,7 +665,7 @@ class _Run:
         records[-1].validate_seconds += time.perf_counter() - t0
         if verdict.passed:
             self.group = []
-            self.here = RestorePoint(RestoreKind.BYTES, model=verdict.data) if verdict.data is not None else _CHANGED
+            self.here = self._validated(verdict.data, last)
             return self._settle(records, Outcome.VALIDATED)
         if len(records) > 1:
             return self._replay(self.group[-1].index)

@@ -85,6 +85,9 @@ class Runner:
                 refused = data
             elif refused is None and approx_model_bytes(model) < TWO_GB:
                 refused = model.SerializeToString
+        elif (model is None and data is not None and weights is not None
+              and (source := _write_scratch(weights, data)) is not None):
+            refused = data if refused is None else refused
         elif data is not None:  # the caller serialized it already (or the scratch copy could not be written)
             source = data
         elif model is None:
@@ -126,14 +129,30 @@ class Runner:
         release_freed_memory()
 
 
-def _write_scratch(weights: MappedWeights, model: onnx.ModelProto) -> str | None:
-    """``model`` written to ``weights`` for onnxruntime to map, or None when the file system refuses (full, a
-    file size limit): then onnxruntime gets the model as it did before the scratch copies, which validates the
-    same, with more memory."""
+def _write_scratch(weights: MappedWeights, model: onnx.ModelProto | bytes) -> str | None:
+    """``model`` (a proto, or its bytes) written to ``weights`` for onnxruntime to map, or None when the file
+    system refuses (full, a file size limit): then onnxruntime gets the model as it did before the scratch
+    copies, which validates the same, with more memory."""
     try:
+        if isinstance(model, bytes):
+            try:
+                return weights.write_bytes(model)
+            except ValueError:  # a wire layout write_bytes does not take apart (see there): parsed instead
+                model = _parsed(model)
         return weights.write(model)
     except OSError:
         return None
+
+
+def _parsed(data: bytes) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    model.ParseFromString(data)
+    return model
+
+
+def _made(model: onnx.ModelProto | Callable[[], onnx.ModelProto] | None) -> onnx.ModelProto:
+    assert model is not None
+    return model() if callable(model) else model
 
 
 def release_freed_memory() -> None:
@@ -346,12 +365,13 @@ class Reference:
         if isinstance(source, str):
             runner = Runner(None, model_path=source)
         else:
-            model = onnx.ModelProto()
-            model.ParseFromString(source)
-            scratch = _write_scratch(self.weights, model)
-            del model  # the scratch files from here on: the weights are mapped, not held
-            runner = self._runner_of_scratch(scratch, digest, refused=self._read_from or source)
-            del source
+            # Written from the bytes as they are (not parsed: no second copy of the weights beside them), then
+            # the scratch files from here on: the weights are mapped, not held. What onnxruntime loads if it
+            # refuses the scratch model is the input file, when there is one: the bytes go before the session.
+            scratch = _write_scratch(self.weights, source)
+            refused, source = self._read_from or source, None
+            runner = self._runner_of_scratch(scratch, digest, refused=refused)
+            del refused
         try:
             outputs = []
             sets = self._feeds.result()
@@ -856,11 +876,14 @@ def at_the_edge(diff: OutputDiff) -> bool:
 # --- the validation of a pass-manager run ----------------------------------------------------------------
 
 
-def check_structure(model: onnx.ModelProto, data: bytes | None = None) -> str | None:
+def check_structure(model: onnx.ModelProto | Callable[[], onnx.ModelProto] | None,
+                    data: bytes | None = None) -> str | None:
     """The onnx checker's complaint about ``model`` (one line), or None. ``data``: the model already
-    serialized (checking bytes skips the checker's own re-serialization). Above 2 GB the checker cannot take
-    the in-memory proto; strict shape inference and onnxruntime still check those models."""
+    serialized (checking bytes skips the checker's own re-serialization; ``model`` is then not read). Above 2 GB
+    the checker cannot take the in-memory proto; strict shape inference and onnxruntime still check those
+    models."""
     if data is None:
+        model = _made(model)
         if approx_model_bytes(model) >= TWO_GB:
             return None
         data = model.SerializeToString()
@@ -1039,28 +1062,37 @@ class Validator:
         finally:
             self._weights.close()
 
-    def _run(self, model: onnx.ModelProto, data: bytes | None = None, task: str = "validation") -> list[Outputs]:
+    def _run(self, model: onnx.ModelProto | None, data: bytes | None = None,
+             task: str = "validation") -> list[Outputs]:
         return run_model(model, self.feeds, data=data, task=task, weights=self._weights)
 
-    def check(self, model: onnx.ModelProto, *, exact: bool,
-              on_serialized: Callable[[bytes], None] | None = None, task: str = "validation") -> Verdict:
+    def check(self, model: onnx.ModelProto | Callable[[], onnx.ModelProto], *, exact: bool,
+              data: bytes | None = None, on_serialized: Callable[[bytes], None] | None = None,
+              task: str = "validation") -> Verdict:
         """Check and run ``model`` (the candidate after one pass or one group of them) and compare its outputs
         with the last accepted model's: by rtol/atol when ``exact`` (quantized outputs in quantization steps),
-        else by the approximate bound. A passing candidate becomes the accepted model. ``on_serialized`` gets
-        the candidate's bytes once the checker accepted them, before onnxruntime runs them. ``task``: what its
-        progress steps are called (progress.Step)."""
-        # The original's session is let go before the candidate is serialized and checked: its weights next to
-        # the candidate's bytes and the checker's copy of them made the peak (and two models computing at once
-        # would only fight over the cores). An original that cannot run is the input's problem: raised here.
+        else by the approximate bound. A passing candidate becomes the accepted model. ``data``: ``model``
+        serialized already (else serialized here, below 2 GB); with ``data``, ``model`` may be a function
+        that makes it: onnxruntime then gets the bytes (written for it to map, io.save.MappedWeights.write_bytes)
+        and the proto is made only if a wider comparison needs it, so that neither the checker's two copies of
+        the bytes nor the session's weights come on top of it (the caller makes it after this, from the bytes).
+        Not for a graph run in segments (:func:`segmented`), which are cut from the proto. ``on_serialized``
+        gets the candidate's bytes once the checker accepted them, before onnxruntime runs them. ``task``: what
+        its progress steps are called (progress.Step)."""
+        # The original's session is let go before the candidate is checked: its weights next to the candidate's
+        # bytes and the checker's copy of them made the peak (and two models computing at once would only fight
+        # over the cores). An original that cannot run is the input's problem: raised here.
         self._wait()
-        data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
+        if data is None:
+            model = _made(model)
+            data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
         problem = check_structure(model, data)
         if problem:
             return Verdict(f"the model fails the onnx checker after this pass: {problem}", None, data)
         if on_serialized is not None and data is not None:
             on_serialized(data)
         try:
-            outputs = self._run(model, data, task=task)
+            outputs = self._run(None if callable(model) else model, data, task=task)
         except runtime_errors() as exc:
             return Verdict(f"onnxruntime cannot run the model after this pass: {first_line(exc)}", None, data)
         assert self.current is not None  # the original ran (else _wait raised)
@@ -1078,6 +1110,14 @@ class Validator:
         self.accept(exact=exact)
         self._current = outputs
         return Verdict(None, comparison, data)
+
+    def keep(self, data: bytes) -> str | None:
+        """``data`` (a validated model's bytes) written to the run's scratch directory, for a restore point that
+        does not sit in memory; its path, or None when the file system refuses (the caller keeps the bytes)."""
+        try:
+            return self._weights.keep(data)
+        except OSError:
+            return None
 
     def accept(self, *, exact: bool) -> None:
         """A change is kept (by :meth:`check`, or unvalidated): the final comparison covers it."""
@@ -1099,7 +1139,8 @@ class Validator:
         comparison = self._compare(self.original, outputs, exact=self.all_exact)
         return self._at_the_edge(model, data, comparison, self.original, outputs)
 
-    def _at_the_edge(self, model: onnx.ModelProto, data: bytes | None, comparison: Comparison,
+    def _at_the_edge(self, model: onnx.ModelProto | Callable[[], onnx.ModelProto], data: bytes | None,
+                     comparison: Comparison,
                      reference: list[Outputs], outputs: list[Outputs]) -> Comparison:
         """An approximate ``comparison`` whose verdict is near its bound (within ``EDGE`` of it, or the bound
         inside the 95% confidence interval) depends on the sample: then ``model`` and the original are run on
@@ -1112,6 +1153,7 @@ class Validator:
         if (comparison.exact or comparison.error is not None or self._edge_model is None
                 or not any(at_the_edge(o) for o in comparison.outputs)):
             return comparison
+        model = _made(model)
         from onnx_npu_fix.pipeline.inputs import MAX_EXTRA_BYTES, MAX_SETS, parse_input_ranges
 
         per_set = sum(v.nbytes for v in self.feeds[0].values()) + 2 * sum(v.nbytes for v in reference[0].values())
