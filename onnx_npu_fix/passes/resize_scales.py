@@ -1,6 +1,7 @@
 """Pass ``resize-scales``: a Resize given its output ``sizes`` is given the ``scales`` they stand for instead.
 
-    Resize(X [1,C,28,28], roi, scales = "", sizes = [1,C,224,224])   becomes   Resize(X, roi, scales = [1,1,8,8])
+    X [1,C,28,28] -> Resize(roi, scales = "", sizes = [1,C,224,224]) -> Y   becomes
+    X [1,C,28,28] -> Resize(roi, scales = [1,1,8,8]) -> Y                   (Y [1,C,224,224] either way)
 
 A Resize given sizes computes its scale per axis as ``scale = float32(out) / float32(in)`` (the ONNX operator's
 definition; onnxruntime's code), then resizes exactly as with that scale; its output size is ``out``. Given
