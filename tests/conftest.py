@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,8 +11,18 @@ import pytest
 from click.testing import CliRunner, Result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 FIXTURES = os.path.join(ROOT, "fixtures")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def sigint_raises_keyboard_interrupt():
+    """The signal tests raise SIGINT here and in the npufix processes they start, and expect exit 130. A suite
+    started in the background by a non-interactive shell inherits SIGINT *ignored* (POSIX: asynchronous commands
+    ignore SIGINT without job control), and so would every child; with a handler installed here, exec gives each
+    child the default again, and Python its KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
