@@ -30,12 +30,15 @@ it found.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import onnx
 
 from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.ir.graph import GraphIndex
+from onnx_npu_fix.ir.ops import is_default_domain
 
 
 @dataclass
@@ -171,6 +174,25 @@ class Pass:
         """Read-only: the edits :meth:`rewrite` would make on ``model``, and the candidates it refuses with a
         reason. ``model`` is not modified. The default knows nothing (a pass that only implements ``run``)."""
         return Found.unknown()
+
+    def find_each(self, model: onnx.ModelProto, options: FixOptions, op_type: str,
+                  plan_of: Callable[[GraphIndex, onnx.NodeProto], Plan | str | None]) -> Found:
+        """The find of a pass that judges the default-domain ``op_type`` nodes one at a time: nothing when
+        :meth:`may_change` says so; else, per node, ``plan_of``'s plan, or its reason for refusing the node
+        (a rejection), or None for a node that is no candidate."""
+        found = Found()
+        if not self.may_change(model, options):
+            return found
+        index = GraphIndex(model)
+        for node in model.graph.node:
+            if node.op_type != op_type or not is_default_domain(node):
+                continue
+            outcome = plan_of(index, node)
+            if isinstance(outcome, str):
+                found.rejections.append(Rejection(node.name, node.op_type, outcome))
+            elif outcome is not None:
+                found.plans.append(outcome)
+        return found
 
     def rewrite(self, model: onnx.ModelProto, options: FixOptions,
                 found: Found) -> PassResult:  # pragma: no cover - abstract

@@ -31,6 +31,7 @@ after cleanup, once fold-constants has turned the exporters' Shape -> ... -> Pad
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,7 +49,7 @@ from onnx_npu_fix.ir.graph import (
 )
 from onnx_npu_fix.ir.ops import is_default_domain
 from onnx_npu_fix.ir.qdq import dequantizer_of, quant_params
-from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
+from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan
 
 
 @dataclass(kw_only=True)
@@ -119,27 +120,14 @@ class FoldPadConvPass(Pass):
         return options.fold_pad_into_conv and any(n.op_type == "Pad" for n in model.graph.node)
 
     def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
-        found = Found()
-        if not self.may_change(model, options):
-            return found
-        index = GraphIndex(model)
-        opset = opset_version(model)
-        for pad in model.graph.node:
-            if pad.op_type != "Pad" or not is_default_domain(pad):
-                continue
-            plan, reason = self._plan(index, pad, opset, options.symmetric_pads)
-            if plan is not None:
-                found.plans.append(plan)
-            elif reason is not None:
-                found.rejections.append(Rejection(pad.name, pad.op_type, reason))
-        return found
+        return self.find_each(model, options, "Pad", functools.partial(
+            self._plan, opset=opset_version(model), symmetric=options.symmetric_pads))
 
-    def _plan(self, index: GraphIndex, pad: onnx.NodeProto, opset: int,
-              symmetric: bool) -> tuple[FoldPad | None, str | None]:
-        """The plan for ``pad``, or (None, why) — (None, None) when no Conv reads it (not a candidate)."""
+    def _plan(self, index: GraphIndex, pad: onnx.NodeProto, opset: int, symmetric: bool) -> FoldPad | str | None:
+        """The plan for ``pad``, or why not; None when no Conv reads it (not a candidate)."""
         chain = self._chain_to_conv(index, pad.output[0])
         if chain is None:
-            return None, None
+            return None
         reader, conv, between = chain
         pads, value, why = _pad_parts(index, pad, opset)
         if why is None:
@@ -154,17 +142,17 @@ class FoldPadConvPass(Pass):
             elif len(spatial) != 2 * geometry.rank:  # type: ignore[arg-type]
                 why = f"its rank does not match {conv.name}'s"
         if why is not None:
-            return None, why
+            return why
         conv_pads = [c + p for c, p in zip(geometry.pads, spatial)]  # type: ignore[arg-type]
         rank = geometry.rank
         if symmetric and any(conv_pads[a] != conv_pads[a + rank] for a in range(rank)):
-            return None, (f"{conv.name} would pad asymmetrically {conv_pads}, which the target refuses "
-                          "(symmetric_pads)")
+            return (f"{conv.name} would pad asymmetrically {conv_pads}, which the target refuses "
+                    "(symmetric_pads)")
         form = "+".join(n.op_type for n in between) or "float"
         requantize = between if self._requantizes(index, pad.input[0], between) else []
         return FoldPad((pad.name, conv.name), "folded into conv pads", pad=pad, conv=conv,
                        reader=conv if requantize else reader, conv_pads=conv_pads, form=form,
-                       requantize=requantize), None
+                       requantize=requantize)
 
     @staticmethod
     def _requantizes(index: GraphIndex, source: str, between: list[onnx.NodeProto]) -> bool:

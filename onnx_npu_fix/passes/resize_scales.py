@@ -27,8 +27,7 @@ import onnx
 
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import GraphIndex, get_attr, opset_version
-from onnx_npu_fix.ir.ops import is_default_domain
-from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
+from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan
 from onnx_npu_fix.passes.fold_constants import folded_tensor
 
 
@@ -72,22 +71,13 @@ class ResizeScalesPass(Pass):
             any(n.op_type == "Resize" for n in model.graph.node)
 
     def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
-        found = Found()
-        if not self.may_change(model, options):
-            return found
-        index = GraphIndex(model)
-        for node in model.graph.node:
-            if node.op_type != "Resize" or not is_default_domain(node) or not given_sizes(index, node):
-                continue
-            plan_or_reason = self._plan(index, node)
-            if isinstance(plan_or_reason, str):
-                found.rejections.append(Rejection(node.name, node.op_type, plan_or_reason))
-            else:
-                found.plans.append(plan_or_reason)
-        return found
+        return self.find_each(model, options, "Resize", self._plan)
 
     @staticmethod
-    def _plan(index: GraphIndex, node: onnx.NodeProto) -> SizesToScales | str:
+    def _plan(index: GraphIndex, node: onnx.NodeProto) -> SizesToScales | str | None:
+        """The plan for a Resize given sizes, or why not; None for one given scales (no candidate)."""
+        if not given_sizes(index, node):
+            return None
         if get_attr(node, "axes") is not None:
             return "its sizes cover only the axes of its axes attribute"
         policy = get_attr(node, "keep_aspect_ratio_policy", "stretch") or "stretch"

@@ -23,8 +23,7 @@ from onnx import helper
 
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import GraphIndex, opset_version
-from onnx_npu_fix.ir.ops import is_default_domain
-from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
+from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan
 from onnx_npu_fix.passes.fold_constants import folded_tensor
 
 
@@ -53,25 +52,21 @@ class SqueezeReshapePass(Pass):
             any(n.op_type == "Squeeze" for n in model.graph.node)
 
     def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
-        found = Found()
-        if not self.may_change(model, options):
-            return found
-        index = GraphIndex(model)
-        for node in model.graph.node:
-            if node.op_type != "Squeeze" or not is_default_domain(node) or len(node.input) < 2 or not node.input[1]:
-                continue
-            before, after = index.static_shape(node.input[0]), index.static_shape(node.output[0])
-            if before is None or after is None:
-                found.rejections.append(Rejection(node.name, node.op_type, "its input or output shape is not static"))
-            elif not keeps_a_size_one_axis(tuple(before), tuple(after)):
-                continue  # removes every size-1 axis: what the target's importer does anyway
-            elif 0 in after:
-                found.rejections.append(Rejection(node.name, node.op_type, "its output has a zero-size axis, "
-                                                  "which Reshape would read as 'copy the input dimension'"))
-            else:
-                found.plans.append(SqueezeToReshape((node.name,), "made a Reshape", node=node,
-                                                    shape=tuple(int(d) for d in after)))
-        return found
+        return self.find_each(model, options, "Squeeze", self._plan)
+
+    @staticmethod
+    def _plan(index: GraphIndex, node: onnx.NodeProto) -> SqueezeToReshape | str | None:
+        """The plan for a Squeeze whose axes are an input, or why not; None for one that is no candidate."""
+        if len(node.input) < 2 or not node.input[1]:
+            return None  # axes as an attribute (opset < 13) or none: the target reads those
+        before, after = index.static_shape(node.input[0]), index.static_shape(node.output[0])
+        if before is None or after is None:
+            return "its input or output shape is not static"
+        if not keeps_a_size_one_axis(tuple(before), tuple(after)):
+            return None  # removes every size-1 axis: what the target's importer does anyway
+        if 0 in after:
+            return "its output has a zero-size axis, which Reshape would read as 'copy the input dimension'"
+        return SqueezeToReshape((node.name,), "made a Reshape", node=node, shape=tuple(int(d) for d in after))
 
     def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
         result = found.report()
