@@ -558,12 +558,13 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool, printe
         from onnx_npu_fix.pipeline.validate import (  # onnx and onnxruntime: not at start-up (--version)
             approximate_summary,
             quant_summary,
+            sets_summary,
         )
 
         kind = "exact" if report.final.exact else "approximate"
         _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
                     f"max rel {report.final.max_rel:.2e}{approximate_summary(report.final)}"
-                    f"{quant_summary(report.final)}{scaled_atol_note(report.final)}")
+                    f"{quant_summary(report.final)}{scaled_atol_note(report.final)}{sets_summary(report.final)}")
     if report.cost is not None:
         from onnx_npu_fix.analysis.cost import render_cost
 

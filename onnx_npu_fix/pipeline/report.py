@@ -16,7 +16,7 @@ from typing import Any
 from onnx_npu_fix.io.save import sha256_file
 from onnx_npu_fix.ir.graph import format_bytes
 from onnx_npu_fix.passes.base import Change, Rejection
-from onnx_npu_fix.pipeline.validate import Comparison, quant_summary
+from onnx_npu_fix.pipeline.validate import Comparison, quant_summary, sets_summary
 
 REPORT_VERSION = 1
 CHECK_VERSION = 1
@@ -197,7 +197,7 @@ def _fmt_err(comparison: Comparison | None) -> str:
         return f"  FAILED: {comparison.error}"
     worst = comparison.worst
     text = f"  max abs {comparison.max_abs:.2e}, max rel {comparison.max_rel:.2e}{quant_summary(comparison)}"
-    text += scaled_atol_note(comparison)
+    text += scaled_atol_note(comparison) + sets_summary(comparison)
     if worst is not None and len(comparison.outputs) > 1:
         text += f" (worst {worst.name})"
     if not comparison.passed and worst is not None:

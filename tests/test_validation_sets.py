@@ -1,0 +1,182 @@
+"""One input set when nothing moved (issue 23): an exact candidate whose outputs on the first generated set are
+bit-identical to its predecessor's is not run on the others; anything that moved, loaded data, small inputs and
+runs after an approximate change run every set, and the records say which."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_npu_fix.cli import main
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.passes.base import Change, Pass, PassResult
+from onnx_npu_fix.passes.fold_batchnorm import FoldBatchNormPass
+from onnx_npu_fix.passes.resize_nearest import ResizeNearestPass
+from onnx_npu_fix.pipeline import validate
+from onnx_npu_fix.pipeline.scheduler import prepare, run_passes
+
+
+class IdentityTail(Pass):
+    """Exact and bit-identical: the graph output is computed as before and passed through an Identity."""
+
+    name = "identity-tail"
+    summary = "route the output through an Identity"
+    exact = True
+
+    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+        out = model.graph.output[0].name
+        for node in model.graph.node:
+            node.output[:] = [f"{out}/pre" if o == out else o for o in node.output]
+        model.graph.node.append(helper.make_node("Identity", [f"{out}/pre"], [out], name="tail/id"))
+        return PassResult(changes=[Change("tail/id", "Identity", "inserted")])
+
+
+class HalfWrong(Pass):
+    """Declared exact, wrong only where the input exceeds 2 (a Clip that should not be there): a bug that a
+    small input set can miss and a large one cannot."""
+
+    name = "half-wrong"
+    summary = "clip the output at 2"
+    exact = True
+
+    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
+        out = model.graph.output[0].name
+        for node in model.graph.node:
+            node.output[:] = [f"{out}/pre" if o == out else o for o in node.output]
+        model.graph.initializer.append(numpy_helper.from_array(np.array(2.0, np.float32), "clip/max"))
+        model.graph.node.append(helper.make_node("Clip", [f"{out}/pre", "", "clip/max"], [out], name="clip"))
+        return PassResult(changes=[Change("clip", "Clip", "inserted")])
+
+
+def _conv_bn(channels: int = 8, size: int = 32) -> onnx.ModelProto:
+    """Conv 3x3 -> BatchNormalization -> Relu on [1, channels, size, size] (8 x 32 x 32 = 8,192 input elements)."""
+    gen = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(gen.standard_normal((8, channels, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(gen.uniform(0.5, 1.5, 8).astype(np.float32), "gamma"),
+             numpy_helper.from_array(gen.standard_normal(8).astype(np.float32), "beta"),
+             numpy_helper.from_array(gen.standard_normal(8).astype(np.float32), "mean"),
+             numpy_helper.from_array(gen.uniform(0.5, 1.5, 8).astype(np.float32), "var")]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv"),
+         helper.make_node("BatchNormalization", ["y", "gamma", "beta", "mean", "var"], ["yb"], name="bn"),
+         helper.make_node("Relu", ["yb"], ["z"], name="relu")], "conv_bn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8, size, size])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.fixture
+def candidate_runs(monkeypatch) -> list[str]:
+    """The thread of every onnxruntime run: the original's run on the reference thread, candidates' elsewhere."""
+    threads: list[str] = []
+    run = validate.Runner.run
+
+    def counted(self, feeds):
+        threads.append(threading.current_thread().name)
+        return run(self, feeds)
+
+    monkeypatch.setattr(validate.Runner, "run", counted)
+    return threads
+
+
+def _fix(model: onnx.ModelProto, passes, **options):
+    options = FixOptions(**options)
+    prepare(model, options)
+    return run_passes(model, options, passes).report
+
+
+def _candidates(threads: list[str]) -> int:
+    return sum(not name.startswith("npufix-reference") for name in threads)
+
+
+def test_an_exact_change_that_moves_no_bit_runs_one_set(candidate_runs):
+    report = _fix(_conv_bn(), [IdentityTail()])
+    record = report.passes[0]
+    assert record.status == "validated", record
+    assert _candidates(candidate_runs) == 1 and len(candidate_runs) == 4  # the original still ran all three
+    assert record.validation.sets_not_run == 2 and record.validation.outputs[0].sets == 1
+    assert report.final.sets_not_run == 2 and report.final.passed
+    assert report.final.to_json()["sets_not_run"] == 2
+
+
+def test_an_exact_change_that_moves_runs_every_set(candidate_runs):
+    report = _fix(_conv_bn(), [FoldBatchNormPass(), IdentityTail()])
+    folded, tail = report.passes
+    assert folded.validation.max_abs > 0, "the fold must move a rounding for this test to mean anything"
+    assert folded.validation.sets_not_run == 0 and folded.validation.outputs[0].sets == 3
+    # The two were checked as one group: it moved, so every set ran, once.
+    assert _candidates(candidate_runs) == 3
+    assert report.final.sets_not_run == 0 and report.final.outputs[0].sets == 3
+
+
+def test_a_wrong_exact_pass_is_caught_on_a_large_set_and_on_every_small_one():
+    # 8,192 N(0, 1) elements: values above 2 in every set, so the first set already shows the Clip.
+    report = _fix(_conv_bn(), [HalfWrong()])
+    assert report.failed_pass.name == "half-wrong" and report.passes[0].validation.sets_not_run == 0
+    # 2 x 4 x 4 = 32 elements: a set may hold nothing the Clip touches; every set runs, as before.
+    small = _fix(_conv_bn(channels=2, size=4), [HalfWrong()])
+    assert small.failed_pass.name == "half-wrong" and small.passes[0].validation.sets_not_run == 0
+    assert small.passes[0].validation.outputs[0].sets == 3
+
+
+def test_small_inputs_and_loaded_data_run_every_set(tmp_path, candidate_runs):
+    report = _fix(_conv_bn(channels=2, size=8), [IdentityTail()])  # 128 input elements per set
+    assert report.passes[0].validation.sets_not_run == 0 and _candidates(candidate_runs) == 3
+    candidate_runs.clear()
+    data = tmp_path / "sets"
+    data.mkdir()
+    gen = np.random.default_rng(3)
+    for k in range(2):
+        np.savez(data / f"{k}.npz", x=gen.standard_normal((1, 8, 32, 32)).astype(np.float32))
+    report = _fix(_conv_bn(), [IdentityTail()], validation_data=str(data))
+    assert report.passes[0].validation.sets_not_run == 0 and _candidates(candidate_runs) == 2
+
+
+def test_after_an_approximate_change_every_set_runs():
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear", name="resize")]
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 32, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 64, 64])], [scales])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    report = _fix(model, [ResizeNearestPass(), IdentityTail()], max_approx_error=1.0)  # rel L2 0.8 on noise
+    resize, tail = report.passes
+    assert resize.status == "validated" and not resize.validation.exact
+    assert tail.status == "validated" and tail.validation.sets_not_run == 0
+    assert report.final.sets_not_run == 0
+
+
+def test_validate_final_runs_the_output_model_on_one_set_when_it_moved_no_bit(candidate_runs):
+    report = _fix(_conv_bn(), [IdentityTail()], validate="final")
+    assert report.final.passed and report.final.sets_not_run == 2
+    assert _candidates(candidate_runs) == 1
+
+
+def test_the_summary_says_how_many_sets_were_not_run(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(_conv_bn(), path)
+    plugin = tmp_path / "tail.py"
+    plugin.write_text(
+        "from onnx import helper\n"
+        "from onnx_npu_fix.passes.base import Change, Pass, PassResult\n\n"
+        "class Tail(Pass):\n"
+        "    '''Route the output through an Identity.'''\n"
+        "    name = 'tail'\n"
+        "    summary = 'route the output through an Identity'\n"
+        "    exact = True\n\n"
+        "    def run(self, model, options):\n"
+        "        out = model.graph.output[0].name\n"
+        "        for node in model.graph.node:\n"
+        "            node.output[:] = [out + '/pre' if o == out else o for o in node.output]\n"
+        "        model.graph.node.append(helper.make_node('Identity', [out + '/pre'], [out], name='tail/id'))\n"
+        "        return PassResult(changes=[Change('tail/id', 'Identity', 'inserted')])\n")
+    result = CliRunner().invoke(main, [str(path), "-o", str(tmp_path / "o.onnx"), "--plugin", str(plugin),
+                                       "--passes", "tail"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "bit-identical on the first of 3 input sets (2 not run)"
+             in line]
+    assert [line.split()[0] for line in lines] == ["tail", "output"], result.output
