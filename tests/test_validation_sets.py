@@ -4,7 +4,7 @@ runs after an approximate change run every set, and the records say which."""
 
 from __future__ import annotations
 
-import threading
+import itertools
 
 import numpy as np
 import onnx
@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_npu_fix import api
 from onnx_npu_fix.cli import main
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
@@ -54,7 +55,8 @@ class HalfWrong(Pass):
 
 
 def _conv_bn(channels: int = 8, size: int = 32) -> onnx.ModelProto:
-    """Conv 3x3 -> BatchNormalization -> Relu on [1, channels, size, size] (8 x 32 x 32 = 8,192 input elements)."""
+    """Conv 3x3 -> BatchNormalization -> Relu on [1, channels, size, size] (8 x 32 x 32 = 8,192 input elements:
+    enough for one set, validate.ONE_SET_MIN_ELEMENTS)."""
     gen = np.random.default_rng(0)
     inits = [numpy_helper.from_array(gen.standard_normal((8, channels, 3, 3)).astype(np.float32), "w"),
              numpy_helper.from_array(gen.uniform(0.5, 1.5, 8).astype(np.float32), "gamma"),
@@ -71,17 +73,21 @@ def _conv_bn(channels: int = 8, size: int = 32) -> onnx.ModelProto:
 
 
 @pytest.fixture
-def candidate_runs(monkeypatch) -> list[str]:
-    """The thread of every onnxruntime run: the original's run on the reference thread, candidates' elsewhere."""
-    threads: list[str] = []
+def runs(monkeypatch) -> dict[int, int]:
+    """How many input sets each onnxruntime session ran, in the order the sessions first ran (the original's on
+    the reference thread first: the first candidate waits for it)."""
+    counts: dict[int, int] = {}
     run = validate.Runner.run
+    serials = itertools.count()
 
     def counted(self, feeds):
-        threads.append(threading.current_thread().name)
+        if not hasattr(self, "serial"):  # id() would not do: a closed session's address is reused
+            self.serial = next(serials)
+        counts[self.serial] = counts.get(self.serial, 0) + 1
         return run(self, feeds)
 
     monkeypatch.setattr(validate.Runner, "run", counted)
-    return threads
+    return counts
 
 
 def _fix(model: onnx.ModelProto, passes, **options):
@@ -90,32 +96,29 @@ def _fix(model: onnx.ModelProto, passes, **options):
     return run_passes(model, options, passes).report
 
 
-def _candidates(threads: list[str]) -> int:
-    return sum(not name.startswith("npufix-reference") for name in threads)
-
-
-def test_an_exact_change_that_moves_no_bit_runs_one_set(candidate_runs):
+def test_an_exact_change_that_moves_no_bit_runs_one_set(runs):
     report = _fix(_conv_bn(), [IdentityTail()])
     record = report.passes[0]
     assert record.status == "validated", record
-    assert _candidates(candidate_runs) == 1 and len(candidate_runs) == 4  # the original still ran all three
+    assert list(runs.values()) == [1, 1]  # the original and the candidate, one set each
     assert record.validation.sets_not_run == 2 and record.validation.outputs[0].sets == 1
     assert report.final.sets_not_run == 2 and report.final.passed
     assert report.final.to_json()["sets_not_run"] == 2
 
 
-def test_an_exact_change_that_moves_runs_every_set(candidate_runs):
+def test_an_exact_change_that_moves_runs_every_set(runs):
     report = _fix(_conv_bn(), [FoldBatchNormPass(), IdentityTail()])
     folded, tail = report.passes
     assert folded.validation.max_abs > 0, "the fold must move a rounding for this test to mean anything"
     assert folded.validation.sets_not_run == 0 and folded.validation.outputs[0].sets == 3
-    # The two were checked as one group: it moved, so every set ran, once.
-    assert _candidates(candidate_runs) == 3
+    # Checked as one group, which moved: the original's first set, the candidate's three, then the original's
+    # other two from its scratch copy.
+    assert list(runs.values()) == [1, 3, 2]
     assert report.final.sets_not_run == 0 and report.final.outputs[0].sets == 3
 
 
 def test_a_wrong_exact_pass_is_caught_on_a_large_set_and_on_every_small_one():
-    # 8,192 N(0, 1) elements: values above 2 in every set, so the first set already shows the Clip.
+    # 8,192 N(0, 1) elements: outputs above 2 in every set, so the first set already shows the Clip.
     report = _fix(_conv_bn(), [HalfWrong()])
     assert report.failed_pass.name == "half-wrong" and report.passes[0].validation.sets_not_run == 0
     # 2 x 4 x 4 = 32 elements: a set may hold nothing the Clip touches; every set runs, as before.
@@ -124,17 +127,17 @@ def test_a_wrong_exact_pass_is_caught_on_a_large_set_and_on_every_small_one():
     assert small.passes[0].validation.outputs[0].sets == 3
 
 
-def test_small_inputs_and_loaded_data_run_every_set(tmp_path, candidate_runs):
+def test_small_inputs_and_loaded_data_run_every_set(tmp_path, runs):
     report = _fix(_conv_bn(channels=2, size=8), [IdentityTail()])  # 128 input elements per set
-    assert report.passes[0].validation.sets_not_run == 0 and _candidates(candidate_runs) == 3
-    candidate_runs.clear()
+    assert report.passes[0].validation.sets_not_run == 0 and list(runs.values()) == [3, 3]
+    runs.clear()
     data = tmp_path / "sets"
     data.mkdir()
     gen = np.random.default_rng(3)
     for k in range(2):
         np.savez(data / f"{k}.npz", x=gen.standard_normal((1, 8, 32, 32)).astype(np.float32))
     report = _fix(_conv_bn(), [IdentityTail()], validation_data=str(data))
-    assert report.passes[0].validation.sets_not_run == 0 and _candidates(candidate_runs) == 2
+    assert report.passes[0].validation.sets_not_run == 0 and list(runs.values()) == [2, 2]
 
 
 def test_after_an_approximate_change_every_set_runs():
@@ -150,10 +153,14 @@ def test_after_an_approximate_change_every_set_runs():
     assert report.final.sets_not_run == 0
 
 
-def test_validate_final_runs_the_output_model_on_one_set_when_it_moved_no_bit(candidate_runs):
+def test_validate_final_runs_the_output_model_on_one_set_when_it_moved_no_bit(runs):
     report = _fix(_conv_bn(), [IdentityTail()], validate="final")
     assert report.final.passed and report.final.sets_not_run == 2
-    assert _candidates(candidate_runs) == 1
+    assert list(runs.values()) == [1, 1]
+    runs.clear()
+    report = _fix(_conv_bn(), [FoldBatchNormPass()], validate="final")
+    assert report.final.passed and report.final.sets_not_run == 0 and report.final.outputs[0].sets == 3
+    assert list(runs.values()) == [1, 3, 2]
 
 
 def test_the_summary_says_how_many_sets_were_not_run(tmp_path):
@@ -180,3 +187,14 @@ def test_the_summary_says_how_many_sets_were_not_run(tmp_path):
     lines = [line for line in result.output.splitlines() if "bit-identical on the first of 3 input sets (2 not run)"
              in line]
     assert [line.split()[0] for line in lines] == ["tail", "output"], result.output
+
+
+def test_the_original_s_other_sets_take_the_frozen_inputs_too(runs):
+    # --freeze-input: the original keeps the input, so the runs of its other sets need its value as well.
+    model = _conv_bn()
+    model.graph.input.append(helper.make_tensor_value_info("gain", TensorProto.FLOAT, []))
+    model.graph.node[-1].output[0] = "z/pre"
+    model.graph.node.append(helper.make_node("Mul", ["z/pre", "gain"], ["z"], name="gain"))
+    result = api.fix(model, FixOptions(freeze_inputs={"gain": "2"}))
+    assert result.ok and [p.name for p in result.report.passes if p.changes] == ["fold-batchnorm"]
+    assert result.report.final.sets_not_run == 0 and list(runs.values()) == [1, 3, 2]

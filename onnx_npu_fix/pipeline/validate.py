@@ -14,8 +14,8 @@ bit those of the model before it is accepted on that set, and the other sets are
 so: ``sets_not_run``). Why one set can do: a wrong exact rewrite (a misplaced weight, a shifted window, a lost
 channel) moves nearly every output element of any N(0, 1) input, and the sets are independent draws from one
 distribution, so the others add only what depends on rare input values; a set of ``ONE_SET_MIN_ELEMENTS`` input
-elements or more holds values beyond 3 sigma in all but about one of four billion draws, and a smaller one is run
-in full (it costs little). Every set is run when anything moved, even within tolerance (a verdict about a size
+elements or more holds values beyond 3 sigma in all but about one of 60,000 draws, and a smaller one is run in
+full (it costs little). Every set is run when anything moved, even within tolerance (a verdict about a size
 depends on the sample), once the run has made an approximate change, and on loaded ``--validation-data`` (the
 user chose those sets). A later candidate that moves is compared, on the sets a predecessor skipped, with the last
 model that ran them (the ones between were exact and bit-identical on the first set); the final comparison covers
@@ -199,9 +199,10 @@ def _malloc_trim() -> Any:
         return None
 
 
-ONE_SET_MIN_ELEMENTS = 8192
+ONE_SET_MIN_ELEMENTS = 4096
 """The input elements a generated set needs before one bit-identical set settles an exact candidate (module
-docstring): at this size, P(no element beyond 3 sigma) = (1 - 0.0027)^8192 < 3e-10."""
+docstring): at this size, P(no element beyond 3 sigma) = (1 - 0.0027)^4096 < 2e-5 (a 4,104-sample audio frame
+qualifies; a 32-element toy input does not, and runs every set)."""
 
 SEGMENT_NODES = 1000
 """A graph with more nodes than this is run as a chain of segments of about this many nodes, one onnxruntime
@@ -317,6 +318,15 @@ def run_model(model: onnx.ModelProto | None, feeds: Sequence[Feeds], *,
         runner.close()
 
 
+def run_file(path: str, feeds: Sequence[Feeds], task: str = "validation") -> list[Outputs]:
+    """The outputs of the model file at ``path`` on every input set (one session, closed after)."""
+    runner = Runner(None, model_path=path)
+    try:
+        return runner.run_all(feeds, task)
+    finally:
+        runner.close()
+
+
 def _run_segments(model: onnx.ModelProto, feeds: Sequence[Feeds], task: str) -> list[Outputs]:
     values: list[Outputs] = [dict(f) for f in feeds]
     constants = {t.name: t for t in model.graph.initializer}
@@ -366,6 +376,10 @@ class Reference:
                  long_graph: bool = False) -> None:
         self._feeds: concurrent.futures.Future = concurrent.futures.Future()
         self._closing = False
+        self._enough_with_one = False
+        self.rerun_path: str | None = None
+        """The scratch copy the original's session was built from (in :attr:`weights`, which outlives this
+        object once taken): where its other input sets can be run later, when the runs stopped early."""
         self._source: str | bytes | None = source
         self._read_from = read_from
         self._identity = identity
@@ -401,12 +415,15 @@ class Reference:
             refused, source = self._read_from or source, None
             runner = self._runner_of_scratch(scratch, digest, refused=refused)
             del refused
+            self.rerun_path = scratch
         try:
             outputs = []
             sets = self._feeds.result()
             for feeds in sets:
                 if self._closing:  # nobody will read them (no pass changed the model): stop between runs
                     break
+                if outputs and self._enough_with_one and self.rerun_path is not None:
+                    break  # the rest, if a candidate moves, from rerun_path (Validator._complete_original)
                 outputs.append(runner.run(feeds))
                 progress.emit(progress.Step("reference outputs", len(outputs), len(sets)))
             return outputs
@@ -454,6 +471,11 @@ class Reference:
     def run(self, feeds: Sequence[Feeds]) -> None:
         """Start the runs on ``feeds`` (once)."""
         self._feeds.set_result(list(feeds))
+
+    def enough_with_one(self) -> None:
+        """From now on, the runs may end after the first input set (after the one under way) when the original
+        can be run again from :attr:`rerun_path`: the outputs then hold fewer sets than were handed over."""
+        self._enough_with_one = True
 
     def outputs(self) -> list[Outputs]:
         """Wait for the outputs; raises what onnxruntime raised (see runtime_errors)."""
@@ -1015,6 +1037,9 @@ class Validator:
         when its outputs there were bit-identical to its predecessor's (then ``_current`` holds, for the others,
         the outputs of the last model that ran them)."""
         self._reference: Reference | None = None
+        self._reference_feeds: Feeds = {}
+        self._rerun_path: str | None = None
+        """The original's scratch copy, when its runs stopped after the first set (:meth:`_complete_original`)."""
         self.all_exact = True
         """Every accepted change was exact (the final comparison's criterion)."""
         self.changed = False
@@ -1058,20 +1083,24 @@ class Validator:
         self._weights = reference.take_weights()
         if approximate and not options.strict and not options.validation_data and approx_model_bytes(model) < TWO_GB:
             self._edge_model = _write_scratch(self._weights, model) or model.SerializeToString()
-        if reference is not None and reference_feeds:
-            self._reference.run([{**feeds, **reference_feeds} for feeds in self.feeds])
-        else:
-            self._reference.run(self.feeds)
+        self._reference_feeds = dict(reference_feeds or {})
+        if not approximate and self._one_set_may_do():
+            reference.enough_with_one()  # the other sets only when a candidate moves
+        self._reference.run([{**feeds, **self._reference_feeds} for feeds in self.feeds])
 
-    def _settle(self, compute: Callable[[], list[Outputs]]) -> None:
+    @staticmethod
+    def _of_original(compute: Callable[[], list[Outputs]]) -> list[Outputs]:
         try:
-            self._original = compute()
+            return compute()
         except runtime_errors() as exc:
             # Without the original's outputs nothing can be validated, and nothing is written unvalidated
             # unless the user asked for it.
             raise InputError(f"onnxruntime cannot run the original model ({first_line(exc)}), so no change "
                              f"could be validated; nothing written (fix the model, or --validate none to write "
                              f"it unvalidated)") from None
+
+    def _settle(self, compute: Callable[[], list[Outputs]]) -> None:
+        self._original = self._of_original(compute)
         blind = blind_output(self._original)
         if blind is not None:
             source = ("the --validation-data inputs" if self.options.validation_data
@@ -1087,8 +1116,24 @@ class Validator:
             reference, self._reference = self._reference, None
             try:
                 self._settle(reference.outputs)
+                self._rerun_path = reference.rerun_path
             finally:
                 reference.close()
+
+    def _complete_original(self) -> None:
+        """The original's outputs on every input set: the runs the reference left out (it stopped after the
+        first set, see :meth:`_one_set_may_do`) from its scratch copy; the last accepted model's outputs on them
+        are the original's too (every candidate since was bit-identical on the first set)."""
+        assert self._original is not None and self._current is not None
+        missing = self.feeds[len(self._original):]
+        if not missing:
+            return
+        assert self._rerun_path is not None, "the reference stops early only with a scratch copy to run again"
+        rest = self._of_original(functools.partial(
+            run_file, self._rerun_path, [{**feeds, **self._reference_feeds} for feeds in missing],
+            "reference outputs"))
+        self._original = [*self._original, *rest]
+        self._current = [*self._current, *rest]
 
     def require_original(self) -> None:
         """Raise InputError unless the original's outputs exist (or validation is off): a run that changed
@@ -1123,10 +1168,15 @@ class Validator:
         change: whether its first set's outputs are ``before``'s bit for bit, so that its other sets need not run
         (the module docstring says why). After an approximate change every set runs: a later verdict about a size
         (the final comparison's) is then made on all of them."""
-        if (not (exact and self.all_exact) or self.options.validation_data or len(self.feeds) < 2
-                or sum(v.size for v in self.feeds[0].values()) < ONE_SET_MIN_ELEMENTS):
+        if not (exact and self.all_exact and self._one_set_may_do()):
             return None
         return lambda first: bit_identical(before, first)
+
+    def _one_set_may_do(self) -> bool:
+        """Whether this run's input sets allow settling a candidate on the first (generated, more than one,
+        ``ONE_SET_MIN_ELEMENTS`` elements or more each)."""
+        return (not self.options.validation_data and len(self.feeds) >= 2
+                and sum(v.size for v in self.feeds[0].values()) >= ONE_SET_MIN_ELEMENTS)
 
     def check(self, model: onnx.ModelProto | Callable[[], onnx.ModelProto], *, exact: bool,
               data: bytes | None = None, on_serialized: Callable[[bytes], None] | None = None,
@@ -1160,8 +1210,11 @@ class Validator:
                                 enough=self._unmoved(exact, current[0]))
         except runtime_errors() as exc:
             return Verdict(f"onnxruntime cannot run the model after this pass: {first_line(exc)}", None, data)
+        if len(outputs) > len(current):
+            self._complete_original()
+            current = self._current
         comparison = self._compare(current[:len(outputs)], outputs, exact=exact)
-        comparison.sets_not_run = len(current) - len(outputs)
+        comparison.sets_not_run = len(self.feeds) - len(outputs)
         if self.all_exact:  # the accepted model computes the original's outputs: more sets can be compared
             comparison = self._at_the_edge(model, data, comparison, self.current, outputs)
         if not comparison.passed:
@@ -1202,8 +1255,11 @@ class Validator:
                 outputs = self._run(model, data, enough=self._unmoved(self.all_exact, original[0]))
             except runtime_errors() as exc:
                 return Comparison(error=f"onnxruntime cannot run the output model: {first_line(exc)}")
+            if len(outputs) > len(original):
+                self._complete_original()
+                original = self.original
         comparison = self._compare(original[:len(outputs)], outputs, exact=self.all_exact)
-        comparison.sets_not_run = len(original) - len(outputs)
+        comparison.sets_not_run = len(self.feeds) - len(outputs)
         return self._at_the_edge(model, data, comparison, original, outputs)
 
     def _at_the_edge(self, model: onnx.ModelProto | Callable[[], onnx.ModelProto], data: bytes | None,
