@@ -269,7 +269,8 @@ def _split_names(value: str | None) -> list[str] | None:
               help="fold-constants does not create constants above this many bytes.")
 @_option(VALIDATION, "--seed", type=int, default=0, show_default=True, help="Seed of the validation inputs (>= 0).")
 @_option(VALIDATION, "--validation-inputs", "n_inputs", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Number of random input sets per validation.")
+              help="Number of random input sets per validation (an exact candidate bit-identical to the model "
+                   "before it on the first set runs only that one: see the manual's Validation page).")
 @_option(VALIDATION, "--rtol", multiple=True, metavar="[OUTPUT:]VALUE",
          help="Relative tolerance of exact passes (default 1e-4); OUTPUT:VALUE sets one graph output's "
               "(repeatable, as polygraphy).")
