@@ -551,6 +551,15 @@ class MappedWeights:
         self._placed: dict[str, tuple[int, int]] = {}
         self._models = 0
         self._kept: str | None = None
+        self._spans: dict[str, tuple[int, list[tuple[int, int, int]]]] = {}
+        """Per model file written by :meth:`write_bytes`: the identity of the bytes object it was written from,
+        and where their large raw weights lie (start, end, offset in the data file), for :meth:`keep` to leave
+        out: only for those very bytes, which the caller holds from one call to the other."""
+        self._recipes: dict[str, tuple[int, list[tuple[int, int, int]]]] = {}
+        """Per kept file written from a scratch model's spans: the length of the bytes kept and the spans, what
+        :meth:`read_kept` joins back."""
+        self.last_written: str | None = None
+        """The model file written last (by :meth:`write` or :meth:`write_bytes`)."""
         self._closed = False
         self._lock = threading.Lock()
 
@@ -596,6 +605,7 @@ class MappedWeights:
         path = os.path.join(self.directory, f"model-{self._models}.onnx")
         with open(path, "wb") as f:
             f.write(shell.SerializeToString())
+        self.last_written = path
         return path
 
     def write_bytes(self, data: bytes) -> str:
@@ -612,37 +622,72 @@ class MappedWeights:
         shell = onnx.ModelProto()
         shell.ParseFromString(b"".join((view[:tag_start], _GRAPH_TAG, _varint(len(graph)), graph, view[end:])))
         del graph
+        spans = []
         with self._lock:
             file = self._open()
             assert self.directory is not None
             for _, a, c in entries:
-                header, raw = _tensor_header(view, a, c)
+                header, raw, start = _tensor_header(view, a, c)
                 if (raw is None or header.data_location == onnx.TensorProto.EXTERNAL
                         or payload_bytes(header) < self.threshold):
                     shell.graph.initializer.add().ParseFromString(view[a:c])
                     continue
+                offset = self._place(file, header.name, raw)
                 ref = shell.graph.initializer.add(name=header.name, data_type=header.data_type, dims=header.dims)
-                for key, value in (("location", "weights.data"), ("offset", str(self._place(file, header.name, raw))),
-                                   ("length", str(len(raw)))):
+                for key, value in (("location", "weights.data"), ("offset", str(offset)), ("length", str(len(raw)))):
                     ref.external_data.add(key=key, value=value)
                 ref.data_location = onnx.TensorProto.EXTERNAL
-            return self._write_shell(shell)
+                spans.append((start, start + len(raw), offset))
+            path = self._write_shell(shell)
+            self._spans[path] = (id(data), spans)
+            return path
 
-    def keep(self, data: bytes) -> str:
-        """``data`` (a serialized model) written to a new file of the directory; returns its path. The pass
-        manager's restore point: read back only for a replay or a rollback; it replaces the one kept before,
-        which is removed (the run goes back no further than the last validated model)."""
+    def keep(self, data: bytes, scratch: str | None = None) -> str:
+        """``data`` (a serialized model) written to a new file of the directory; returns its path, for
+        :meth:`read_kept`. The pass manager's restore point: read back only for a replay or a rollback; it
+        replaces the one kept before, which is removed (the run goes back no further than the last validated
+        model). ``scratch``: a model file :meth:`write_bytes` wrote from these very bytes; then their large raw
+        weights, which the data file holds already, are not written again, only what lies between them (a
+        110 MB U-Net's restore point: kilobytes instead of a copy of the model)."""
+        recipe = self._spans.get(scratch) if scratch is not None else None
+        if recipe is not None and recipe[0] != id(data):
+            recipe = None
         with self._lock:
             self._open()
             assert self.directory is not None
             self._models += 1
             path = os.path.join(self.directory, f"kept-{self._models}.onnx")
+            view, start = memoryview(data), 0
             with open(path, "wb") as f:
-                f.write(data)
+                for a, b, _ in recipe[1] if recipe is not None else ():
+                    f.write(view[start:a])
+                    start = b
+                f.write(view[start:])
             if self._kept is not None:
                 _remove_file(self._kept)
+                self._recipes.pop(self._kept, None)
+            if recipe is not None:
+                self._recipes[path] = (len(data), recipe[1])
             self._kept = path
             return path
+
+    def read_kept(self, path: str) -> bytes:
+        """The bytes :meth:`keep` was given for ``path``: the file, with the raw weights it left out read back
+        from the data file into their places."""
+        with self._lock:
+            recipe = self._recipes.get(path)
+            with open(path, "rb") as f:
+                if recipe is None:
+                    return f.read()
+                data, pieces, start = self._open(), [], 0
+                for a, b, offset in recipe[1]:
+                    pieces.append(f.read(a - start))
+                    data.seek(offset)
+                    pieces.append(_read_exactly(data, b - a))
+                    start = b
+                pieces.append(f.read())
+            # (joined: the pieces and the bytes are two model sizes for a moment, on a replay or rollback only)
+            return b"".join(pieces)
 
     def _place(self, data: Any, name: str, raw: bytes | memoryview) -> int:
         """The offset of ``raw`` (tensor ``name``) in the data file: where it was written, else at the next page."""
@@ -772,6 +817,18 @@ def _graph_field(top: bytes) -> tuple[int, int, int]:
     return found[0]
 
 
+def _read_exactly(file: Any, size: int) -> bytes:
+    """``size`` bytes from an unbuffered ``file`` (one read may return fewer)."""
+    parts = []
+    while size > 0:
+        part = file.read(size)
+        if not part:
+            raise OSError("the scratch data file is shorter than a weight placed in it")
+        parts.append(part)
+        size -= len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 def _same_bytes(file: Any, raw: bytes | memoryview, block: int = 1 << 20) -> bool:
     """Whether ``file`` holds ``raw`` from where it stands: compared a block at a time as bytes (a memoryview
     compares byte by byte through its item format, ~30x slower; a copy of a whole weight would be a transient)."""
@@ -805,22 +862,23 @@ def _wire_fields(data: Any, start: int, end: int) -> Iterator[tuple[int, int, in
         yield key >> 3, field_start, value_start, pos
 
 
-def _tensor_header(view: memoryview, start: int, end: int) -> tuple[onnx.TensorProto, memoryview | None]:
+def _tensor_header(view: memoryview, start: int,
+                   end: int) -> tuple[onnx.TensorProto, memoryview | None, int]:
     """The TensorProto serialized in ``view[start:end]`` without its raw data (an empty ``raw_data`` stands in
-    for it), and that raw data as a view of ``view`` (None without)."""
-    other, raw = [], None
+    for it), that raw data as a view of ``view`` (None without), and where in ``view`` it starts."""
+    other, raw, raw_start = [], None, 0
     for number, field_start, value_start, value_end in _wire_fields(view, start, end):
         if number == 9:
             if raw is not None:
                 raise ValueError("raw_data given twice in a serialized TensorProto")
-            raw = view[value_start:value_end]
+            raw, raw_start = view[value_start:value_end], value_start
         else:
             other.append(view[field_start:value_end])
     header = onnx.TensorProto()
     header.ParseFromString(b"".join(other))
     if raw is not None:
         header.raw_data = b""
-    return header, raw
+    return header, raw, raw_start
 
 
 def serialize_model(model: onnx.ModelProto) -> bytes:

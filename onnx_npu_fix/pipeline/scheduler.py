@@ -281,13 +281,16 @@ class RestorePoint:
     kind: RestoreKind
     index: int = 0
     records: int = 0
-    model: bytes | str | onnx.ModelProto | None = None
-    """The serialized model (BYTES), the file holding it (FILE) or its copy (COPY)."""
+    model: bytes | str | Callable[[], bytes] | onnx.ModelProto | None = None
+    """The serialized model (BYTES), the file holding it or what reads it back (FILE: Validator.read_kept) or its
+    copy (COPY)."""
 
     @property
     def data(self) -> bytes | None:
         """The model's bytes, when this point holds them (read back for FILE)."""
         if self.kind is RestoreKind.FILE:
+            if callable(self.model):
+                return self.model()
             assert isinstance(self.model, str)
             with open(self.model, "rb") as f:
                 return f.read()
@@ -601,15 +604,16 @@ class _Run:
         del self.report.passes[self.point.records:]
         return Outcome.REPLAY
 
-    def _validated(self, data: bytes | None, last: bool) -> RestorePoint:
-        """The free way back to the model a validation just accepted (``data``: its bytes): those bytes, or, for
-        a large model with passes still to run, the file they are kept in (RestoreKind.FILE)."""
+    def _validated(self, data: bytes | None, last: bool, scratch: str | None = None) -> RestorePoint:
+        """The free way back to the model a validation just accepted (``data``: its bytes; ``scratch``: the file
+        its session ran from): those bytes, or, for a large model with passes still to run, the file they are kept
+        in (RestoreKind.FILE)."""
         if data is None:
             return _CHANGED
         if not last and len(data) >= KEEP_ON_DISK:
-            path = self.validator.keep(data)
+            path = self.validator.keep(data, scratch)
             if path is not None:
-                return RestorePoint(RestoreKind.FILE, model=path)
+                return RestorePoint(RestoreKind.FILE, model=functools.partial(self.validator.read_kept, path))
         return RestorePoint(RestoreKind.BYTES, model=data)
 
     def _serialize(self) -> bytes | None:
@@ -665,7 +669,7 @@ class _Run:
         records[-1].validate_seconds += time.perf_counter() - t0
         if verdict.passed:
             self.group = []
-            self.here = self._validated(verdict.data, last)
+            self.here = self._validated(verdict.data, last, verdict.scratch)
             return self._settle(records, Outcome.VALIDATED)
         if len(records) > 1:
             return self._replay(self.group[-1].index)

@@ -1007,6 +1007,9 @@ class Verdict:
     """Its outputs against the last accepted model's (None when it could not run: checker, onnxruntime)."""
     data: bytes | None
     """The candidate serialized (None above 2 GB): reused by a later restore or by save_model."""
+    scratch: str | None = None
+    """The model file onnxruntime ran it from (io.save.MappedWeights.write_bytes), when it did: :meth:`Validator.
+    keep` writes a restore point of it without the weights that file's data holds already."""
 
     @property
     def passed(self) -> bool:
@@ -1205,9 +1208,11 @@ class Validator:
             on_serialized(data)
         current = self.current
         assert current is not None  # the original ran (else _wait raised)
+        written = self._weights.last_written
         try:
             outputs = self._run(None if callable(model) else model, data, task=task,
                                 enough=self._unmoved(exact, current[0]))
+            scratch = self._weights.last_written if self._weights.last_written != written else None
         except runtime_errors() as exc:
             return Verdict(f"onnxruntime cannot run the model after this pass: {first_line(exc)}", None, data)
         if len(outputs) > len(current):
@@ -1227,15 +1232,20 @@ class Validator:
             return Verdict(f"validation failed on {detail}", comparison, data)
         self.accept(exact=exact)
         self._current, self._fresh = [*outputs, *current[len(outputs):]], len(outputs)
-        return Verdict(None, comparison, data)
+        return Verdict(None, comparison, data, scratch)
 
-    def keep(self, data: bytes) -> str | None:
+    def keep(self, data: bytes, scratch: str | None = None) -> str | None:
         """``data`` (a validated model's bytes) written to the run's scratch directory, for a restore point that
-        does not sit in memory; its path, or None when the file system refuses (the caller keeps the bytes)."""
+        does not sit in memory (``scratch``: the file its session ran from, Verdict.scratch); its path, for
+        :meth:`read_kept`, or None when the file system refuses (the caller keeps the bytes)."""
         try:
-            return self._weights.keep(data)
+            return self._weights.keep(data, scratch)
         except OSError:
             return None
+
+    def read_kept(self, path: str) -> bytes:
+        """The bytes kept at ``path`` by :meth:`keep`."""
+        return self._weights.read_kept(path)
 
     def accept(self, *, exact: bool) -> None:
         """A change is kept (by :meth:`check`, or unvalidated): the final comparison covers it."""
