@@ -797,15 +797,29 @@ def _unet_like() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8, producer_name="t")
 
 
-@pytest.mark.parametrize("chunk", [1, 700, 1 << 20])
-def test_serialized_parts_join_to_the_bytes_protobuf_writes(monkeypatch, fixture_path, chunk):
+def _raw_tensor_with_every_kind_of_field() -> onnx.TensorProto:
+    """A raw tensor with fields numbered below and above raw_data (9): segment (3), name (8), doc_string (12),
+    metadata_props (16): protobuf writes them in number order around the bytes."""
+    tensor = numpy_helper.from_array(np.arange(300, dtype=np.float32), "fields")
+    tensor.segment.begin, tensor.segment.end = 0, 300
+    tensor.doc_string = "after raw_data"
+    tensor.metadata_props.add(key="k", value="v")
+    return tensor
+
+
+@pytest.mark.parametrize("chunk,raw_entry", [(1, 1 << 30), (700, 1 << 30), (1 << 20, 1 << 30), (1 << 20, 1)])
+def test_serialized_parts_join_to_the_bytes_protobuf_writes(monkeypatch, fixture_path, chunk, raw_entry):
     """The pieces an owned run serializes a model in (a transient of one run of weights, not protobuf's ~2.4 model
-    sizes) are byte for byte SerializeToString, with runs of any size; a model with unknown fields of its own is
-    serialized whole."""
+    sizes) are byte for byte SerializeToString, with runs of any size and large raw tensors written field by field
+    (RAW_ENTRY); a model with unknown fields of its own is serialized whole."""
     from onnx_npu_fix.io import save
 
     monkeypatch.setattr(save, "SERIALIZE_CHUNK", chunk)
-    for model in (_unet_like(), api.load_model(fixture_path("tcn.onnx")), api.load_model(fixture_path("unet.onnx"))):
+    monkeypatch.setattr(save, "RAW_ENTRY", raw_entry)
+    fields = _unet_like()
+    fields.graph.initializer.append(_raw_tensor_with_every_kind_of_field())
+    for model in (_unet_like(), fields, api.load_model(fixture_path("tcn.onnx")),
+                  api.load_model(fixture_path("unet.onnx"))):
         parts = save.serialized_parts(model)
         assert b"".join(parts) == model.SerializeToString()
         assert len(parts) > 4  # really in pieces: shell head, graph tag, initializer runs, tail

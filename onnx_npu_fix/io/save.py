@@ -757,24 +757,48 @@ _INITIALIZER_TAG = bytes([5 << 3 | 2])  # GraphProto.initializer: field 5, lengt
 
 def _initializer_runs(initializers: Any) -> Iterator[bytes]:
     """The serialized ``initializer`` entries of a graph, in order: runs of small tensors copied into a scratch
-    GraphProto (whose bytes are exactly those entries), a tensor above :data:`SERIALIZE_CHUNK` on its own."""
+    GraphProto (whose bytes are exactly those entries), a tensor of :data:`RAW_ENTRY` raw bytes or more written
+    field by field (:func:`_raw_entry`)."""
     run: list[onnx.TensorProto] = []
     held = 0
     for tensor in initializers:
         size = payload_bytes(tensor)
+        if size >= RAW_ENTRY and tensor.HasField("raw_data") and not _unknown_fields(tensor):
+            if run:
+                yield _entries(run)
+                run, held = [], 0
+            yield from _raw_entry(tensor)
+            continue
         if run and held + size > SERIALIZE_CHUNK:
             yield _entries(run)
             run, held = [], 0
-        if size > SERIALIZE_CHUNK:
-            data = tensor.SerializeToString()
-            yield _INITIALIZER_TAG + _varint(len(data))
-            yield data
-            del data
-            continue
         run.append(tensor)
         held += size
     if run:
         yield _entries(run)
+
+
+RAW_ENTRY = 1 << 16
+"""A raw tensor this large is serialized by :func:`_raw_entry`, its bytes copied once (by protobuf: copied into
+a scratch graph, encoded into a buffer that doubles, copied out: 0.18 s CPU for a 110 MB U-Net's weights against
+0.06 s)."""
+
+_RAW_DATA_FIELD = 9  # TensorProto.raw_data
+
+
+def _raw_entry(tensor: onnx.TensorProto) -> Iterator[bytes]:
+    """``tensor``'s ``initializer`` entry as protobuf writes it (its fields in number order): the tag and
+    length, the fields numbered below raw_data, raw_data's tag, length and bytes, the fields above it. Only the
+    small fields go through protobuf; the bytes are read out of the message once."""
+    below, above = onnx.TensorProto(), onnx.TensorProto()
+    for desc, value in tensor.ListFields():
+        if desc.number != _RAW_DATA_FIELD:
+            _copy_field(below if desc.number < _RAW_DATA_FIELD else above, desc, value)
+    head, tail, raw = below.SerializeToString(), above.SerializeToString(), tensor.raw_data
+    raw_tag = bytes([_RAW_DATA_FIELD << 3 | 2]) + _varint(len(raw))
+    yield _INITIALIZER_TAG + _varint(len(head) + len(raw_tag) + len(raw) + len(tail)) + head + raw_tag
+    yield raw
+    yield tail
 
 
 def _entries(tensors: list[onnx.TensorProto]) -> bytes:
@@ -892,16 +916,20 @@ def _copy_without_initializers(model: onnx.ModelProto, target: onnx.ModelProto) 
     _copy_fields(model.graph, target.graph, skip="initializer")
 
 
+def _copy_field(target: Any, desc: Any, value: Any) -> None:
+    """Set field ``desc`` of ``target`` to ``value`` (as read from another message's ListFields)."""
+    if getattr(desc, "is_repeated", None) or getattr(desc, "label", None) == 3:  # 3: LABEL_REPEATED
+        getattr(target, desc.name).extend(value)
+    elif desc.message_type is not None:
+        getattr(target, desc.name).CopyFrom(value)
+    else:
+        setattr(target, desc.name, value)
+
+
 def _copy_fields(source: Any, target: Any, *, skip: str) -> None:
     for desc, value in source.ListFields():
-        if desc.name == skip:
-            continue
-        if getattr(desc, "is_repeated", None) or getattr(desc, "label", None) == 3:  # 3: LABEL_REPEATED
-            getattr(target, desc.name).extend(value)
-        elif desc.message_type is not None:
-            getattr(target, desc.name).CopyFrom(value)
-        else:
-            setattr(target, desc.name, value)
+        if desc.name != skip:
+            _copy_field(target, desc, value)
 
 
 def strict_json(value: Any) -> Any:
