@@ -689,6 +689,23 @@ def test_a_long_graph_runs_in_segments_with_the_outputs_of_the_whole(monkeypatch
         assert a["out"].tobytes() == b["out"].tobytes()  # bit-identical, not merely close
 
 
+def test_a_long_graph_is_cut_into_segments_shorter_than_the_threshold(monkeypatch):
+    # When to cut (SEGMENT_NODES) and how long a segment is (SEGMENT_LENGTH: shorter sessions cost onnxruntime
+    # less per node) are two settings; the outputs are the same bytes either way.
+    from onnx_npu_fix.pipeline import validate
+
+    model = _bn_chain()
+    feeds = make_inputs(model, 2, 0)
+    whole = validate.run_model(None, feeds, data=model.SerializeToString())
+    monkeypatch.setattr(validate, "SEGMENT_NODES", 10)
+    monkeypatch.setattr(validate, "SEGMENT_LENGTH", 3)
+    segments = validate.plan_segments(model)
+    assert validate.segmented(model) and len(segments) == 7
+    assert all(s.stop - s.start <= 3 for s in segments)
+    for a, b in zip(whole, validate.run_model(model, feeds)):
+        assert a["out"].tobytes() == b["out"].tobytes()
+
+
 def _record_of(path, tmp_path, tag):
     report = tmp_path / f"{tag}.json"
     result = CliRunner().invoke(main, [str(path), "-o", str(tmp_path / f"{tag}.onnx"), "--align", "8",

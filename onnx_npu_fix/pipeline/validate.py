@@ -205,8 +205,16 @@ docstring): at this size, P(no element beyond 3 sigma) = (1 - 0.0027)^4096 < 2e-
 qualifies; a 32-element toy input does not, and runs every set)."""
 
 SEGMENT_NODES = 1000
-"""A graph with more nodes than this is run as a chain of segments of about this many nodes, one onnxruntime
-session at a time (see :func:`run_model`)."""
+"""A graph with more nodes than this is run as a chain of segments (at most this many nodes each, see
+:data:`SEGMENT_LENGTH`), one onnxruntime session at a time (see :func:`run_model`)."""
+
+SEGMENT_LENGTH = 250
+"""How many nodes a segment holds. onnxruntime's session creation grows faster than the graph even at this
+scale (per session about n^1.2 in nodes, measured from 50 to 2000: load, initialization and the session's
+destruction 34-41 µs a node in 250-node sessions, 48-61 µs in 1000-node ones, with graph optimizations off), so
+shorter segments cost less: a segmented run of the 30k-node Conv+BatchNorm+Relu chain 1.85 s CPU instead of 2.23,
+of the 100k-node one 5.3 s instead of 8.1. Below about 100 nodes the sessions' fixed costs (and npufix's per
+segment) take the gain back. The outputs are the same bytes at any length (each node runs the same kernel)."""
 
 _UNSEGMENTABLE_OPS = ("Sequence", "Optional")
 """Op types holding these words make or take values other than tensors, which a segment's inputs cannot carry."""
@@ -243,9 +251,9 @@ class _Segment:
 
 def plan_segments(model: onnx.ModelProto, size: int | None = None) -> list[_Segment]:
     """``model``'s nodes (topologically sorted, as the checker requires) cut into runs of ``size`` nodes
-    (default :data:`SEGMENT_NODES`)."""
+    (default :data:`SEGMENT_LENGTH`, never more than :data:`SEGMENT_NODES`)."""
     graph = model.graph
-    size = size or SEGMENT_NODES
+    size = size or min(SEGMENT_LENGTH, SEGMENT_NODES)
     constants = {t.name for t in graph.initializer}
     cuts = list(range(0, len(graph.node), size)) + [len(graph.node)]
     needed_later = {o.name for o in graph.output}
@@ -301,11 +309,11 @@ def run_model(model: onnx.ModelProto | None, feeds: Sequence[Feeds], *,
     Runner.run_all (a graph run in segments runs every set: each segment takes them all in turn).
 
     One session, unless the graph is long (:func:`segmented`): onnxruntime's session creation grows faster than
-    the graph (about n^1.5 in nodes and initializers: 2.3 s CPU at 10k nodes, 27 s at 30k), so a long graph runs
-    as a chain of :data:`SEGMENT_NODES`-node segments, one session at a time, every input set through each, the
-    tensors between them carried by name. Graph optimizations are off (Runner), so each node runs the same
-    kernel on the same values as in the whole graph: the outputs are bit-identical, and only one segment's
-    weights are in a session at a time."""
+    the graph (n^1.5 to n^2 in nodes: 1.2 s CPU at 10k nodes of a Conv+BatchNorm+Relu chain, 4.7-6.3 s at 30k,
+    74 s at 100k), so a long graph runs as a chain of :data:`SEGMENT_LENGTH`-node segments, one session at a
+    time, every input set through each, the tensors between them carried by name. Graph optimizations are off
+    (Runner), so each node runs the same kernel on the same values as in the whole graph: the outputs are
+    bit-identical, and only one segment's weights are in a session at a time."""
     if model is not None and segmented(model, len(data) if data is not None else None):
         try:
             return _run_segments(model, feeds, task)
