@@ -16,6 +16,7 @@ import onnx.external_data_helper
 from google.protobuf.message import DecodeError
 
 from onnx_npu_fix.errors import InputError, first_line
+from onnx_npu_fix.io.heap import release_freed_memory
 from onnx_npu_fix.ir.graph import (
     TWO_GB,
     approx_model_bytes,
@@ -136,6 +137,8 @@ def _passes_checker(raw: bytes) -> bool:
         onnx.checker.check_model(raw)
     except Exception:  # noqa: BLE001 - any refusal: read_model judges the parsed model and says why
         return False
+    finally:
+        release_freed_memory()  # what its C++ copy of the model left in the heap (heap.py)
     return True
 
 
@@ -245,6 +248,7 @@ def prepare(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | 
     name_unnamed_nodes(model.graph)
     try:
         infer_shapes(model, light=light)
+        release_freed_memory()  # what shape inference's copies left in the heap (heap.py)
     except Exception as exc:  # noqa: BLE001 - onnx raises several types; all mean the same to the user
         if strict:
             raise InputError(f"shape inference fails on the input model: {first_line(exc)}; "

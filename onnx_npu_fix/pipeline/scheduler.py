@@ -812,4 +812,6 @@ def refresh_shapes(model: onnx.ModelProto) -> str | None:
         infer_shapes(model)
     except Exception as exc:  # noqa: BLE001
         return f"shape inference fails after this pass: {first_line(exc)}"
+    finally:
+        release_freed_memory()  # what shape inference's copies left in the heap (io/heap.py)
     return None

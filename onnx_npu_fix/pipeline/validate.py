@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextvars
-import ctypes
 import functools
 import hashlib
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -41,6 +39,7 @@ import onnx
 from onnx_npu_fix import progress
 from onnx_npu_fix.config.options import check_output_names
 from onnx_npu_fix.errors import InputError, first_line
+from onnx_npu_fix.io.heap import release_freed_memory
 from onnx_npu_fix.io.load import FileIdentity, file_identity
 from onnx_npu_fix.io.save import MappedWeights
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, subgraphs
@@ -178,27 +177,6 @@ def _parsed(data: bytes) -> onnx.ModelProto:
 def _made(model: onnx.ModelProto | Callable[[], onnx.ModelProto] | None) -> onnx.ModelProto:
     assert model is not None
     return model() if callable(model) else model
-
-
-def release_freed_memory() -> None:
-    """Hand the memory a closed session freed back to the system (glibc's ``malloc_trim``; nothing elsewhere).
-    glibc keeps large freed blocks in its heap once its mmap threshold has risen past them, so the next
-    session's weights and the next candidate's bytes came on top of the last session's: at a 110 MB U-Net,
-    1.03 GB peak, 0.89 GB with this."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.lru_cache(maxsize=1)
-def _malloc_trim() -> Any:
-    """glibc's ``malloc_trim``, or None (another C library, another system)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
 
 
 ONE_SET_MIN_ELEMENTS = 4096

@@ -1,0 +1,34 @@
+"""The process's heap: memory freed in C and C++ handed back to the system.
+
+glibc keeps what large freed allocations leave in its heap once its mmap threshold has risen past them, and the
+many small blocks of a parsed or checked graph (the onnx checker's C++ copy of a model, shape inference's) with
+them: what came next (a session's weights, a candidate's bytes, the next pass's index) came on top. Measured:
+a validated 110 MB U-Net peaked at 1.03 GB without a trim after each session, 0.89 GB with; on a 30k-node chain
+the checker left 98 MB behind and strict shape inference 154 MB, which a trim gave back (233 -> 133 MB and
+284 -> 130 MB).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import sys
+from typing import Any
+
+
+def release_freed_memory() -> None:
+    """Hand what was freed back to the system (glibc's ``malloc_trim``; nothing on another C library)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or None (another C library, another system)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
