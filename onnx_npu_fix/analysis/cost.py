@@ -28,6 +28,7 @@ from onnx_npu_fix.ir.graph import (
     copy_model,
     format_bytes,
     has_subgraphs,
+    may_hold_subgraphs,
     node_macs,
     payload_bytes,
     subgraphs,
@@ -79,6 +80,7 @@ def model_cost(model: onnx.ModelProto, act_bytes: int = 1, index: GraphIndex | N
     ops: dict[str, int] = {}
     macs = 0
     blind = 0  # convs whose MACs need a shape that is not static
+    bodies: list[onnx.GraphProto] = []
     for node in nodes:
         op = node.op_type if is_default_domain(node) else f"{node.domain}.{node.op_type}"
         ops[op] = ops.get(op, 0) + 1
@@ -86,8 +88,9 @@ def model_cost(model: onnx.ModelProto, act_bytes: int = 1, index: GraphIndex | N
             n = node_macs(index, node)
             macs += n
             blind += n == 0 and _shapes_unknown(index, node)
+        if may_hold_subgraphs(node):  # in this walk: a second one for the few bodies cost 0.07 s at 100k nodes
+            bodies.extend(subgraphs(node))
     weights = sum(payload_bytes(t) for t in model.graph.initializer)
-    bodies = [g for node in nodes if has_subgraphs(node) for g in subgraphs(node)]
     while bodies:
         body = bodies.pop()
         weights += sum(payload_bytes(t) for t in body.initializer)

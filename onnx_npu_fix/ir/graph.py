@@ -217,17 +217,24 @@ class GraphIndex:
     def unique_name(self, base: str) -> str:
         """A tensor/node name not used anywhere in the graph, derived from ``base``; reserved on return."""
         if self._names is None:  # built on the first request: many passes never name anything
-            names = set(self.producer) | set(self.consumers) | set(self.initializers)
-            names.update(n.name for n in self.graph.node)
+            # The names no map holds; a tensor name is looked up in the maps themselves, which the index never
+            # changes (a union of them cost 0.12 s at 100k nodes on the first name a pass asks for).
+            names = {n.name for n in self.graph.node}
             names.update(self.graph_inputs)
             names.update(self.graph_outputs)
             self._names = names
         name = base
         counter = itertools.count(1)
-        while name in self._names:
+        while self._taken(name):
             name = f"{base}_{next(counter)}"
         self._names.add(name)
         return name
+
+    def _taken(self, name: str) -> bool:
+        """Whether ``name`` names a tensor or node of the graph, or was handed out by :meth:`unique_name`."""
+        assert self._names is not None
+        return (name in self._names or name in self.producer or name in self.consumers
+                or name in self.initializers)
 
 
 def shape_of_value_info(vi: onnx.ValueInfoProto) -> Shape | None:
@@ -509,8 +516,12 @@ def remove_unused_initializers(graph: onnx.GraphProto) -> list[str]:
     return _drop_initializers(graph, used)
 
 
-def _drop_initializers(graph: onnx.GraphProto, used: set[str]) -> list[str]:
-    removed = [name for name in (t.name for t in graph.initializer) if name not in used]
+def _drop_initializers(graph: onnx.GraphProto, used: set[str], names: list[str] | None = None) -> list[str]:
+    """Drop the initializers not in ``used``; ``names``: every initializer's name in order, when read already
+    (a read of 166k names costs 0.06 s at 100k nodes)."""
+    if names is None:
+        names = [t.name for t in graph.initializer]
+    removed = [name for name in names if name not in used]
     if removed:
         # A stable sort moves the unused ones to the end without copying a tensor (copies cost seconds and
         # gigabytes on a 2 GB model); then they are cut off.
@@ -534,13 +545,14 @@ def remove_unused(model: onnx.ModelProto) -> tuple[list[onnx.NodeProto], list[st
     collects anyway."""
     graph = model.graph
     nodes, dead, needed = _find_dead(graph)
-    if any(not t.name for t in graph.initializer):
+    names = [t.name for t in graph.initializer]  # read once: the test below and the drop
+    if "" in names:
         # An unnamed initializer is "used" by any absent optional input, which the walk does not record.
         return remove_dead_nodes(model), remove_unused_initializers(graph)
     if dead:
         _drop_nodes(graph.node, dead)
     needed.update(i.name for i in graph.input)  # the model's interface: never removed
-    return [n for n in nodes if id(n) in dead], _drop_initializers(graph, needed)
+    return [n for n in nodes if id(n) in dead], _drop_initializers(graph, needed, names)
 
 
 def unused_after(model: onnx.ModelProto, *, gone: Container[int] = frozenset(),
@@ -552,11 +564,12 @@ def unused_after(model: onnx.ModelProto, *, gone: Container[int] = frozenset(),
     graph = model.graph
     nodes, dead, needed = _find_dead(graph, gone, bypassed)
     needed.update(i.name for i in graph.input)  # the model's interface: never removed
-    if any(not t.name for t in graph.initializer) and any(
+    names = [t.name for t in graph.initializer]  # read once: the test below and the answer
+    if "" in names and any(
             not name for n in nodes if id(n) not in dead and id(n) not in gone and id(n) not in bypassed
             for name in n.input):
         needed.add("")  # an unnamed initializer is "used" by any absent optional input (remove_unused)
-    return [n for n in nodes if id(n) in dead], [t.name for t in graph.initializer if t.name not in needed]
+    return [n for n in nodes if id(n) in dead], [name for name in names if name not in needed]
 
 
 def drop_nodes(model: onnx.ModelProto, nodes: Iterable[onnx.NodeProto]) -> None:

@@ -72,7 +72,13 @@ from onnx_npu_fix.ir.graph import (
     subgraphs,
 )
 from onnx_npu_fix.ir.ops import NUMPY_FLOAT_TYPES, is_default_domain
-from onnx_npu_fix.ir.qdq import QuantizedConst
+from onnx_npu_fix.ir.qdq import (
+    QuantizedConst,
+    dequantizer_of,
+    quant_params,
+    quantized_const,
+    store_quantized,
+)
 from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
 
 _FLOAT_TYPES = NUMPY_FLOAT_TYPES  # the types the fold computes in
@@ -864,8 +870,6 @@ class _QdqFold:
 
 def _qdq_value(index: GraphIndex, name: str) -> np.ndarray | None:
     """A float constant, or the value of a DequantizeLinear of one (QDQ models quantize BN parameters too)."""
-    from onnx_npu_fix.ir.qdq import quantized_const
-
     value = _const(index, name)
     if value is not None:
         return value.astype(np.float64) if value.dtype.kind == "f" else None
@@ -876,8 +880,6 @@ def _qdq_value(index: GraphIndex, name: str) -> np.ndarray | None:
 def _qdq_fold_plan(index: GraphIndex, bn: onnx.NodeProto) -> tuple[_QdqFold | None, str | None]:
     """The QDQ fold of ``bn`` (None, None when the BN is not in that pattern; None, reason when it is but
     cannot be folded)."""
-    from onnx_npu_fix.ir.qdq import dequantizer_of, quant_params, quantized_const
-
     dq1 = index.producer.get(bn.input[0])
     if dq1 is None or dq1.op_type != "DequantizeLinear":
         return None, None
@@ -990,8 +992,6 @@ def _qdq_fold_values(index: GraphIndex, fold: _QdqFold) -> tuple[_QdqFolded | No
 
 
 def _apply_qdq_fold(index: GraphIndex, editor: GraphEditor, fold: _QdqFold) -> Change:
-    from onnx_npu_fix.ir.qdq import quant_params, store_quantized
-
     conv, values = fold.conv, fold.values
     assert values is not None
     channels = values.bias_q.size
