@@ -86,9 +86,11 @@ def list_passes(plugins: Sequence[str | type[Pass]] = ()) -> list[tuple[type[Pas
     return rows
 
 
-def start_reference(source: LoadedModel | str | os.PathLike, options: FixOptions) -> Reference | None:
+def start_reference(source: LoadedModel | str | os.PathLike, options: FixOptions, *,
+                    start: bool = True) -> Reference | None:
     """Start computing the original's outputs on a worker thread, while the passes run (pass the result to
-    :func:`fix`, and close it when done). ``source``: what :func:`read_model` returned; onnxruntime should only
+    :func:`fix`, and close it when done; ``start`` False: call its ``start`` once it is held where it will be
+    closed, see validate.Reference). ``source``: what :func:`read_model` returned; onnxruntime should only
     see models the onnx checker passed. The reference is the model as read: for a self-contained file,
     onnxruntime loads the file and the bytes read (``source.data``, taken over and let go once hashed) prove that
     it loaded those bytes — a file replaced or removed meanwhile stops the run with InputError (see
@@ -108,14 +110,14 @@ def start_reference(source: LoadedModel | str | os.PathLike, options: FixOptions
         if approx_model_bytes(source.model) >= TWO_GB:
             return None
         data = source.model.SerializeToString()
-        return Reference(data, long_graph=segmented(source.model, len(data)))
+        return Reference(data, long_graph=segmented(source.model, len(data)), start=start)
     path = os.path.abspath(source.path)
     long_graph = segmented(source.model, len(data))
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:  # onnxruntime only opens UTF-8 paths: it gets the bytes read instead
-        return Reference(data, long_graph=long_graph)
-    return Reference(data, read_from=path, identity=source.identity, long_graph=long_graph)
+        return Reference(data, long_graph=long_graph, start=start)
+    return Reference(data, read_from=path, identity=source.identity, long_graph=long_graph, start=start)
 
 
 def fix(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None = None,
@@ -158,6 +160,8 @@ def _fix_in_place(owned: OwnedModel, options: FixOptions | None = None,
     reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options, reference)
     frozen, own_reference = _freeze(owned.model, options, reference)
     try:
+        if own_reference is not None:
+            own_reference.start()  # now that the finally below closes it
         result = run_passes(owned, options, list(passes) if passes is not None else select_passes(),
                             reference=reference or own_reference, on_serialized=on_serialized, reload=reload,
                             reference_feeds={name: f.value for name, f in frozen.items()}, keep_inputs=keep_inputs,
@@ -205,7 +209,9 @@ def _freeze(model: onnx.ModelProto, options: FixOptions,
         infer_shapes(model)
     except Exception as exc:  # noqa: BLE001 - onnx raises several types; all mean the same to the user
         raise InputError(f"shape inference fails once the inputs are frozen: {first_line(exc)}") from None
-    return frozen, (Reference(original, long_graph=segmented(model, len(original))) if original is not None else None)
+    if original is None:
+        return frozen, None
+    return frozen, Reference(original, long_graph=segmented(model, len(original)), start=False)
 
 
 def _read_prepared(path: str, options: FixOptions, reference: Reference | None = None) -> onnx.ModelProto:
@@ -434,7 +440,9 @@ def _load_and_fix(job: _RunState, chosen: list[Pass], early: EarlyWrite) -> FixR
     try:
         loaded = read_model(job.input_path, keep_bytes=True)
         # Only a model that passed the onnx checker goes to onnxruntime: malformed graphs can crash it.
-        reference = start_reference(loaded, job.options)
+        reference = start_reference(loaded, job.options, start=False)
+        if reference is not None:
+            reference.start()  # now that the finally below closes it
         check_output_path(job.output, job.input_path, protected=loaded.external_files)
         if job.report_path:
             check_run_paths(job.input_path, job.output, job.report_path, loaded.external_files)

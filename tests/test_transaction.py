@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import onnx
@@ -387,3 +388,38 @@ def test_a_signal_while_the_output_path_is_probed_leaves_no_empty_output(tmp_pat
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 143, done.stderr
     assert sorted(os.listdir(work)) == ["in.onnx"]
+
+
+@pytest.mark.parametrize("when", ["constructed", "started"])
+def test_a_signal_as_the_reference_starts_leaves_no_worker_and_no_scratch_directory(tmp_path, model_bytes,
+                                                                                    monkeypatch, when):
+    """The original's worker thread writes its scratch model and waits for the input sets. A SIGINT landing
+    after it started but before the run held it where its ``finally`` closes it left the thread waiting forever
+    (the interpreter's exit waiting on it) and its scratch directory behind: the worker now starts only once the
+    run holds it. Fired here right after the constructor returns, and right after start()."""
+    from onnx_npu_fix import api
+    from onnx_npu_fix.pipeline import validate
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    real_start = validate.Reference.start
+
+    class Interrupted(validate.Reference):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if when == "constructed":
+                raise KeyboardInterrupt
+
+        def start(self):
+            started = real_start(self)
+            if when == "started":
+                raise KeyboardInterrupt
+            return started
+
+    monkeypatch.setattr(api, "Reference", Interrupted)
+    work = _work(tmp_path, model_bytes)
+    result = CliRunner().invoke(main, [str(work / "in.onnx"), "-o", str(work / "out.onnx"), "-q"])
+    assert result.exit_code == 130, result.output
+    assert not [t for t in threading.enumerate() if t.name.startswith("npufix-reference")]
+    assert os.listdir(scratch) == [] and sorted(os.listdir(work)) == ["in.onnx"]

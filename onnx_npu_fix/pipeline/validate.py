@@ -364,7 +364,10 @@ class Reference:
     """
 
     def __init__(self, source: str | bytes, *, read_from: str | None = None, identity: FileIdentity | None = None,
-                 long_graph: bool = False) -> None:
+                 long_graph: bool = False, start: bool = True) -> None:
+        """``start``: start the worker now; False: at :meth:`start`, which a caller that will close this object
+        calls once it holds it where its ``finally`` closes it (a signal in between would leave the worker waiting
+        for inputs forever, its scratch files with it, and the interpreter's exit waiting for the worker)."""
         self._feeds: concurrent.futures.Future = concurrent.futures.Future()
         self._closing = False
         self._enough_with_one = False
@@ -379,9 +382,17 @@ class Reference:
         self._weights_taken = False
         self._digest: concurrent.futures.Future = concurrent.futures.Future()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="npufix-reference")
-        # The worker reports its progress to the run's listener (progress.listening): it runs in a copy of the
-        # caller's context, which a plain thread would not inherit.
-        self._outputs = self._executor.submit(contextvars.copy_context().run, self._work)
+        self._outputs: concurrent.futures.Future | None = None
+        if start:
+            self.start()
+
+    def start(self) -> Reference:
+        """Start the worker (once; :meth:`run` and :meth:`outputs` start it too). The worker reports its progress
+        to the run's listener (progress.listening): it runs in a copy of the caller's context, which a plain
+        thread would not inherit."""
+        if self._outputs is None:
+            self._outputs = self._executor.submit(contextvars.copy_context().run, self._work)
+        return self
 
     def _work(self) -> list[Outputs]:
         source, self._source = self._source, None
@@ -462,6 +473,7 @@ class Reference:
 
     def run(self, feeds: Sequence[Feeds]) -> None:
         """Start the runs on ``feeds`` (once)."""
+        self.start()
         self._feeds.set_result(list(feeds))
 
     def enough_with_one(self) -> None:
@@ -471,7 +483,7 @@ class Reference:
 
     def outputs(self) -> list[Outputs]:
         """Wait for the outputs; raises what onnxruntime raised (see runtime_errors)."""
-        return self._outputs.result()
+        return self.start()._outputs.result()  # type: ignore[union-attr]
 
     def close(self) -> None:
         """Stop waiting for inputs that will not come (or running those nobody will read), join the worker."""
@@ -1072,9 +1084,9 @@ class Validator:
             return
         if reference is None:
             data = model.SerializeToString()
-            reference = Reference(data, long_graph=segmented(model, len(data)))
+            reference = Reference(data, long_graph=segmented(model, len(data)), start=False)
             del data
-        self._reference = reference
+        self._reference = reference.start()  # started once held here: close() stops it, whatever lands next
         self._weights = reference.take_weights()
         if approximate and not options.strict and not options.validation_data and approx_model_bytes(model) < TWO_GB:
             self._edge_model = _write_scratch(self._weights, model) or model.SerializeToString()
