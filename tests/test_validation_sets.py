@@ -22,6 +22,15 @@ from onnx_npu_fix.pipeline import validate
 from onnx_npu_fix.pipeline.scheduler import prepare, run_passes
 
 
+def _append_at_the_output(model: onnx.ModelProto, op: str, extra_inputs: list[str], name: str) -> PassResult:
+    """The graph output, computed as before under another name, passed through one more ``op`` node."""
+    out = model.graph.output[0].name
+    for node in model.graph.node:
+        node.output[:] = [f"{out}/pre" if o == out else o for o in node.output]
+    model.graph.node.append(helper.make_node(op, [f"{out}/pre", *extra_inputs], [out], name=name))
+    return PassResult(changes=[Change(name, op, "inserted")])
+
+
 class IdentityTail(Pass):
     """Exact and bit-identical: the graph output is computed as before and passed through an Identity."""
 
@@ -30,15 +39,11 @@ class IdentityTail(Pass):
     exact = True
 
     def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
-        out = model.graph.output[0].name
-        for node in model.graph.node:
-            node.output[:] = [f"{out}/pre" if o == out else o for o in node.output]
-        model.graph.node.append(helper.make_node("Identity", [f"{out}/pre"], [out], name="tail/id"))
-        return PassResult(changes=[Change("tail/id", "Identity", "inserted")])
+        return _append_at_the_output(model, "Identity", [], "tail/id")
 
 
 class HalfWrong(Pass):
-    """Declared exact, wrong only where the input exceeds 2 (a Clip that should not be there): a bug that a
+    """Declared exact, wrong only where the output exceeds 2 (a Clip that should not be there): a bug that a
     small input set can miss and a large one cannot."""
 
     name = "half-wrong"
@@ -46,12 +51,8 @@ class HalfWrong(Pass):
     exact = True
 
     def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
-        out = model.graph.output[0].name
-        for node in model.graph.node:
-            node.output[:] = [f"{out}/pre" if o == out else o for o in node.output]
         model.graph.initializer.append(numpy_helper.from_array(np.array(2.0, np.float32), "clip/max"))
-        model.graph.node.append(helper.make_node("Clip", [f"{out}/pre", "", "clip/max"], [out], name="clip"))
-        return PassResult(changes=[Change("clip", "Clip", "inserted")])
+        return _append_at_the_output(model, "Clip", ["", "clip/max"], "clip")
 
 
 def _conv_bn(channels: int = 8, size: int = 32) -> onnx.ModelProto:
