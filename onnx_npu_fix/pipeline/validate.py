@@ -483,7 +483,9 @@ class Reference:
 
     def outputs(self) -> list[Outputs]:
         """Wait for the outputs; raises what onnxruntime raised (see runtime_errors)."""
-        return self.start()._outputs.result()  # type: ignore[union-attr]
+        self.start()
+        assert self._outputs is not None
+        return self._outputs.result()
 
     def close(self) -> None:
         """Stop waiting for inputs that will not come (or running those nobody will read), join the worker."""
