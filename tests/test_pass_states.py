@@ -252,7 +252,7 @@ def test_a_restore_point_gives_back_the_model_it_was_taken_at(kind, owned, tmp_p
     at = small_model()
     (tmp_path / "kept.onnx").write_bytes(at.SerializeToString())
     held = {RestoreKind.BYTES: at.SerializeToString(), RestoreKind.COPY: pipeline.copy_model(at),
-            RestoreKind.FILE: str(tmp_path / "kept.onnx")}.get(kind)
+            RestoreKind.FILE: (tmp_path / "kept.onnx").read_bytes}.get(kind)
     point = RestorePoint(kind, 2, 1, held)
     changed = small_model()
     changed.graph.node[2].op_type = "Sigmoid"

@@ -281,19 +281,16 @@ class RestorePoint:
     kind: RestoreKind
     index: int = 0
     records: int = 0
-    model: bytes | str | Callable[[], bytes] | onnx.ModelProto | None = None
-    """The serialized model (BYTES), the file holding it or what reads it back (FILE: Validator.read_kept) or its
-    copy (COPY)."""
+    model: bytes | Callable[[], bytes] | onnx.ModelProto | None = None
+    """The serialized model (BYTES), what reads it back from the file it is kept in (FILE: Validator.read_kept)
+    or its copy (COPY)."""
 
     @property
     def data(self) -> bytes | None:
         """The model's bytes, when this point holds them (read back for FILE)."""
         if self.kind is RestoreKind.FILE:
-            if callable(self.model):
-                return self.model()
-            assert isinstance(self.model, str)
-            with open(self.model, "rb") as f:
-                return f.read()
+            assert callable(self.model)
+            return self.model()
         return self.model if isinstance(self.model, bytes) else None
 
     def restore(self, model: onnx.ModelProto, reload: Callable[[], onnx.ModelProto] | None, *,
