@@ -31,6 +31,7 @@ from onnx_npu_fix.analysis.constraints import CheckReport, Violation
 from onnx_npu_fix.analysis.split import SplitOrigin, split_origins
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import EXIT_OK, EXIT_PASS_FAILED, EXIT_VIOLATIONS, InputError, PassFailed, first_line
+from onnx_npu_fix.io import cores
 from onnx_npu_fix.io.load import LoadedModel, load_model, read_model  # noqa: F401 - load_model: part of the API
 from onnx_npu_fix.io.paths import WritePlan, check_output_path, check_run_paths, check_split_dir
 from onnx_npu_fix.io.save import EarlyWrite, Transaction, save_model, sha256_file, write_json
@@ -133,6 +134,8 @@ def fix(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None =
     FixResult.serialized is that same object when they are the result.
     ``source``: the file ``model`` was read from by :func:`read_model`, unchanged since: a rollback to the input
     reads it again instead of the pass manager keeping a copy of the model."""
+    if reference is None:  # (a reference under way has its sessions' thread count: the run's)
+        cores.mark()
     if isinstance(model, (str, os.PathLike)):
         source = model if source is None else source
         owned = OwnedModel(read_model(model).model)
@@ -333,6 +336,7 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
             return run(input_path, output, options, passes=passes, report_path=report_path, check=check,
                        shapes=shapes, record=record, command=command, split_dir=split_dir,
                        memory_plot=memory_plot, save_inputs=save_inputs, judge=judge)
+    cores.mark()  # the window in which other processes' use of the cores is measured opens (io/cores.py)
     job = _RunState(os.fspath(input_path), _fspath(output), options or FixOptions(), _fspath(report_path),
                _fspath(split_dir), _fspath(memory_plot), shapes, bool(report_path) or record, command,
                _fspath(save_inputs), judge)

@@ -99,3 +99,62 @@ def test_what_the_checker_and_shape_inference_free_goes_back_to_the_system(tmp_p
                                     check=True, env={**os.environ, "PYTHONPATH": ROOT}).stdout)
             for how in ("trimmed", "kept")}
     assert held["trimmed"] < 0.7 * held["kept"], held
+
+
+def _conv16_bn() -> onnx.ModelProto:
+    """Conv 3x3 (16 -> 16, a 9 KiB weight: written to the scratch data file) -> BatchNormalization."""
+    gen = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(gen.standard_normal((16, 16, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(gen.uniform(0.5, 1.5, 16).astype(np.float32), "gamma"),
+             numpy_helper.from_array(gen.standard_normal(16).astype(np.float32), "beta"),
+             numpy_helper.from_array(gen.standard_normal(16).astype(np.float32), "mean"),
+             numpy_helper.from_array(gen.uniform(0.5, 1.5, 16).astype(np.float32), "var")]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+         helper.make_node("BatchNormalization", ["y", "gamma", "beta", "mean", "var"], ["z"])], "conv16",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 16, 16])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16, 16, 16])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_candidate_is_checked_without_its_weights(tmp_path, monkeypatch):
+    """The checker reads the candidate's scratch copy (its weights in the data file beside it, not in the model
+    file): its copy of the model is kilobytes, not one more model size; the input is checked whole."""
+    import onnx.checker
+
+    checked: list[object] = []
+    real = onnx.checker.check_model
+
+    def recording(model, *args, **kwargs):
+        checked.append(("file", os.path.getsize(model)) if isinstance(model, str) else ("bytes", len(model)))
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.checker, "check_model", recording)
+    path = _saved(tmp_path, _conv16_bn())
+    outcome = api.run(path, tmp_path / "o.onnx", FixOptions())
+    assert outcome.ok and [p.name for p in outcome.report.passes if p.changes] == ["fold-batchnorm"]
+    assert checked[0] == ("bytes", os.path.getsize(path))
+    assert checked[1][0] == "file" and checked[1][1] < 16 * 16 * 9 * 4 < checked[0][1]
+
+
+def test_a_weight_whose_length_disagrees_with_its_dims_is_still_the_checker_s(tmp_path):
+    """A pass that leaves a weight shorter than its dims say: the checker of the scratch copy says so, as it
+    does of a whole model (the scratch copy keeps such a weight in the model file, where the checker reads it)."""
+    from onnx_npu_fix.passes.base import Change, Pass, PassResult
+    from onnx_npu_fix.pipeline.scheduler import prepare, run_passes
+
+    class Truncate(Pass):
+        name = "truncate"
+        summary = "drop the last element of w's bytes"
+        exact = True
+
+        def run(self, model, options):
+            weight = next(t for t in model.graph.initializer if t.name == "w")
+            weight.raw_data = weight.raw_data[:-4]
+            return PassResult(changes=[Change("w", "initializer", "truncated")])
+
+    model, options = _conv16_bn(), FixOptions()
+    prepare(model, options)
+    report = run_passes(model, options, [Truncate()]).report
+    assert report.failed_pass.name == "truncate"
+    assert "fails the onnx checker" in report.failed_pass.error and "raw_data size" in report.failed_pass.error

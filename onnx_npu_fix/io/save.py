@@ -591,6 +591,9 @@ class MappedWeights:
                     shell.graph.initializer.append(tensor)
                     continue
                 raw = tensor.raw_data  # one copy out of the message; every read of the field makes another
+                if not self._maps(tensor, raw):
+                    shell.graph.initializer.append(tensor)
+                    continue
                 ref = shell.graph.initializer.add(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
                 for key, value in (("location", "weights.data"), ("offset", str(self._place(data, tensor.name, raw))),
                                    ("length", str(len(raw)))):
@@ -628,8 +631,7 @@ class MappedWeights:
             assert self.directory is not None
             for _, a, c in entries:
                 header, raw, start = _tensor_header(view, a, c)
-                if (raw is None or header.data_location == onnx.TensorProto.EXTERNAL
-                        or payload_bytes(header) < self.threshold):
+                if raw is None or header.data_location == onnx.TensorProto.EXTERNAL or not self._maps(header, raw):
                     shell.graph.initializer.add().ParseFromString(view[a:c])
                     continue
                 offset = self._place(file, header.name, raw)
@@ -688,6 +690,13 @@ class MappedWeights:
                 pieces.append(f.read())
             # (joined: the pieces and the bytes are two model sizes for a moment, on a replay or rollback only)
             return b"".join(pieces)
+
+    def _maps(self, tensor: onnx.TensorProto, raw: bytes | memoryview) -> bool:
+        """Whether ``tensor``'s raw data (``raw``) goes to the data file: ``threshold`` bytes or more, and exactly
+        as many as its dims and type say. A weight whose length disagrees stays in the model file, where the onnx
+        checker run on that file (validate.check_structure) sees it and says so, as it would on the whole model;
+        so does a packed 4-bit one (payload_bytes counts it at twice its size), which costs only its copy."""
+        return self.threshold <= len(raw) == payload_bytes(tensor)
 
     def _place(self, data: Any, name: str, raw: bytes | memoryview) -> int:
         """The offset of ``raw`` (tensor ``name``) in the data file: where it was written, else at the next page."""

@@ -16,10 +16,12 @@ channel) moves nearly every output element of any N(0, 1) input, and the sets ar
 distribution, so the others add only what depends on rare input values; a set of ``ONE_SET_MIN_ELEMENTS`` input
 elements or more holds values beyond 3 sigma in all but about one of 60,000 draws, and a smaller one is run in
 full (it costs little). Every set is run when anything moved, even within tolerance (a verdict about a size
-depends on the sample), once the run has made an approximate change, and on loaded ``--validation-data`` (the
-user chose those sets). A later candidate that moves is compared, on the sets a predecessor skipped, with the last
-model that ran them (the ones between were exact and bit-identical on the first set); the final comparison covers
-the sets the output model itself ran.
+depends on the sample), for a candidate with an approximate change, and on loaded ``--validation-data`` (the user
+chose those sets). A later candidate that moves is compared, on the sets a predecessor skipped, with the last
+model that ran them (the ones between were exact and bit-identical on the first set), and so is the output model
+in the final comparison: it covers every set the original ran (``sets_carried``: how many of them the output
+model did not run itself). So an exact pass after an approximate one (align-channels after resize-nearest) runs
+one set, and the approximate verdict on the output is still made on all of them.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import concurrent.futures
 import contextvars
 import functools
 import hashlib
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ import onnx
 from onnx_npu_fix import progress
 from onnx_npu_fix.config.options import check_output_names
 from onnx_npu_fix.errors import InputError, first_line
+from onnx_npu_fix.io import cores
 from onnx_npu_fix.io.heap import release_freed_memory
 from onnx_npu_fix.io.load import FileIdentity, file_identity
 from onnx_npu_fix.io.save import MappedWeights
@@ -91,7 +93,7 @@ class Runner:
         # of 565 MB (395 MB with the arena off only), in no more time on the float TCN, U-Net and a 10k-node chain.
         opts.enable_cpu_mem_arena = False
         opts.enable_mem_pattern = False
-        opts.intra_op_num_threads = min(2, os.cpu_count() or 1)
+        opts.intra_op_num_threads = cores.session_threads()  # one when other processes keep a core busy
         # Idle worker threads must not spin: the reference outputs are computed while the passes run.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._own_weights = None
@@ -283,12 +285,13 @@ class _NotSegmentable(Exception):
 def run_model(model: onnx.ModelProto | None, feeds: Sequence[Feeds], *,
               data: bytes | None = None, task: str = "validation",
               weights: MappedWeights | None = None,
-              enough: Callable[[Outputs], bool] | None = None, size: int | None = None) -> list[Outputs]:
+              enough: Callable[[Outputs], bool] | None = None, size: int | None = None,
+              path: str | None = None) -> list[Outputs]:
     """``model``'s outputs on every input set (``data``: it serialized already; needed without ``model``);
     ``task``: what its progress steps are called (progress.Step); ``weights``: see Runner; ``enough``: see
     Runner.run_all (a graph run in segments runs every set: each segment takes them all in turn); ``size``: the
     model's serialized size, when known without ``data`` (estimating it reads every initializer: 0.4 s at 30k
-    nodes).
+    nodes); ``path``: ``data`` written to ``weights`` already (MappedWeights.write_bytes), the session's file.
 
     One session, unless the graph is long (:func:`segmented`): onnxruntime's session creation grows faster than
     the graph (n^1.5 to n^2 in nodes: 1.2 s CPU at 10k nodes of a Conv+BatchNorm+Relu chain, 4.7-6.3 s at 30k,
@@ -296,12 +299,13 @@ def run_model(model: onnx.ModelProto | None, feeds: Sequence[Feeds], *,
     time, every input set through each, the tensors between them carried by name. Graph optimizations are off
     (Runner), so each node runs the same kernel on the same values as in the whole graph: the outputs are
     bit-identical, and only one segment's weights are in a session at a time."""
-    if model is not None and segmented(model, len(data) if data is not None else size):
+    if path is None and model is not None and segmented(model, len(data) if data is not None else size):
         try:
             return _run_segments(model, feeds, task)
         except _NotSegmentable:
             pass
-    runner = Runner(model, data=data, weights=weights)
+    runner = Runner(None, model_path=path, refused=data) if path is not None else \
+        Runner(model, data=data, weights=weights)
     try:
         return runner.run_all(feeds, task, enough)
     finally:
@@ -573,6 +577,10 @@ class Comparison:
     sets_not_run: int = 0
     """The run's input sets this model was not run on: its outputs on the first were bit-identical to the model's
     before it (an exact candidate; see the module docstring)."""
+    sets_carried: int = 0
+    """Of the sets compared (the final comparison's), those this model did not run: the outputs of the last model
+    before it that ran them stand in (every model since was exact and bit-identical to its predecessor on the
+    first set)."""
 
     @property
     def passed(self) -> bool:
@@ -601,6 +609,7 @@ class Comparison:
             "worst_output": worst.name if worst else None,
             "outputs": [o.to_json() for o in self.outputs],
             "sets_not_run": self.sets_not_run,
+            "sets_carried": self.sets_carried,
         }
 
 
@@ -860,10 +869,14 @@ def quant_summary(comparison: Comparison | None) -> str:
 
 
 def sets_summary(comparison: Comparison | None) -> str:
-    """", bit-identical on the first of 3 input sets (2 not run)" for a comparison that stopped after one set."""
+    """", bit-identical on the first of 3 input sets (2 not run)" for a comparison that stopped after one set;
+    for a final comparison that carried sets (Comparison.sets_carried), whose outputs those are."""
     if comparison is None or not comparison.sets_not_run:
         return ""
     total = comparison.sets_not_run + 1
+    if comparison.sets_carried:
+        return (f"; {comparison.sets_carried} of {total} input sets carried from the last model that ran them (the "
+                f"output model ran the first, bit-identical there to the one before it)")
     return f", bit-identical on the first of {total} input sets ({comparison.sets_not_run} not run)"
 
 
@@ -952,18 +965,23 @@ def at_the_edge(diff: OutputDiff) -> bool:
 
 
 def check_structure(model: onnx.ModelProto | Callable[[], onnx.ModelProto] | None,
-                    data: bytes | None = None) -> str | None:
+                    data: bytes | None = None, *, path: str | None = None) -> str | None:
     """The onnx checker's complaint about ``model`` (one line), or None. ``data``: the model already
-    serialized (checking bytes skips the checker's own re-serialization; ``model`` is then not read). Above 2 GB
-    the checker cannot take the in-memory proto; strict shape inference and onnxruntime still check those
-    models."""
-    if data is None:
+    serialized (checking bytes skips the checker's own re-serialization; ``model`` is then not read). ``path``:
+    a scratch copy of it (io.save.MappedWeights), checked instead: the checker reads the model file, and of the
+    weights in the data file beside it that they are there, not their bytes (whose lengths the copy kept inline
+    where they disagree with their dims, see MappedWeights), so that its copy of the model is kilobytes, not one
+    more model size. Above 2 GB the checker cannot take the in-memory proto; strict shape inference and
+    onnxruntime still check those models."""
+    if path is not None:
+        data = None
+    elif data is None:
         model = _made(model)
         if approx_model_bytes(model) >= TWO_GB:
             return None
         data = model.SerializeToString()
     try:
-        onnx.checker.check_model(data)
+        onnx.checker.check_model(path if path is not None else data)
     except Exception as exc:  # noqa: BLE001
         return first_line(exc)
     finally:
@@ -1169,15 +1187,23 @@ class Validator:
             self._weights.close()
 
     def _run(self, model: onnx.ModelProto | None, data: bytes | None = None,
-             task: str = "validation", enough: Callable[[Outputs], bool] | None = None) -> list[Outputs]:
-        return run_model(model, self.feeds, data=data, task=task, weights=self._weights, enough=enough)
+             task: str = "validation", enough: Callable[[Outputs], bool] | None = None,
+             path: str | None = None) -> list[Outputs]:
+        return run_model(model, self.feeds, data=data, task=task, weights=self._weights, enough=enough, path=path)
+
+    def _scratch_copy(self, model: onnx.ModelProto | Callable[[], onnx.ModelProto], data: bytes | None) -> str | None:
+        """The candidate written for the checker and its session (a model file and its weights in the run's
+        data file, :func:`_write_scratch`), or None: above 2 GB, for a graph run in segments (cut from the
+        proto), or when the file system refuses (then both take the bytes, as before the scratch copies)."""
+        if data is None or (not callable(model) and segmented(model, len(data))):
+            return None
+        return _write_scratch(self._weights, data)
 
     def _unmoved(self, exact: bool, before: Outputs) -> Callable[[Outputs], bool] | None:
-        """For an exact candidate on generated inputs (more than one set), in a run that has made no approximate
-        change: whether its first set's outputs are ``before``'s bit for bit, so that its other sets need not run
-        (the module docstring says why). After an approximate change every set runs: a later verdict about a size
-        (the final comparison's) is then made on all of them."""
-        if not (exact and self.all_exact and self._one_set_may_do()):
+        """For an exact candidate on generated inputs (more than one set): whether its first set's outputs are
+        ``before``'s bit for bit, so that its other sets need not run (the module docstring says why; after an
+        approximate change too: the final comparison's verdict about a size is made on the sets carried)."""
+        if not (exact and self._one_set_may_do()):
             return None
         return lambda first: bit_identical(before, first)
 
@@ -1207,18 +1233,17 @@ class Validator:
         if data is None:
             model = _made(model)
             data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
-        problem = check_structure(model, data)
+        scratch = self._scratch_copy(model, data)
+        problem = check_structure(model, data, path=scratch)
         if problem:
             return Verdict(f"the model fails the onnx checker after this pass: {problem}", None, data)
         if on_serialized is not None and data is not None:
             on_serialized(data)
         current = self.current
         assert current is not None  # the original ran (else _wait raised)
-        written = self._weights.last_written
         try:
             outputs = self._run(None if callable(model) else model, data, task=task,
-                                enough=self._unmoved(exact, current[0]))
-            scratch = self._weights.last_written if self._weights.last_written != written else None
+                                enough=self._unmoved(exact, current[0]), path=scratch)
         except runtime_errors() as exc:
             return Verdict(f"onnxruntime cannot run the model after this pass: {first_line(exc)}", None, data)
         if len(outputs) > len(current):
@@ -1265,17 +1290,20 @@ class Validator:
             return None
         original = self.original
         if self.options.validate == "each" and self.current is not None:
-            outputs = self.current[:self._fresh]  # what the output model itself ran
+            # Every set the original ran: the output model's own, and for the others the outputs of the last
+            # model that ran them (bit-identical since on the first set).
+            outputs, own = self.current[:max(len(original), self._fresh)], self._fresh
         else:
             try:
                 outputs = self._run(model, data, enough=self._unmoved(self.all_exact, original[0]))
             except runtime_errors() as exc:
                 return Comparison(error=f"onnxruntime cannot run the output model: {first_line(exc)}")
+            own = len(outputs)
             if len(outputs) > len(original):
                 self._complete_original()
                 original = self.original
         comparison = self._compare(original[:len(outputs)], outputs, exact=self.all_exact)
-        comparison.sets_not_run = len(self.feeds) - len(outputs)
+        comparison.sets_not_run, comparison.sets_carried = len(self.feeds) - own, len(outputs) - own
         return self._at_the_edge(model, data, comparison, original, outputs)
 
     def _at_the_edge(self, model: onnx.ModelProto | Callable[[], onnx.ModelProto], data: bytes | None,
@@ -1313,6 +1341,7 @@ class Validator:
             candidate.close()
         widened = self._compare([*reference, *extra_reference], [*outputs, *extra], exact=False, confident=True)
         widened.criterion += f", by its 95% upper confidence bound over {len(self.feeds) + more} input sets"
+        widened.sets_not_run, widened.sets_carried = comparison.sets_not_run, comparison.sets_carried
         return widened
 
     def _compare(self, reference: list[Outputs], outputs: list[Outputs], *, exact: bool,

@@ -1,0 +1,99 @@
+"""How many threads an onnxruntime session of the validation may use: two, or one when other processes keep one
+of this process's cores busy.
+
+Why: validation runs are compute-bound, and two intra-op threads on a machine whose other core is taken (a CI
+runner with a parallel job, a build next to it) only fight for it: measured on a 2-core machine with one core kept
+busy, a validated 110 MB U-Net took 0.85x the CPU time and 0.91x the wall time with one thread; with both cores
+idle one thread made it 1.16x slower (wall) for 0.94x the CPU, so two stay the default there.
+
+What "busy" means is measured, not guessed: between :func:`mark` (the start of a run) and the run's first session,
+the busy time of the cores this process may run on (``/proc/stat``) less this process's own CPU time is what
+others used; half a core or more and the run's sessions get one thread. The count is decided once per run, so the
+original and every candidate run with the same one (onnxruntime's Conv and Gemm kernels partition their outputs,
+not their sums, among threads: measured bit-identical outputs with one and two threads on the bench's models).
+Without ``/proc/stat`` (not Linux), or a window too short to tell, the sessions get two.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+MAX_THREADS = 2
+"""Intra-op threads of a validation session at most: the runs are short, and the original's runs overlap the
+passes on the main thread."""
+
+MIN_WINDOW = 0.2
+"""Seconds of measurement below which the other processes' share of the cores is not judged (at 100 ticks a
+second, a 2-core window of 0.2 s holds 40 ticks)."""
+
+BUSY_ELSEWHERE = 0.5
+"""Cores other processes kept busy (on average over the window) from which the sessions take one thread."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The busy time of the cores this process may run on, and this process's CPU time, at one moment."""
+
+    busy: float
+    """Seconds those cores spent doing anything but idling since boot; -1 without /proc/stat."""
+    own: float
+    """This process's CPU time (user + system, every thread)."""
+    at: float
+    """time.monotonic() when taken."""
+
+
+def sample() -> Sample:
+    times = os.times()
+    return Sample(_busy_seconds(), times.user + times.system, time.monotonic())
+
+
+def threads_between(start: Sample, end: Sample) -> int | None:
+    """The intra-op threads for what ``start`` .. ``end`` saw, or None when the window cannot tell (too short,
+    no /proc/stat)."""
+    window = end.at - start.at
+    if start.busy < 0 or end.busy < 0 or window < MIN_WINDOW:
+        return None
+    elsewhere = ((end.busy - start.busy) - (end.own - start.own)) / window
+    return 1 if elsewhere >= BUSY_ELSEWHERE else MAX_THREADS
+
+
+_lock = threading.Lock()
+_started: Sample | None = None
+_decided: int | None = None
+
+
+def mark() -> None:
+    """A run starts: the window opens here, and the run's first session decides the count."""
+    global _started, _decided
+    with _lock:
+        _started, _decided = sample(), None
+
+
+def session_threads() -> int:
+    """The intra-op threads for a session of this run (decided at its first session, kept until :func:`mark`;
+    two outside a run)."""
+    global _decided
+    with _lock:
+        if _decided is None:
+            _decided = (threads_between(_started, sample()) if _started is not None else None) or MAX_THREADS
+        return min(_decided, os.cpu_count() or 1)
+
+
+def _busy_seconds() -> float:
+    """Non-idle seconds since boot of the cores this process may run on (``/proc/stat``'s ``cpuN`` lines: user,
+    nice, system, idle, iowait, irq, softirq, steal, ...; idle and iowait are idle), or -1 without them."""
+    try:
+        allowed = {f"cpu{n}" for n in os.sched_getaffinity(0)}
+        with open("/proc/stat", encoding="ascii") as f:
+            lines = [line.split() for line in f if line.startswith("cpu") and not line.startswith("cpu ")]
+    except (OSError, AttributeError, ValueError):
+        return -1.0
+    ticks = 0
+    for fields in lines:
+        if fields[0] in allowed and len(fields) >= 5:
+            values = [int(v) for v in fields[1:9]]
+            ticks += sum(values) - values[3] - values[4]
+    return ticks / os.sysconf("SC_CLK_TCK")

@@ -1,0 +1,43 @@
+"""The validation sessions' thread count (io/cores.py): one when other processes keep a core busy, decided once
+per run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from onnx_npu_fix.io import cores
+
+
+def _sample(busy: float, own: float, at: float) -> cores.Sample:
+    return cores.Sample(busy=busy, own=own, at=at)
+
+
+def test_the_cores_others_used_decide():
+    start = _sample(100.0, 1.0, 50.0)
+    # 1 s: the cores were busy 1.9 s, 0.9 of it this process's: others took one core.
+    assert cores.threads_between(start, _sample(101.9, 1.9, 51.0)) == 1
+    # Busy as long as this process was (plus 0.1 s of someone's): the second core was free.
+    assert cores.threads_between(start, _sample(101.0, 1.9, 51.0)) == cores.MAX_THREADS
+    # Too short a window, or no /proc/stat: no verdict (the caller takes two).
+    assert cores.threads_between(start, _sample(100.1, 1.05, 50.1)) is None
+    assert cores.threads_between(_sample(-1.0, 1.0, 50.0), _sample(-1.0, 1.9, 51.0)) is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat")
+def test_a_process_spinning_next_to_npufix_takes_a_thread_and_the_run_keeps_its_count():
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)  # started
+        cores.mark()
+        time.sleep(0.4)  # npufix reading and checking: idle here, so the spinner is all "others" did
+        assert cores.session_threads() == 1
+    finally:
+        spinner.kill()
+        spinner.wait()
+    time.sleep(0.4)
+    assert cores.session_threads() == 1, "the run's first session decided: every later one runs alike"
+    cores.mark()  # (a new run measures again; outside a run the sessions get two)
