@@ -12,16 +12,20 @@ import pytest
 from onnx_npu_fix.io import cores
 
 
-def _sample(busy: float, own: float, at: float) -> cores.Sample:
-    return cores.Sample(busy=busy, own=own, at=at)
+def _sample(busy: float, own: float, at: float, cores_: int = 2) -> cores.Sample:
+    return cores.Sample(busy=busy, own=own, at=at, cores=cores_)
 
 
 def test_the_cores_others_used_decide():
     start = _sample(100.0, 1.0, 50.0)
-    # 1 s: the cores were busy 1.9 s, 0.9 of it this process's: others took one core.
+    # 1 s on 2 cores: busy 1.9 s, 0.9 of it this process's: others took one core, one is left.
     assert cores.threads_between(start, _sample(101.9, 1.9, 51.0)) == 1
     # Busy as long as this process was (plus 0.1 s of someone's): the second core was free.
-    assert cores.threads_between(start, _sample(101.0, 1.9, 51.0)) == cores.MAX_THREADS
+    assert cores.threads_between(start, _sample(101.0, 1.9, 51.0)) == 2
+    # On 8 cores one busy elsewhere leaves plenty: still two (the most a validation session takes).
+    assert cores.threads_between(_sample(100.0, 1.0, 50.0, 8), _sample(101.9, 1.9, 51.0, 8)) == cores.MAX_THREADS
+    # Every core busy elsewhere: one all the same.
+    assert cores.threads_between(start, _sample(102.9, 1.9, 51.0)) == 1
     # Too short a window, or no /proc/stat: no verdict (the caller takes two).
     assert cores.threads_between(start, _sample(100.1, 1.05, 50.1)) is None
     assert cores.threads_between(_sample(-1.0, 1.0, 50.0), _sample(-1.0, 1.9, 51.0)) is None

@@ -8,9 +8,10 @@ idle one thread made it 1.16x slower (wall) for 0.94x the CPU, so two stay the d
 
 What "busy" means is measured, not guessed: between :func:`mark` (the start of a run) and the run's first session,
 the busy time of the cores this process may run on (``/proc/stat``) less this process's own CPU time is what
-others used; half a core or more and the run's sessions get one thread. The count is decided once per run, so the
-original and every candidate run with the same one (onnxruntime's Conv and Gemm kernels partition their outputs,
-not their sums, among threads: measured bit-identical outputs with one and two threads on the bench's models).
+others used; the sessions get as many threads as that leaves cores idle (rounded; at least one, at most two).
+The count is decided once per run, so the original and every candidate run with the same one (onnxruntime's Conv
+and Gemm kernels partition their outputs, not their sums, among threads: measured bit-identical outputs with one
+and two threads on the bench's models).
 Without ``/proc/stat`` (not Linux), or a window too short to tell, the sessions get two.
 """
 
@@ -29,9 +30,6 @@ MIN_WINDOW = 0.2
 """Seconds of measurement below which the other processes' share of the cores is not judged (at 100 ticks a
 second, a 2-core window of 0.2 s holds 40 ticks)."""
 
-BUSY_ELSEWHERE = 0.5
-"""Cores other processes kept busy (on average over the window) from which the sessions take one thread."""
-
 
 @dataclass(frozen=True)
 class Sample:
@@ -43,11 +41,14 @@ class Sample:
     """This process's CPU time (user + system, every thread)."""
     at: float
     """time.monotonic() when taken."""
+    cores: int = 1
+    """How many cores this process may run on."""
 
 
 def sample() -> Sample:
     times = os.times()
-    return Sample(_busy_seconds(), times.user + times.system, time.monotonic())
+    busy, cores = _busy_seconds()
+    return Sample(busy, times.user + times.system, time.monotonic(), cores)
 
 
 def threads_between(start: Sample, end: Sample) -> int | None:
@@ -57,7 +58,7 @@ def threads_between(start: Sample, end: Sample) -> int | None:
     if start.busy < 0 or end.busy < 0 or window < MIN_WINDOW:
         return None
     elsewhere = ((end.busy - start.busy) - (end.own - start.own)) / window
-    return 1 if elsewhere >= BUSY_ELSEWHERE else MAX_THREADS
+    return max(1, min(MAX_THREADS, round(end.cores - elsewhere)))
 
 
 _lock = threading.Lock()
@@ -82,18 +83,19 @@ def session_threads() -> int:
         return min(_decided, os.cpu_count() or 1)
 
 
-def _busy_seconds() -> float:
+def _busy_seconds() -> tuple[float, int]:
     """Non-idle seconds since boot of the cores this process may run on (``/proc/stat``'s ``cpuN`` lines: user,
-    nice, system, idle, iowait, irq, softirq, steal, ...; idle and iowait are idle), or -1 without them."""
+    nice, system, idle, iowait, irq, softirq, steal, ...; idle and iowait are idle), or -1 without them; and how
+    many cores those are."""
     try:
         allowed = {f"cpu{n}" for n in os.sched_getaffinity(0)}
         with open("/proc/stat", encoding="ascii") as f:
             lines = [line.split() for line in f if line.startswith("cpu") and not line.startswith("cpu ")]
     except (OSError, AttributeError, ValueError):
-        return -1.0
+        return -1.0, os.cpu_count() or 1
     ticks = 0
     for fields in lines:
         if fields[0] in allowed and len(fields) >= 5:
             values = [int(v) for v in fields[1:9]]
             ticks += sum(values) - values[3] - values[4]
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return ticks / os.sysconf("SC_CLK_TCK"), len(allowed)
