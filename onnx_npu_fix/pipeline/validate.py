@@ -382,6 +382,9 @@ class Reference:
         self._read_from = read_from
         self._identity = identity
         self._long_graph = long_graph
+        self.keeps_copy = isinstance(source, bytes) and not long_graph
+        """Whether the original's session runs from a scratch copy (:attr:`rerun_path`, once it ran): bytes are
+        written to :attr:`weights`; a long graph is run in segments, a path as it is."""
         self.weights = MappedWeights()
         self._weights_taken = False
         self._digest: concurrent.futures.Future = concurrent.futures.Future()
@@ -1072,9 +1075,12 @@ class Validator:
         self.changed = False
         """Some change was accepted (validated or not)."""
         self.steps: dict[str, StepBound] = {}
+        self._may_widen = False
+        """A change may be approximate, and its verdict near the bound can be measured on more generated sets
+        (:meth:`_at_the_edge`)."""
         self._edge_model: str | bytes | None = None
-        """The model as validation starts, written to the run's mapped weights, when a change may be approximate:
-        an approximate verdict near its bound runs it on more input sets (:meth:`_at_the_edge`)."""
+        """The model as validation starts, written to the run's mapped weights for :meth:`_at_the_edge`, when the
+        original's own scratch copy (``_rerun_path``) will not be there to run instead."""
         self._weights = MappedWeights()
         """Where the candidates' weights are written for onnxruntime to map (shared with the original's: a
         weight no pass changed is written once per run); removed by :meth:`close`, also when this raises."""
@@ -1108,7 +1114,9 @@ class Validator:
             del data
         self._reference = reference.start()  # started once held here: close() stops it, whatever lands next
         self._weights = reference.take_weights()
-        if approximate and not options.strict and not options.validation_data and approx_model_bytes(model) < TWO_GB:
+        self._may_widen = (approximate and not options.strict and not options.validation_data
+                           and approx_model_bytes(model) < TWO_GB)
+        if self._may_widen and not reference.keeps_copy:
             self._edge_model = _write_scratch(self._weights, model) or model.SerializeToString()
         self._reference_feeds = dict(reference_feeds or {})
         if not approximate and self._one_set_may_do():
@@ -1317,7 +1325,10 @@ class Validator:
         compared (the original's, or the accepted model's while it computes the original's). Without a way to
         run more (--validation-data, --strict, above 2 GB) the comparison stands, with its sets and confidence
         in the record."""
-        if (comparison.exact or comparison.error is not None or self._edge_model is None
+        # The original's own scratch copy when there is one (it is the model every comparison's original outputs
+        # came from: frozen inputs are fed to it, as to the reference), else the copy written at the start.
+        edge = self._edge_model if self._edge_model is not None else self._rerun_path
+        if (comparison.exact or comparison.error is not None or not self._may_widen or edge is None
                 or not any(at_the_edge(o) for o in comparison.outputs)):
             return comparison
         model = _made(model)
@@ -1329,11 +1340,12 @@ class Validator:
             return comparison
         feeds = make_inputs(model, more, self.options.seed + EDGE_SEED_OFFSET,
                             ranges=parse_input_ranges(self.options.input_ranges))
-        edge = self._edge_model
         original = Runner(None, model_path=edge) if isinstance(edge, str) else Runner(None, data=edge)
         candidate = Runner(model, data=data, weights=self._weights)
+        extra_reference_feeds = feeds if self._edge_model is not None else \
+            [{**f, **self._reference_feeds} for f in feeds]
         try:
-            extra_reference, extra = original.run_all(feeds), candidate.run_all(feeds)
+            extra_reference, extra = original.run_all(extra_reference_feeds), candidate.run_all(feeds)
         except runtime_errors():
             return comparison  # ran on the first sets, so this is not expected; the first verdict stands
         finally:
