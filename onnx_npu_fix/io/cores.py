@@ -74,8 +74,8 @@ def mark() -> None:
 
 
 def session_threads() -> int:
-    """The intra-op threads for a session of this run (decided at its first session, kept until :func:`mark`;
-    two outside a run)."""
+    """The intra-op threads for a session of this run (decided at its first session, kept until the next
+    :func:`mark`; two before any). Process-wide: runs on several threads of one process share the latest mark's."""
     global _decided
     with _lock:
         if _decided is None:
@@ -95,7 +95,7 @@ def _busy_seconds() -> tuple[float, int]:
         return -1.0, os.cpu_count() or 1
     ticks = 0
     for fields in lines:
-        if fields[0] in allowed and len(fields) >= 5:
+        if fields[0] in allowed and len(fields) >= 6:  # (idle and iowait are its 4th and 5th figures)
             values = [int(v) for v in fields[1:9]]
             ticks += sum(values) - values[3] - values[4]
     return ticks / os.sysconf("SC_CLK_TCK"), len(allowed)
