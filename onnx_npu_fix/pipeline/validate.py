@@ -1323,8 +1323,8 @@ class Validator:
         is judged on all of them by the 95% upper confidence bound of its error (measured: 0.504 on the default
         sets of one seed was a pass at 0.5 on another). ``reference`` / ``outputs``: what ``comparison``
         compared (the original's, or the accepted model's while it computes the original's). Without a way to
-        run more (--validation-data, --strict, above 2 GB) the comparison stands, with its sets and confidence
-        in the record."""
+        run more (--validation-data, --strict, above 2 GB, no scratch copy of the original because the file
+        system refused it) the comparison stands, with its sets and confidence in the record."""
         # The original's own scratch copy when there is one (it is the model every comparison's original outputs
         # came from: frozen inputs are fed to it, as to the reference), else the copy written at the start.
         edge = self._edge_model if self._edge_model is not None else self._rerun_path
