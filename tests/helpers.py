@@ -75,20 +75,21 @@ def small_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def conv_bn_relu() -> onnx.ModelProto:
-    """Conv 3x3 (3 -> 8) -> BatchNormalization -> Relu on [1,3,16,16], every tensor's shape in value_info."""
+def conv_bn_relu(channels_in: int = 3, channels_out: int = 8, size: int = 16) -> onnx.ModelProto:
+    """Conv 3x3 (``channels_in`` -> ``channels_out``) -> BatchNormalization -> Relu on [1, channels_in, size,
+    size], every tensor's shape in value_info."""
     gen = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(gen.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(gen.uniform(0.5, 1.5, 8).astype(np.float32), "gamma"),
-             numpy_helper.from_array(gen.standard_normal(8).astype(np.float32), "beta"),
-             numpy_helper.from_array(gen.standard_normal(8).astype(np.float32), "mean"),
-             numpy_helper.from_array(gen.uniform(0.5, 1.5, 8).astype(np.float32), "var")]
+    inits = [numpy_helper.from_array(gen.standard_normal((channels_out, channels_in, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(gen.uniform(0.5, 1.5, channels_out).astype(np.float32), "gamma"),
+             numpy_helper.from_array(gen.standard_normal(channels_out).astype(np.float32), "beta"),
+             numpy_helper.from_array(gen.standard_normal(channels_out).astype(np.float32), "mean"),
+             numpy_helper.from_array(gen.uniform(0.5, 1.5, channels_out).astype(np.float32), "var")]
     graph = helper.make_graph(
         [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
          helper.make_node("BatchNormalization", ["y", "gamma", "beta", "mean", "var"], ["yb"]),
          helper.make_node("Relu", ["yb"], ["z"])], "conv_bn",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, 8, 16, 16])], inits)
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, channels_in, size, size])],
+        [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, channels_out, size, size])], inits)
     return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
 
 

@@ -101,25 +101,10 @@ def test_what_the_checker_and_shape_inference_free_goes_back_to_the_system(tmp_p
     assert held["trimmed"] < 0.7 * held["kept"], held
 
 
-def _conv16_bn() -> onnx.ModelProto:
-    """Conv 3x3 (16 -> 16, a 9 KiB weight: written to the scratch data file) -> BatchNormalization."""
-    gen = np.random.default_rng(1)
-    inits = [numpy_helper.from_array(gen.standard_normal((16, 16, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(gen.uniform(0.5, 1.5, 16).astype(np.float32), "gamma"),
-             numpy_helper.from_array(gen.standard_normal(16).astype(np.float32), "beta"),
-             numpy_helper.from_array(gen.standard_normal(16).astype(np.float32), "mean"),
-             numpy_helper.from_array(gen.uniform(0.5, 1.5, 16).astype(np.float32), "var")]
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
-         helper.make_node("BatchNormalization", ["y", "gamma", "beta", "mean", "var"], ["z"])], "conv16",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 16, 16])],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16, 16, 16])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-
-
 def test_a_candidate_is_checked_without_its_weights(tmp_path, monkeypatch):
     """The checker reads the candidate's scratch copy (its weights in the data file beside it, not in the model
-    file): its copy of the model is kilobytes, not one more model size; the input is checked whole."""
+    file): its copy of the model is kilobytes, not one more model size; the input is checked whole. (16 -> 16
+    channels: a 9 KiB weight, which the scratch copy writes to its data file.)"""
     import onnx.checker
 
     checked: list[object] = []
@@ -130,7 +115,7 @@ def test_a_candidate_is_checked_without_its_weights(tmp_path, monkeypatch):
         return real(model, *args, **kwargs)
 
     monkeypatch.setattr(onnx.checker, "check_model", recording)
-    path = _saved(tmp_path, _conv16_bn())
+    path = _saved(tmp_path, conv_bn_relu(16, 16))
     outcome = api.run(path, tmp_path / "o.onnx", FixOptions())
     assert outcome.ok and [p.name for p in outcome.report.passes if p.changes] == ["fold-batchnorm"]
     assert checked[0] == ("bytes", os.path.getsize(path))
@@ -159,7 +144,7 @@ def test_a_weight_whose_length_disagrees_with_its_dims_is_still_the_checker_s(tm
             truncate(model)
             return PassResult(changes=[Change("w", "initializer", "truncated")])
 
-    model, options = _conv16_bn(), FixOptions()
+    model, options = conv_bn_relu(16, 16), FixOptions()
     prepare(model, options)
     whole = onnx.ModelProto()
     whole.CopyFrom(model)

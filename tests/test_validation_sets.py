@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from helpers import conv_bn_relu
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
@@ -59,19 +60,7 @@ class HalfWrong(Pass):
 def _conv_bn(channels: int = 8, size: int = 32) -> onnx.ModelProto:
     """Conv 3x3 -> BatchNormalization -> Relu on [1, channels, size, size] (8 x 32 x 32 = 8,192 input elements:
     enough for one set, validate.ONE_SET_MIN_ELEMENTS)."""
-    gen = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(gen.standard_normal((8, channels, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(gen.uniform(0.5, 1.5, 8).astype(np.float32), "gamma"),
-             numpy_helper.from_array(gen.standard_normal(8).astype(np.float32), "beta"),
-             numpy_helper.from_array(gen.standard_normal(8).astype(np.float32), "mean"),
-             numpy_helper.from_array(gen.uniform(0.5, 1.5, 8).astype(np.float32), "var")]
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv"),
-         helper.make_node("BatchNormalization", ["y", "gamma", "beta", "mean", "var"], ["yb"], name="bn"),
-         helper.make_node("Relu", ["yb"], ["z"], name="relu")], "conv_bn",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8, size, size])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return conv_bn_relu(channels, 8, size)
 
 
 @pytest.fixture
