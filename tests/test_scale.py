@@ -103,7 +103,7 @@ def test_what_the_checker_and_shape_inference_free_goes_back_to_the_system(tmp_p
 
 def test_shape_inference_gets_the_weightless_copy_as_bytes_and_no_proto_of_it(tmp_path, monkeypatch):
     """onnx's shape inference gets the bytes of a copy whose weights carry dims only, and the caller holds no proto
-    of that copy while onnx builds its own (at 100k nodes the copy's nodes were 127 MB of the run's peak)."""
+    of that copy while onnx builds its own (a 100k-node chain: the run's peak 868 -> 754 MB)."""
     import onnx.shape_inference
 
     seen: list[tuple[object, int, list[onnx.ModelProto]]] = []
