@@ -615,6 +615,7 @@ for tensor in model.graph.initializer:
 data = light.SerializeToString()
 del light, graph  # not held while onnx holds its own copy
 inferred = onnx.shape_inference.infer_shapes(data, check_type=True, strict_mode=True, data_prop=True)
+del model.graph.value_info[:]  # inference returns the declared ones too
 model.graph.value_info.extend(inferred.graph.value_info)
 del inferred
 data = model.SerializeToString()
