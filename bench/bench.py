@@ -604,8 +604,8 @@ graph = light.graph  # weights as dims only: inference reads the values of small
 for field in ("node", "input", "output", "sparse_initializer"):
     getattr(graph, field).extend(getattr(model.graph, field))
 floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
-for tensor in model.graph.initializer:
-    numel = math.prod(tensor.dims)
+for tensor in model.graph.initializer:  # the limits of npufix's own copy (ir/graph.shape_only_copy), restated:
+    numel = math.prod(tensor.dims)  # the floor runs onnx alone
     if numel > 1024 or (numel > 64 and tensor.data_type in floats):
         stub = graph.initializer.add(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type,
                                      data_location=onnx.TensorProto.EXTERNAL)
