@@ -265,10 +265,10 @@ def sram_row(workdir: str, quick: bool) -> str:
     atomic write)."""
     from onnx_npu_fix import api
     from onnx_npu_fix.analysis.memory import estimate
+    from onnx_npu_fix.analysis.schedule import best_schedule, liveness
     from onnx_npu_fix.analysis.split import plan_split
     from onnx_npu_fix.config.options import FixOptions
     from onnx_npu_fix.ir.graph import GraphIndex, format_bytes, infer_shapes
-    from onnx_npu_fix.ir.schedule import best_schedule, liveness
 
     params = dict(levels=4, convs=12 if quick else 121, base=8, size=64)
     path = os.path.join(workdir, "models", f"skip-unet-{'quick' if quick else 'full'}.onnx")

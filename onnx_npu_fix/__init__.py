@@ -19,7 +19,7 @@ _EXPORTS = {
     "load_model": "io.load", "save_model": "io.save",
     "FixResult": "pipeline.scheduler", "FixReport": "pipeline.report",
     "FixOptions": "config.options", "load_target": "config.targets", "apply_target": "config.targets",
-    "check_model": "analysis.constraints", "CheckReport": "analysis.constraints", "Violation": "analysis.constraints",
+    "check_model": "constraints", "CheckReport": "constraints", "Violation": "constraints",
     "NpufixError": "errors", "InputError": "errors", "OptionError": "errors", "PassFailed": "errors",
     "StrictRefused": "errors",
 }

@@ -27,11 +27,11 @@ import onnx
 import onnx.external_data_helper
 
 from onnx_npu_fix import progress
-from onnx_npu_fix.analysis.constraints import CheckReport, Violation
 from onnx_npu_fix.analysis.split import SplitOrigin, split_origins
 from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.constraints import CheckReport, Violation
 from onnx_npu_fix.errors import EXIT_OK, EXIT_PASS_FAILED, EXIT_VIOLATIONS, InputError, PassFailed, first_line
-from onnx_npu_fix.io import cores
+from onnx_npu_fix.host import cores
 from onnx_npu_fix.io.load import LoadedModel, load_model, read_model  # noqa: F401 - load_model: part of the API
 from onnx_npu_fix.io.paths import WritePlan, check_output_path, check_run_paths, check_split_dir
 from onnx_npu_fix.io.save import EarlyWrite, Transaction, save_model, sha256_file, write_json
@@ -45,6 +45,7 @@ from onnx_npu_fix.pipeline.segments import SplitOutcome, split_model
 from onnx_npu_fix.pipeline.validate import Reference, segmented
 
 if TYPE_CHECKING:  # imported where used: --check and a plain fixing run never load the judge (0.02 s of imports)
+    from onnx_npu_fix.analysis.cost import Cost
     from onnx_npu_fix.judge.command import Judge
     from onnx_npu_fix.judge.forms import JudgeFit
     from onnx_npu_fix.judge.reduce import Reduction
@@ -154,12 +155,12 @@ def _fix_in_place(owned: OwnedModel, options: FixOptions | None = None,
     """:func:`fix` on a model nobody else holds (e.g. just read), handed over: the pass manager may replace it
     (scheduler.OwnedModel), so the result is FixResult.model. ``keep_inputs``: FixResult.inputs holds the
     validation inputs (``--save-inputs``)."""
-    from onnx_npu_fix.analysis.cost import input_cost, model_cost, needs_index
+    from onnx_npu_fix.analysis.cost import model_cost, needs_index
 
     options = options or FixOptions()
     assert owned.model is not None
     prepare(owned.model, options)
-    before = input_cost(owned.model, options)  # the model is edited in place: its cost is taken now
+    before = _input_cost(owned.model, options)  # the model is edited in place: its cost is taken now
     reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options, reference)
     frozen, own_reference = _freeze(owned.model, options, reference)
     try:
@@ -179,6 +180,26 @@ def _fix_in_place(owned: OwnedModel, options: FixOptions | None = None,
     return result
 
 
+def _input_cost(model: onnx.ModelProto, options: FixOptions) -> Cost:
+    """The cost of the prepared input (input shapes frozen, shapes inferred; not modified). When a conv or an
+    activation has no static shape, its MACs and peak come from a copy on which fold-constants has run — the
+    shapes the passes see; what stays unknown there is None (analysis/cost.py's docstring)."""
+    from onnx_npu_fix.analysis.cost import model_cost
+    from onnx_npu_fix.passes.fold_constants import FoldConstantsPass
+
+    cost = model_cost(model, options.act_bytes)
+    if not cost.unknown:
+        return cost
+    work = copy_model(model)
+    try:
+        FoldConstantsPass().run(work, options)
+    except Exception:  # noqa: BLE001 - the pass reports its own failure in the run; here the figure stays unknown
+        return cost
+    folded = model_cost(work, options.act_bytes)
+    cost.conv_macs, cost.peak_bytes, cost.unknown = folded.conv_macs, folded.peak_bytes, folded.unknown
+    return cost
+
+
 # Findings that are no compiler's verdict: an estimate (the compiler may tile), or no constraint of the target.
 _NOT_A_REFUSAL = frozenset({"sram", "sram-layer", "shape-inference", "judge"})
 
@@ -187,7 +208,7 @@ def target_refusal(model: onnx.ModelProto, *, options: FixOptions) -> str | None
     """Why the target rejects ``model`` whatever the passes do — the first violation that counts
     (``split_requested``) and that no pass, option or freeze fixes — or None. The pass manager asks it before an
     approximate change (run_passes' ``refusal``): a target that refuses the model anyway gains nothing from one."""
-    from onnx_npu_fix.analysis.constraints import check_model, split_requested
+    from onnx_npu_fix.constraints import check_model, split_requested
 
     counted, _ = split_requested(check_model(model, options, memory=False, _ask=False).violations, options)
     hard = [v for v in counted if v.fixed_by is None and v.constraint not in _NOT_A_REFUSAL]
@@ -336,7 +357,7 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
             return run(input_path, output, options, passes=passes, report_path=report_path, check=check,
                        shapes=shapes, record=record, command=command, split_dir=split_dir,
                        memory_plot=memory_plot, save_inputs=save_inputs, judge=judge)
-    cores.mark()  # the window in which other processes' use of the cores is measured opens (io/cores.py)
+    cores.mark()  # the window in which other processes' use of the cores is measured opens (host/cores.py)
     job = _RunState(os.fspath(input_path), _fspath(output), options or FixOptions(), _fspath(report_path),
                _fspath(split_dir), _fspath(memory_plot), shapes, bool(report_path) or record, command,
                _fspath(save_inputs), judge)
@@ -383,7 +404,7 @@ def _fspath(path: str | os.PathLike | None) -> str | None:
 
 def _check_input(job: _RunState) -> RunOutcome:
     """``--check``: read the input, list its violations (and draw ``--memory-plot``); nothing else is written."""
-    from onnx_npu_fix.analysis.constraints import check_model, split_requested
+    from onnx_npu_fix.constraints import check_model, split_requested
 
     source = read_model(job.input_path)
     if job.report_path:
@@ -488,7 +509,7 @@ def _fit_judge(job: _RunState, outcome: RunOutcome, chosen: list[Pass]) -> None:
 
 def _judge_violation(fit: JudgeFit) -> Violation:
     """The ``judge`` violation of a run whose judge rejects the output in every form tried."""
-    from onnx_npu_fix.analysis.constraints import judge_violation
+    from onnx_npu_fix.constraints import judge_violation
 
     node, op = (fit.region[0]["name"], fit.region[0]["op"]) if fit.region else ("model", "-")
     return judge_violation(node, op, fit.signature, len(fit.attempts))
@@ -504,7 +525,7 @@ def _failure(report: FixReport) -> str:
 
 
 def _check_output(job: _RunState, outcome: RunOutcome) -> None:
-    from onnx_npu_fix.analysis.constraints import check_model
+    from onnx_npu_fix.constraints import check_model
 
     outcome.checked = check_model(outcome.result.model, job.options, shapes=job.shapes, prepared=True,
                                   memory=job.wants_record, index=outcome.result.graph_index())
@@ -550,7 +571,7 @@ def _commit(job: _RunState) -> None:
 
 def _decide(job: _RunState, outcome: RunOutcome, chosen: list[Pass]) -> None:
     """Written: which violations count, and the exit code they make."""
-    from onnx_npu_fix.analysis.constraints import split_requested
+    from onnx_npu_fix.constraints import split_requested
 
     outcome.written = job.output
     outcome.violations, outcome.not_requested = split_requested(
@@ -669,7 +690,7 @@ def check(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None
     """Every constraint violation of ``model`` (a ModelProto, left as it is, or an .onnx path): what
     ``npufix --check`` lists. With ``options.requested`` set, only the requested ones are in ``violations``
     (constraints.split_requested)."""
-    from onnx_npu_fix.analysis.constraints import check_model, split_requested
+    from onnx_npu_fix.constraints import check_model, split_requested
 
     options = options or FixOptions()
     if isinstance(model, (str, os.PathLike)):
@@ -681,7 +702,7 @@ def check(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None
     return report
 
 
-# --- npufix reduce: the smallest model a judge still rejects (issue 24) -------------------------------------------
+# --- npufix reduce: the smallest model a judge still rejects ----------------------------------------------------
 
 
 @dataclass

@@ -309,7 +309,7 @@ def _split_names(value: str | None) -> list[str] | None:
 @_option(OUTPUT, "--report", "report_path", type=click.Path(dir_okay=False),
               help="Write the build record (strict JSON) here; not the input, the output or their external "
                    "data (checked before any work).")
-# --- emission forms (issue 13): target facts a profile sets, overridable here ---
+# --- emission forms: target facts a profile sets, overridable here ---
 @_option(FIXING, "--remainder-pad", type=_choice("remainder_pad"), default="concat", show_default=True,
               help="How dilated-conv pads a remainder: Concat with zeros, a Pad on a 4-D view, or a plain Pad.")
 @_option(FIXING, "--lift-conv1d/--no-lift-conv1d", default=False,
@@ -513,8 +513,8 @@ def _check_models(models: tuple[str, ...], options: FixOptions, output_format: s
 def _print_check(path: str, outcome, quiet: bool, verbose: int) -> None:
     """One line per finding, ``model.onnx: node (op): constraint: value vs limit -> fix``; then (unless -q) the
     summary, the exempt findings, the memory estimate and the shapes."""
-    from onnx_npu_fix.analysis.constraints import render_shapes, violations_summary
     from onnx_npu_fix.analysis.memory import render_memory
+    from onnx_npu_fix.constraints import render_shapes, violations_summary
 
     prefix = _one_line(path) + ": "
     checked = outcome.checked
@@ -577,7 +577,7 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool, printe
         for note in checked.exempt:
             _say(quiet, f"exempt: {note.text()} ({note.message})")
     if dump_shapes and checked.shapes is not None:
-        from onnx_npu_fix.analysis.constraints import render_shapes
+        from onnx_npu_fix.constraints import render_shapes
 
         click.echo(render_shapes(checked.shapes))
     _print_fitting(outcome, quiet)
@@ -661,7 +661,7 @@ _OPTION_FIELDS = {
     "validate_policy": "validate", "keep_going": "keep_going", "freeze_input": "freeze_inputs",
     "validation_data": "validation_data", "input_range": "input_ranges", "strict": "strict",
 }
-_OPTION_FIELDS.update({  # emission forms (issue 13)
+_OPTION_FIELDS.update({  # emission forms
     "remainder_pad": "remainder_pad", "lift_conv1d": "lift_conv1d", "force_rewrite": "force_rewrite",
     "max_convtranspose_stride": "max_convtranspose_stride",
 })
@@ -712,7 +712,7 @@ def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any],
             explicit[field_name] = value
     if opts["no_validate"]:
         values["validate"] = explicit["validate"] = "none"
-    from onnx_npu_fix.analysis.constraints import ASKED_BY
+    from onnx_npu_fix.constraints import ASKED_BY
 
     asks = {f for fields in ASKED_BY.values() for f in fields}
     defaults = check and target is None and not (asks & set(explicit))
@@ -883,7 +883,7 @@ def _setup_logging(quiet: bool, verbose: int) -> None:
     logging.basicConfig(level=level, format="%(levelname)s: %(message)s", stream=sys.stderr)
 
 
-# --- npufix reduce (issue 24) ----------------------------------------------------------------------------------
+# --- npufix reduce ----------------------------------------------------------------------------------------------
 
 class _ReduceCommand(_OneLineCommand):
     examples = (

@@ -209,10 +209,10 @@ def test_an_unknown_input_shape_name_lists_the_inputs_when_fixing_and_checking(t
 
 
 def test_the_cost_table_and_the_final_check_read_one_index_of_the_output(tmp_path, fixture_path, monkeypatch):
-    """The output is indexed once for the cost table and the constraint check of a run (issue 23: no rebuild
+    """The output is indexed once for the cost table and the constraint check of a run (no rebuild
     per consumer); the figures are those of a fresh index."""
-    from onnx_npu_fix.analysis.constraints import check_model
     from onnx_npu_fix.analysis.cost import model_cost
+    from onnx_npu_fix.constraints import check_model
     from onnx_npu_fix.ir import graph
 
     built: list[int] = []

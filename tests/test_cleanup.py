@@ -79,7 +79,7 @@ def test_dead_nodes_and_unused_initializers_removed():
     assert_equivalent(model, fixed)
 
 
-# --- no-op ops (issue 13): removed only when they provably return their input ------------------------------
+# --- no-op ops: removed only when they provably return their input ------------------------------
 
 def _ints(name, values):
     return numpy_helper.from_array(np.asarray(values, np.int64), name)

@@ -197,7 +197,7 @@ def test_console_script_subprocess(tmp_path, fixture_path):
 
 
 def test_check_imports_nothing_a_later_step_needs(fixture_path):
-    """``--check`` is the fast path (issue 23: within 1.5x of onnx.load + onnx.save): it loads neither onnxruntime
+    """``--check`` is the fast path (near the cost of onnx.load + onnx.save): it loads neither onnxruntime
     nor the judge, the graphsurgeon adapter, matplotlib or jsonschema, which only other steps use."""
     heavy = ("onnxruntime", "onnx_npu_fix.judge", "onnx_graphsurgeon", "onnx_npu_fix.plugins.graphsurgeon",
              "matplotlib", "jsonschema")
@@ -309,7 +309,7 @@ def refuse(*a, **k):
 api._fix_in_place = refuse
 """
 _BUG = """
-from onnx_npu_fix.analysis import constraints
+from onnx_npu_fix import constraints
 def bug(*a, **k):
     raise ZeroDivisionError("a bug")
 constraints.check_model = bug
@@ -394,7 +394,7 @@ def test_strict_refusal_exits_4(tmp_path, fixture_path, monkeypatch):
 
 
 def test_internal_error_exits_5_in_one_line(tmp_path, fixture_path, monkeypatch):
-    from onnx_npu_fix.analysis import constraints
+    from onnx_npu_fix import constraints
     monkeypatch.setattr(constraints, "check_model", lambda *a, **k: 1 / 0)
     result = invoke(fixture_path("tcn.onnx"), "-o", tmp_path / "o.onnx", "-q")
     assert result.exit_code == 5

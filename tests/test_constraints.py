@@ -11,7 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_npu_fix.analysis.constraints import (
+from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.constraints import (
     CONSTRAINT,
     CONSTRAINT_TABLE,
     CONSTRAINTS,
@@ -23,7 +24,6 @@ from onnx_npu_fix.analysis.constraints import (
     shape_listing,
     violations_summary,
 )
-from onnx_npu_fix.config.options import FixOptions
 
 F = TensorProto.FLOAT
 
@@ -642,7 +642,7 @@ def _constraint_names_in_checks():
     import ast
     import inspect
 
-    from onnx_npu_fix.analysis import constraints
+    from onnx_npu_fix import constraints
 
     def literals(node):
         if isinstance(node, ast.IfExp):
@@ -703,7 +703,7 @@ def test_docs_table_is_the_constraint_table_both_ways():
 
 def test_the_lookups_are_the_table():
     """LIMIT_TEXT, RESPONSIBLE and ASKED_BY say what the rows say (the forbidden-op row narrowed to one op)."""
-    from onnx_npu_fix.analysis.constraints import ASKED_BY, LIMIT_TEXT, RESPONSIBLE
+    from onnx_npu_fix.constraints import ASKED_BY, LIMIT_TEXT, RESPONSIBLE
 
     assert LIMIT_TEXT["dilation"] == "max {}" and ASKED_BY["sram-layer"] == ("sram_bytes",)
     assert ASKED_BY["leftover-op"] == () and RESPONSIBLE["leftover-op"] == "cleanup"
@@ -746,7 +746,7 @@ def test_unknown_shape_verdict_comes_from_fold_constants_itself():
     assert violation.fixed_by is None and "fold-constants:" in violation.message
 
 
-# --- the constraints issue 25's compiler runs showed missing --------------------------------------------------
+# --- the constraints the real compiler runs showed missing -----------------------------------------------------
 
 def _strided(in_shape, w_shape, strides, group=1):
     node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv_s", strides=list(strides), group=group)

@@ -14,9 +14,9 @@ from helpers import apply_pass, assert_equivalent, ops, run_model
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
-from onnx_npu_fix.analysis.constraints import check_model
 from onnx_npu_fix.cli import main
 from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.constraints import check_model
 from onnx_npu_fix.errors import InputError
 from onnx_npu_fix.ir.graph import set_input_shapes
 from onnx_npu_fix.ir.subgraph import subgraphs

@@ -1,4 +1,4 @@
-"""The validation sessions' thread count (io/cores.py): one when other processes keep a core busy, decided once
+"""The validation sessions' thread count (host/cores.py): one when other processes keep a core busy, decided once
 per run."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from onnx_npu_fix.io import cores
+from onnx_npu_fix.host import cores
 
 
 def _sample(busy: float, own: float, at: float, cores_: int = 2) -> cores.Sample:

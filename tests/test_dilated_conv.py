@@ -110,7 +110,7 @@ def explicit_same_pads(length, kernel, stride, dilation, upper):
 @pytest.mark.parametrize("dilation, limit, k", [(8, 4, 2), (128, 4, 32), (5, 4, 5), (128, 1, 128), (12, 7, 2),
                                                 (9, 2, 9), (16, 7, 4)])
 def test_block_size_smallest_divisor(dilation, limit, k):
-    # The examples of issue 3, and the smallest k with D % k == 0 and D/k <= limit.
+    # The examples of the original report, and the smallest k with D % k == 0 and D/k <= limit.
     assert block_size(dilation, max_dilation=limit) == k
     assert dilation % k == 0 and dilation // k <= limit
     assert all(dilation % j or dilation // j > limit for j in range(1, k))
@@ -708,7 +708,7 @@ def test_a_non_finite_weight_in_a_dead_tap_is_not_trimmed():
     assert run.ok and run.report.passes[0].status == "validated", run.report.to_json()
 
 
-# --- emission forms (issue 13): remainder padding, 1-D -> 4-D lift, do no harm ------------------------------
+# --- emission forms: remainder padding, 1-D -> 4-D lift, do no harm ------------------------------
 
 REMAINDER_FORMS = ("concat", "pad4d", "pad")
 

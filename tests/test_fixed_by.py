@@ -1,4 +1,4 @@
-"""--check's ``fixed_by`` against the passes themselves (issue 16): for every pass, a model it fixes and one it
+"""--check's ``fixed_by`` against the passes themselves: for every pass, a model it fixes and one it
 rejects. The check must name the pass exactly when the pass's own ``find`` plans the violating node and running
 the pass makes the violation disappear; when it does not, the message carries the pass's reason."""
 
@@ -10,8 +10,8 @@ import pytest
 from helpers import apply_pass
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_npu_fix.analysis.constraints import RESPONSIBLE, find_violations
 from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.constraints import RESPONSIBLE, find_violations
 from onnx_npu_fix.ir.graph import infer_shapes, name_unnamed_nodes
 from onnx_npu_fix.passes import PASSES
 from onnx_npu_fix.passes.base import Found, Pass, PassResult

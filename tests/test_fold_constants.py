@@ -135,7 +135,7 @@ def test_rewrite_applies_only_the_plans_it_is_given():
 
 def test_folded_pads_are_stored_typed_and_read_identically():
     """A folded shape-like integer tensor (here a Pad's pads) is stored in ``int64_data``, not raw bytes: rknn-
-    toolkit2 2.5.0 writes into the pads it reads from raw bytes and crashes (issue 25). onnx reads the typed form
+    toolkit2 2.5.0 writes into the pads it reads from raw bytes and crashes. onnx reads the typed form
     as the same values, onnxruntime computes the same outputs; a large integer result stays raw."""
     begin = helper.make_tensor("begin", TensorProto.INT64, [4], [0, 0, 1, 2])
     end = helper.make_tensor("end", TensorProto.INT64, [4], [0, 0, 3, 1])

@@ -26,7 +26,7 @@ from onnx_npu_fix.config.options import FixOptions
 
 EXAMPLES = int(os.environ.get("NPUFIX_FUZZ_EXAMPLES", "400"))
 
-constraints = pytest.importorskip("onnx_npu_fix.analysis.constraints")
+constraints = pytest.importorskip("onnx_npu_fix.constraints")
 
 
 class ModelDraw:

@@ -1,4 +1,4 @@
-"""The hostile-input corpus (issue 7): broken files, unusual models and bad output paths, through the real CLI.
+"""The hostile-input corpus: broken files, unusual models and bad output paths, through the real CLI.
 
 Every case ends either in a one-line error with exit 2 and nothing written, or in exit 0/1 with a written model
 that computes what the input computes (proven with onnxruntime, or with onnx's reference evaluator where
@@ -95,7 +95,7 @@ CASES = [
     Case("dynamic_batch", 2, ("--input-shape x:",)),
     Case("dynamic_batch", RESULT, args=("--input-shape", "x:3,8,32")),
     Case("newline_in_name", 2, ("--input-shape",)),
-    # Batch 0: every output is empty, so no comparison could show a difference (issue 21).
+    # Batch 0: every output is empty, so no comparison could show a difference.
     Case("zero_batch", 2, ("has no elements",)),
     Case("zero_batch", RESULT, args=("--validate", "none"), note=True),
     Case("zero_concat", RESULT),
@@ -437,7 +437,7 @@ PATH_CASES = [
              2, ("o.onnx.data is a directory",)),
     PathCase("newline_in_input_path", lambda w, c: (_newline_path(w, c), ["-o", w / "o.onnx"]),
              2, ("empty file",)),
-    # issue 21: every file the run writes (segments and manifest, plot and sidecar, report, output) against every
+    # Every file the run writes (segments and manifest, plot and sidecar, report, output) against every
     # other and every file it reads, before any work
     PathCase("report_is_split_manifest",
              lambda w, c: (_copy_plain(w, c), ["-o", w / "o.onnx", "--sram", "1MiB", "--split", _mkdir(w / "seg"),

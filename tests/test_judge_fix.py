@@ -1,4 +1,4 @@
-"""``npufix MODEL -o OUT --judge CMD`` (issue 24, part 2), with judges run as real subprocesses: the output is
+"""``npufix MODEL -o OUT --judge CMD``, with judges run as real subprocesses: the output is
 judged; when rejected, npufix reduces it, tries the other emission forms for that region and writes the first the
 judge accepts (or the output with a ``judge`` violation, exit 1)."""
 

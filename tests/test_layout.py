@@ -19,7 +19,8 @@ PACKAGE = "onnx_npu_fix"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # Lowest first: a layer may import from itself and from the layers before it, never from one after it.
-LAYERS = ("ir", "config", "io", "passes", "analysis", "pipeline", "judge", "plugins", "api", "cli", "__main__")
+LAYERS = ("host", "ir", "config", "io", "analysis", "passes", "constraints", "pipeline", "judge", "plugins", "api",
+          "cli", "__main__")
 # Usable from every layer: the exceptions and exit codes, the progress events, and the package root
 # (``__version__``; its public names are loaded on attribute access, so ``onnx_npu_fix/__init__.py`` imports
 # nothing at module level).
@@ -113,7 +114,7 @@ def test_the_import_reader_sees_every_kind_of_import():
     assert ("onnx_npu_fix.pipeline.inputs", True) in {(t, top) for t, _, top in validate}
     cli = {(t, top) for t, _, top in _imported("onnx_npu_fix.cli", MODULES["onnx_npu_fix.cli"])}
     assert ("onnx_npu_fix.api", False) in cli  # ``from onnx_npu_fix import api`` inside a function
-    assert _with_parents("onnx_npu_fix.analysis.constraints", "onnx_npu_fix.passes.base") == {
+    assert _with_parents("onnx_npu_fix.constraints", "onnx_npu_fix.passes.base") == {
         "onnx_npu_fix.passes.base", "onnx_npu_fix.passes"}
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None

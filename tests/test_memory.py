@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.analysis.memory import estimate, render_memory
+from onnx_npu_fix.analysis.schedule import memory_aware_order, order_plan, stored_peak
 from onnx_npu_fix.ir.graph import GraphIndex
-from onnx_npu_fix.ir.schedule import memory_aware_order, order_plan, stored_peak
 from onnx_npu_fix.passes.reorder_memory import ReorderMemoryPass
 
 F = TensorProto.FLOAT
@@ -390,7 +390,7 @@ def _brute_force_min_peak(lv):
     """The lowest peak over every topological order, by enumeration (independent of the search)."""
     import itertools
 
-    from onnx_npu_fix.ir.schedule import peak_of
+    from onnx_npu_fix.analysis.schedule import peak_of
 
     n = len(lv.nodes)
     best = None
@@ -423,8 +423,8 @@ def _dag_model(spec, in_channels=2):
 
 
 def _lv(model):
+    from onnx_npu_fix.analysis.schedule import liveness
     from onnx_npu_fix.ir.graph import infer_shapes
-    from onnx_npu_fix.ir.schedule import liveness
 
     infer_shapes(model)
     return liveness(GraphIndex(model), 1)
@@ -440,7 +440,7 @@ def _greedy_trap():
 
 
 def test_exact_search_beats_greedy_and_matches_brute_force():
-    from onnx_npu_fix.ir.schedule import best_greedy_order, best_schedule, peak_of
+    from onnx_npu_fix.analysis.schedule import best_greedy_order, best_schedule, peak_of
 
     lv = _lv(_greedy_trap())
     _, greedy_peak, _ = best_greedy_order(lv)
@@ -457,7 +457,7 @@ def test_exact_search_beats_greedy_and_matches_brute_force():
 
 
 def test_exhausted_budget_claims_no_optimality_and_keeps_a_true_bound():
-    from onnx_npu_fix.ir.schedule import best_schedule, node_floors, peak_of
+    from onnx_npu_fix.analysis.schedule import best_schedule, node_floors, peak_of
 
     lv = _lv(_greedy_trap())
     found = best_schedule(lv, budget=1)
@@ -505,7 +505,7 @@ def small_dags(draw):
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(small_dags(), st.sampled_from([1, 3, 20000]))
 def test_property_search_is_exact_and_its_bound_is_sound(spec, budget):
-    from onnx_npu_fix.ir.schedule import best_schedule, peak_of
+    from onnx_npu_fix.analysis.schedule import best_schedule, peak_of
 
     lv = _lv(_dag_model(spec))
     optimum = _brute_force_min_peak(lv)
@@ -637,7 +637,7 @@ def test_cli_schedule_budget_reaches_the_pass_and_the_check(tmp_path):
     assert (greedy["peak_bytes_after"], greedy["optimal"], greedy["states_expanded"]) == (128, False, 0)
     assert (exact["peak_bytes_after"], exact["optimal"]) == (112, True)
     assert runs["0"]["memory"]["schedule"]["optimal"] is False  # the output's check uses the same budget
-    from onnx_npu_fix.ir.schedule import node_floors
+    from onnx_npu_fix.analysis.schedule import node_floors
 
     check = runner.invoke(main, [str(path), "--check", "--align", "0", "--schedule-budget", "0", "--format", "json"])
     floor = max(node_floors(_lv(_greedy_trap())))
@@ -649,7 +649,7 @@ def test_the_exact_search_reports_its_progress(monkeypatch):
     """A long search tells a listener how far it is (states expanded of the budget), every PROGRESS_EVERY
     states; nobody listening costs nothing but the check."""
     from onnx_npu_fix import progress
-    from onnx_npu_fix.ir import schedule
+    from onnx_npu_fix.analysis import schedule
 
     monkeypatch.setattr(schedule, "PROGRESS_EVERY", 2)
     lv = _lv(_greedy_trap())

@@ -417,7 +417,7 @@ class _KeepsNothing(Pass):
 ])
 def test_the_recorded_types_are_copied_once_across_passes_that_change_nothing(passes, snapshots, monkeypatch):
     """The manager's copy of every tensor's recorded type (for a keeps_shapes claim) is taken again only after a
-    pass changed the model (issue 23: 0.2 s a copy at 100k nodes), and the claim is still checked against the
+    pass changed the model (a copy of a 100k-node model is not free), and the claim is still checked against the
     model as it was just before the lying pass."""
     taken: list[int] = []
     real = pipeline._recorded_snapshot

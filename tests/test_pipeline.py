@@ -581,7 +581,7 @@ def test_a_plugin_that_returns_no_result_is_a_failed_pass_with_exit_3(tmp_path):
     assert not out.exists()
 
 
-# --- no approximate change for a target that rejects the model anyway (issue 25) -----------------------------
+# --- no approximate change for a target that rejects the model anyway -------------------------------------
 
 
 def _conv_bn_relu_qdq(tmp_path) -> onnx.ModelProto:

@@ -15,8 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
-from onnx_npu_fix.analysis.constraints import check_model
 from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.constraints import check_model
 from onnx_npu_fix.ir.graph import GraphIndex, set_input_shapes
 from onnx_npu_fix.ir.qdq import power_of_two_int8, walk_non_qdq
 from onnx_npu_fix.passes.align_channels import AlignChannelsPass
@@ -561,7 +561,7 @@ _FORMS = {
 @pytest.mark.parametrize("form", [*_FORMS])
 def test_every_emitted_form_is_canonical_qdq(quantized, form):
     """On models onnxruntime's quantize_static made, no op npufix emits reads or writes an integer activation
-    except QuantizeLinear / DequantizeLinear (Qualcomm HTP rejects a Concat on raw uint8 tensors: issue 25), every
+    except QuantizeLinear / DequantizeLinear (Qualcomm HTP rejects a Concat on raw uint8 tensors), every
     inserted float op sits in a DQ -> op -> Q unit, and the outputs stay within one quantization step."""
     name, options = _FORMS[form]
     path = quantized(name)

@@ -1,4 +1,4 @@
-"""``npufix reduce`` (issue 24, part 1): judges that reject a structural pattern (tests/pattern_judge.py, run as real
+"""``npufix reduce``: judges that reject a structural pattern (tests/pattern_judge.py, run as real
 subprocesses) on small models, the fixtures and random graphs. Each reduction must end 1-minimal (removing any node
 left makes the judge pass, or the candidate unbuildable), keep the original signature, and take at most
 3·log2(n) + 10 judge calls when one node is the cause.

@@ -629,7 +629,7 @@ def test_pass_declares_itself_approximate():
     assert ResizeNearestPass.name == "resize-nearest" and ResizeNearestPass.exact is False
 
 
-# --- ConvTranspose stride limits and targets without ConvTranspose (issue 13) -----------------------------
+# --- ConvTranspose stride limits and targets without ConvTranspose -------------------------------------
 
 
 @pytest.mark.parametrize("mode", ["linear", "cubic"])
@@ -717,7 +717,7 @@ def test_a_target_that_accepts_linear_resize_keeps_it(tmp_path, target, rewritte
         assert_equivalent(model, fixed)
 
 
-# --- issue 22: the separable exact form on quantized models ---------------------------------------------------
+# --- the separable exact form on quantized models -------------------------------------------------------------
 
 def _quantized_up8(tmp_path) -> onnx.ModelProto:
     """Conv -> linear half_pixel x8 Resize (LR-ASPP's head), quantized by onnxruntime's quantize_static (QDQ)."""

@@ -10,9 +10,9 @@ from helpers import assert_equivalent, run_model
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
-from onnx_npu_fix.analysis.constraints import find_violations
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.config.targets import apply_target, load_target
+from onnx_npu_fix.constraints import find_violations
 from onnx_npu_fix.passes.resize_scales import ResizeScalesPass
 
 K210 = apply_target(load_target("k210"), FixOptions(), {})

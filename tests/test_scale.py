@@ -1,4 +1,4 @@
-"""npufix's own work at scale (issue 23): what a run does once, or not at all, on a model that needs it once or
+"""npufix's own work at scale: what a run does once, or not at all, on a model that needs it once or
 not at all. Each test counts calls of the expensive step (the figures are in bench/results.md)."""
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def test_a_run_infers_shapes_once_and_checks_the_input_and_the_output_once_each(
 
 _HEAP_PROBE = """
 import sys
-from onnx_npu_fix.io import heap, load
+from onnx_npu_fix.host import heap
+from onnx_npu_fix.io import load
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS"):

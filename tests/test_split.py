@@ -541,7 +541,7 @@ def test_memory_plot_draws_a_split_on_the_curves_step_axis(tmp_path):
     pytest.importorskip("matplotlib")
 
     from onnx_npu_fix.analysis.plot import figure
-    from onnx_npu_fix.ir.schedule import best_schedule, liveness
+    from onnx_npu_fix.analysis.schedule import best_schedule, liveness
 
     quantize_with_onnxruntime(skip_unet(), tmp_path, sets=2, activation="QInt8")
     quantized = tmp_path / "qdq.onnx"

@@ -9,9 +9,9 @@ from helpers import assert_equivalent
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix import api
-from onnx_npu_fix.analysis.constraints import find_violations
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.config.targets import apply_target, load_target
+from onnx_npu_fix.constraints import find_violations
 
 
 def squeezes(tmp_path, input_shape=(1, 128, 1)) -> str:

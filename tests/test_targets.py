@@ -54,7 +54,7 @@ def test_shipped_profile_loads_with_description_and_sources(name):
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_every_constraint_line_cites_its_source(name):
-    """The rule of issue 8: each constraint with its public source in a comment next to it."""
+    """The profiles' rule: each constraint with its public source in a comment next to it."""
     text = (TARGETS_DIR / f"{name}.toml").read_text(encoding="utf-8")
     section = re.search(r"^\[constraints\]\n(.*?)(?=^\[|\Z)", text, re.S | re.M)
     assert section, "no [constraints] table"
@@ -98,7 +98,7 @@ def test_facts_from_the_issue_are_encoded():
 
 
 def test_vendor_compiler_profiles_encode_the_measured_facts():
-    """Issue 13: what tpu-mlir 1.30.2 and rknn-toolkit2 2.5.0 did (docs/vendor-judge.md)."""
+    """What tpu-mlir 1.30.2 and rknn-toolkit2 2.5.0 did (docs/vendor-judge.md)."""
     bm = load_target("bm1684x").constraints
     assert bm["max_dilation"] == 15 and bm["remainder_pad"] == "concat" and bm["lift_conv1d"] is True
     assert bm["max_convtranspose_stride"] == 8
@@ -158,7 +158,7 @@ REFUSED_BOTH_WAYS = [
      "forbidden_ops: 'Prelu' is not an ONNX op type (did you mean 'PRelu'?)"),
     ("forbidden_ops", "PRelu", 'forbidden_ops = "PRelu"', "forbidden_ops must be a list of strings, got string "
                                                            "'PRelu'"),
-    # A zero dimension is no usable shape: FixOptions accepted it while a profile refused it (issue 20).
+    # A zero dimension is no usable shape: FixOptions accepted it while a profile refused it.
     ("input_shapes", {"x": [0, 3]}, "input_shapes = { x = [0, 3] }",
      "input_shapes: input 'x' has a dimension < 1: [0, 3]"),
     ("input_shapes", {"x": [1, -2]}, "input_shapes = { x = [1, -2] }",
@@ -413,7 +413,7 @@ def test_parse_size_says_why_and_which_units_exist(text, says):
 
 # Options that choose how passes rewrite, not what the checker reports.
 OPTION_ONLY = {"resize_mode", "act_bytes", "s2b_layout", "bn_standalone",
-               # emission forms (issue 13): how passes write their rewrites for the target's compiler
+               # emission forms: how passes write their rewrites for the target's compiler
                "remainder_pad", "lift_conv1d", "s2b_layouts", "force_rewrite", "allow_convtranspose",
                "max_convtranspose_stride", "fold_pad_into_conv",
                # which convs max_stride judges (Vela 5.2), tested with max_stride in test_constraints.py
@@ -619,7 +619,7 @@ def violations_for(key, value, options):
 
 
 def compiler_run_violations(key, value, options):
-    """The constraints issue 25's compiler runs added (k210 kernels and pads, bm1684x QDQ, Vela's resize rule);
+    """The constraints the real compiler runs added (k210 kernels and pads, bm1684x QDQ, Vela's resize rule);
     None for another key."""
     if key == "allowed_kernels":
         odd = next(k for k in range(1, 8) if k not in value)
@@ -696,7 +696,7 @@ def _cases(kind):
 
 @pytest.fixture(scope="module")
 def checker():
-    return pytest.importorskip("onnx_npu_fix.analysis.constraints")
+    return pytest.importorskip("onnx_npu_fix.constraints")
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))

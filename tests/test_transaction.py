@@ -1,4 +1,4 @@
-"""Every file a run writes is one transaction (issue 21): the output, its external data, the report, the split
+"""Every file a run writes is one transaction: the output, its external data, the report, the split
 directory (segments and manifest), the memory plot and its sidecar are staged beside their destinations and
 renamed into place only after every step passed. For every way a run ends, the directory holds exactly what the
 exit code says: all of the run's files, or none of them (a failed pass: its report only).

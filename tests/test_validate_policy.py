@@ -1,4 +1,4 @@
-"""Validation policy (issue 14): no run ends "fine" with nothing validated, invalid models are caught at load,
+"""Validation policy: no run ends "fine" with nothing validated, invalid models are caught at load,
 the reference comes from the bytes read, real validation data, measured approximations and --strict."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One input set when nothing moved (issue 23): an exact candidate whose outputs on the first generated set are
+"""One input set when nothing moved: an exact candidate whose outputs on the first generated set are
 bit-identical to its predecessor's is not run on the others (after an approximate change too: the final comparison
 then carries the sets it skipped); anything that moved, loaded data and small inputs run every set, and the records
 say which."""

@@ -403,7 +403,7 @@ def same_pad_conv() -> onnx.ModelProto:
 @requires_rknn
 @pytest.mark.parametrize("target", RKNN_TARGETS)
 def test_rknn_builds_the_rockchip_output_of_a_computed_same_pad(tmp_path, target):
-    """Issue 25 item 1: rknn-toolkit2 2.5.0's own Pad-into-Conv fusion crashed on npufix's folded pads
+    """rknn-toolkit2 2.5.0's own Pad-into-Conv fusion crashed on npufix's folded pads
     (_p_fuse_pad_into_conv: ValueError: assignment destination is read-only); the Rockchip profiles fold the zero
     Pad into the Conv (fold-pad-conv), so no Pad reaches it, and the build runs on the NPU."""
     original = same_pad_conv()
@@ -427,12 +427,12 @@ def test_rknn_builds_the_rockchip_output_of_a_computed_same_pad(tmp_path, target
 
 @requires_tpu_mlir
 def test_tpu_mlir_refuses_a_qdq_model_and_the_profile_says_so(fixture_path, tmp_path):
-    """Issue 25 item 4: tpu-mlir 1.30.2's importer fails on a model quantized by onnxruntime (QDQ), exported or
+    """tpu-mlir 1.30.2's importer fails on a model quantized by onnxruntime (QDQ), exported or
     fixed ("KeyError: Should addWeight first"); the float export compiles. ``--target bm1684x`` reports the QDQ
     model (quantized-input, exit 1) and not the float one."""
     import numpy as np
 
-    from onnx_npu_fix.analysis.constraints import find_violations
+    from onnx_npu_fix.constraints import find_violations
 
     src = fixture_path("torch_unet.onnx")
     quantize_with_onnxruntime(onnx.load(src), tmp_path, activation="QInt8")  # onnxruntime's defaults
@@ -516,11 +516,11 @@ def unsqueeze_model(axes_from_constant: bool) -> onnx.ModelProto:
 
 @requires_nncase
 def test_nncase_refuses_unsqueeze_axes_from_a_constant_node_and_the_k210_profile_says_so(tmp_path):
-    """Issue 25: nncase 1.9's "bad optional access" on the ConvTasNets and Silero VAD (original and output), reduced
+    """nncase 1.9's "bad optional access" on the ConvTasNets and Silero VAD (original and output), reduced
     by npufix reduce to one Unsqueeze whose axes a Constant node makes. The same axes as an initializer import;
     --target k210 reports the Constant form (constant-node-input, fixed by fold-constants) and not the other, and
     npufix's output of the Constant form (the axes stored as an initializer) imports."""
-    from onnx_npu_fix.analysis.constraints import find_violations
+    from onnx_npu_fix.constraints import find_violations
 
     options = apply_target(load_target("k210"), FixOptions(), {})
     for from_constant in (True, False):
@@ -543,12 +543,12 @@ def test_nncase_refuses_unsqueeze_axes_from_a_constant_node_and_the_k210_profile
 
 @requires_nncase
 def test_nncase_refuses_onnxruntime_qdq_and_the_k210_profile_says_so(tmp_path):
-    """Issue 25: the quantized DeepLabV3 fails in nncase 1.9 at its int32 bias ("DequantizeLinear: unsupported data
+    """The quantized DeepLabV3 fails in nncase 1.9 at its int32 bias ("DequantizeLinear: unsupported data
     type:i32"), original and output alike; int8 weights fail too ('Data type "INT8" not supported'). nncase
     quantizes float models itself, so the k210 profile refuses QDQ input (quantized-input, exit 1)."""
     from onnx import shape_inference
 
-    from onnx_npu_fix.analysis.constraints import find_violations
+    from onnx_npu_fix.constraints import find_violations
 
     options = apply_target(load_target("k210"), FixOptions(), {})
     float_model = conv_bn_relu()
@@ -577,12 +577,12 @@ def test_nncase_refuses_onnxruntime_qdq_and_the_k210_profile_says_so(tmp_path):
 
 @requires_nncase
 def test_nncase_refuses_a_strided_conv_transpose_and_the_k210_profile_says_so(tmp_path):
-    """Issue 25: with the Unsqueeze axes as initializers, the ConvTasNets' next nncase 1.9 failure is their decoder:
+    """With the Unsqueeze axes as initializers, the ConvTasNets' next nncase 1.9 failure is their decoder:
     a ConvTranspose of stride 2 or more has no emitter ("Emitter for ...[Conv2DTranspose] is not found in module
     stackvm"); a stride-1 one compiles. The k210 profile forbids ConvTranspose (forbidden-op, no pass fixes it)."""
     from onnx import TensorProto, helper, numpy_helper, shape_inference
 
-    from onnx_npu_fix.analysis.constraints import find_violations
+    from onnx_npu_fix.constraints import find_violations
 
     options = apply_target(load_target("k210"), FixOptions(), {})
     weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8, 2, 2)).astype(np.float32), "w")
@@ -598,12 +598,12 @@ def test_nncase_refuses_a_strided_conv_transpose_and_the_k210_profile_says_so(tm
 
 @requires_nncase
 def test_nncase_squeezes_every_size_one_axis_and_the_k210_profile_says_so(tmp_path):
-    """Issue 25: Silero VAD's next nncase 1.9 failure once its Unsqueeze axes import, reduced to one Squeeze:
+    """Silero VAD's next nncase 1.9 failure once its Unsqueeze axes import, reduced to one Squeeze:
     [1,128,1] squeezed on axis 2 (axes an input, opset 16) fails with "Shapes must be same" (nncase removes every
     size-1 axis); [2,128,1] imports. --target k210 reports the first (squeeze-axes), not the second."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from onnx_npu_fix.analysis.constraints import find_violations
+    from onnx_npu_fix.constraints import find_violations
 
     options = apply_target(load_target("k210"), FixOptions(), {})
     for batch in (1, 2):
@@ -627,12 +627,12 @@ def test_nncase_squeezes_every_size_one_axis_and_the_k210_profile_says_so(tmp_pa
 
 @requires_nncase
 def test_nncase_refuses_a_resize_given_sizes_and_imports_npufixs_scales(tmp_path):
-    """Seventh session: torchvision's LR-ASPP / DeepLabV3 and smp's exports give their Resizes sizes (scales
+    """torchvision's LR-ASPP / DeepLabV3 and smp's exports give their Resizes sizes (scales
     omitted); nncase 1.9 fails with "Can't pull input data for <>". --target k210 reports it (resize-sizes) and
     resize-scales gives the float32 scales the sizes stand for: the output imports."""
     from onnx import TensorProto, helper, numpy_helper, shape_inference
 
-    from onnx_npu_fix.analysis.constraints import find_violations
+    from onnx_npu_fix.constraints import find_violations
 
     options = apply_target(load_target("k210"), FixOptions(), {})
     weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8, 3, 3)).astype(np.float32), "w")
@@ -654,7 +654,7 @@ def test_nncase_refuses_a_resize_given_sizes_and_imports_npufixs_scales(tmp_path
 
 @requires_nncase
 def test_silero_vad_compiles_for_k210_after_npufix(tmp_path, fixture_path):
-    """Issue 25: Silero VAD (shipped in the silero-vad wheel) fails in nncase 1.9 as exported (an If; Unsqueeze axes
+    """Silero VAD (shipped in the silero-vad wheel) fails in nncase 1.9 as exported (an If; Unsqueeze axes
     from Constant nodes: "bad optional access"; Squeezes that keep a size-1 axis). npufix --target k210 with its
     sample rate frozen folds the If, stores the axes as initializers and makes those Squeezes Reshapes: nncase
     imports and compiles the output."""
@@ -670,11 +670,11 @@ def test_silero_vad_compiles_for_k210_after_npufix(tmp_path, fixture_path):
 
 @requires_nncase
 def test_nncase_refuses_an_if_and_the_k210_profile_says_so(tmp_path):
-    """Issue 25: Silero VAD as exported fails in nncase 1.9 with "Not supported ONNX opcode: If"; the k210 profile
+    """Silero VAD as exported fails in nncase 1.9 with "Not supported ONNX opcode: If"; the k210 profile
     sets allow_control_flow = false (--freeze-input sr=16000 folds Silero's If)."""
     from onnx import TensorProto, helper
 
-    from onnx_npu_fix.analysis.constraints import find_violations
+    from onnx_npu_fix.constraints import find_violations
 
     vi = helper.make_tensor_value_info
     branch = [helper.make_graph([helper.make_node(op, ["x"], [out])], op, [], [vi(out, TensorProto.FLOAT, [1, 8])])
@@ -691,7 +691,7 @@ def test_nncase_refuses_an_if_and_the_k210_profile_says_so(tmp_path):
 
 @requires_tpu_mlir
 def test_tpu_mlir_judge_gives_a_scalar_input_the_shape_tpu_mlir_gives_it(tmp_path):
-    """Issue 25: Silero VAD's scalar ``sr`` reached model_transform as ``[]`` in --input_shapes, which tpu-mlir 1.30.2
+    """Silero VAD's scalar ``sr`` reached model_transform as ``[]`` in --input_shapes, which tpu-mlir 1.30.2
     refuses ("input shapes error: ..., 1 vs 0": it gives a rank-0 input the shape [1]); the judge passes [1], and a
     model with a scalar input compiles. (Silero as exported is then rejected for itself: "Op not support:{'Size'}".)"""
     from onnx import TensorProto, helper
@@ -717,7 +717,7 @@ def qdq_conv(tmp_path) -> str:
 
 def with_raw_integer_concat(path: str) -> onnx.ModelProto:
     """The last QuantizeLinear -> DequantizeLinear pair with a Concat(uint8 zeros) + Slice between them: ops on raw
-    integer tensors outside any QDQ unit (the form issue 25 saw npufix's QDQ space-to-batch emit)."""
+    integer tensors outside any QDQ unit (the form npufix's QDQ space-to-batch once emitted)."""
     from onnx import helper, numpy_helper
     model = onnx.load(path)
     graph = model.graph

@@ -1,4 +1,4 @@
-"""How a candidate's outputs are judged (issue 21, "Validation that discriminates"; issue 22 §3): outputs computed
+"""How a candidate's outputs are judged (validation that discriminates): outputs computed
 from a dequantized tensor by float ops in the steps of their quantizer, per-output tolerances as polygraphy
 takes them, the statistics of every output in the record, and approximate verdicts near their bound."""
 

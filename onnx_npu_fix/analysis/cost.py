@@ -11,8 +11,9 @@ their MACs and activations are not, as memory.py estimates the outer graph only.
 
 MACs and the peak need static shapes. An export's Shape chains leave most shapes unknown until fold-constants has
 run, so a sum over the known ones would read as growth that did not happen (DeepLabV3+: "conv MACs 0 -> 279.67 M").
-:func:`input_cost` therefore takes the input's MACs and peak on a copy with the shape chains folded, as --check's
-analysis does; a figure whose shapes stay unknown even then is None and printed "unknown", never a partial sum.
+The input's MACs and peak are therefore taken on a copy with the shape chains folded (api's ``_input_cost``), as
+--check's analysis does; a figure whose shapes stay unknown even then is None and printed "unknown", never a
+partial sum.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from typing import Any
 
 import onnx
 
-from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.analysis.schedule import stored_peak
 from onnx_npu_fix.ir.graph import (
     GraphIndex,
-    copy_model,
     format_bytes,
     has_subgraphs,
     may_hold_subgraphs,
@@ -34,7 +34,6 @@ from onnx_npu_fix.ir.graph import (
     subgraphs,
 )
 from onnx_npu_fix.ir.ops import is_default_domain
-from onnx_npu_fix.ir.schedule import stored_peak
 
 DETAIL_MAX_NODES = 20000
 
@@ -112,25 +111,6 @@ def _shapes_unknown(index: GraphIndex, node: onnx.NodeProto) -> bool:
     """node_macs counted 0 for lack of a static shape (not because a dimension is 0)."""
     measured = node.output[0] if node.op_type == "Conv" else node.input[0]
     return index.static_shape(node.input[1]) is None or index.static_shape(measured) is None
-
-
-def input_cost(model: onnx.ModelProto, options: FixOptions) -> Cost:
-    """The cost of the prepared input (input shapes frozen, shapes inferred; not modified). When a conv or an
-    activation has no static shape, its MACs and peak come from a copy on which fold-constants has run — the
-    shapes the passes see; what stays unknown there is None (see the module docstring)."""
-    from onnx_npu_fix.passes.fold_constants import FoldConstantsPass
-
-    cost = model_cost(model, options.act_bytes)
-    if not cost.unknown:
-        return cost
-    work = copy_model(model)
-    try:
-        FoldConstantsPass().run(work, options)
-    except Exception:  # noqa: BLE001 - the pass reports its own failure in the run; here the figure stays unknown
-        return cost
-    folded = model_cost(work, options.act_bytes)
-    cost.conv_macs, cost.peak_bytes, cost.unknown = folded.conv_macs, folded.peak_bytes, folded.unknown
-    return cost
 
 
 def cost_json(before: Cost, after: Cost) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Activation-memory estimate: live activation bytes at every step of a node order, the tensors live at the
 peak, the largest node floor and the best order the schedule search finds, as text (``render_memory``) and JSON.
 
-The model of execution and the order search live in ir/schedule.py (the reorder-memory pass uses the same
+The model of execution and the order search live in analysis/schedule.py (the reorder-memory pass uses the same
 search); this module measures one model with them and reports. It is an estimate: no tiling, no in-place reuse,
 no padding or scratch buffers (``ASSUMPTIONS``). A tensor of unknown shape counts as 0 bytes and is listed, so
 the peak is then a lower bound.
@@ -15,6 +15,14 @@ from typing import Any
 
 import onnx
 
+from onnx_npu_fix.analysis.schedule import (
+    DEFAULT_SEARCH_BUDGET,
+    best_schedule,
+    live_profile,
+    liveness,
+    node_floors,
+    tensor_spans,
+)
 from onnx_npu_fix.errors import InputError
 from onnx_npu_fix.io.load import prepare
 from onnx_npu_fix.ir.graph import (
@@ -23,14 +31,6 @@ from onnx_npu_fix.ir.graph import (
     format_bytes,
     format_shape,
     shape_only_copy,
-)
-from onnx_npu_fix.ir.schedule import (
-    DEFAULT_SEARCH_BUDGET,
-    best_schedule,
-    live_profile,
-    liveness,
-    node_floors,
-    tensor_spans,
 )
 
 ASSUMPTIONS = (

@@ -18,11 +18,11 @@ from typing import Any
 import onnx
 
 from onnx_npu_fix.analysis.memory import analysis_copy, estimate_index
+from onnx_npu_fix.analysis.schedule import DEFAULT_SEARCH_BUDGET, best_schedule, liveness
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError
 from onnx_npu_fix.io.save import Transaction, write_json
 from onnx_npu_fix.ir.graph import GraphIndex, format_bytes
-from onnx_npu_fix.ir.schedule import DEFAULT_SEARCH_BUDGET, best_schedule, liveness
 
 FORMATS = (".png", ".svg")
 # npufix is installed from its source (not published on PyPI): the hint names what pip can find either way.

@@ -2,7 +2,7 @@
 
 The field report's working fix for an SRAM overflow: run the U-Net as two sub-models (encoder to bottleneck,
 decoder) that exchange the feature maps crossing the cut through external memory. The same model of execution as
-ir/schedule.py: nodes run one at a time in one order (the best order schedule.best_schedule finds); a segment is
+analysis/schedule.py: nodes run one at a time in one order (the best order schedule.best_schedule finds); a segment is
 a contiguous run of that order. Inside a segment a tensor is on chip from its producer (step 0 for a segment input)
 to its last reader in the segment, or to the segment's end when a later segment or the caller reads it; a tensor
 crossing a cut lives in external memory in between (a skip connection that crosses a middle segment costs that
@@ -31,6 +31,15 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnx_npu_fix.analysis.schedule import (
+    DEFAULT_SEARCH_BUDGET,
+    Liveness,
+    best_greedy_order,
+    best_schedule,
+    constant_names,
+    liveness,
+    node_floors,
+)
 from onnx_npu_fix.errors import InputError
 from onnx_npu_fix.ir.graph import (
     GraphIndex,
@@ -39,15 +48,6 @@ from onnx_npu_fix.ir.graph import (
     set_input_shapes,
     shape_only_copy,
     subgraph_outer_inputs,
-)
-from onnx_npu_fix.ir.schedule import (
-    DEFAULT_SEARCH_BUDGET,
-    Liveness,
-    best_greedy_order,
-    best_schedule,
-    constant_names,
-    liveness,
-    node_floors,
 )
 
 

@@ -16,7 +16,7 @@ import onnx.external_data_helper
 from google.protobuf.message import DecodeError
 
 from onnx_npu_fix.errors import InputError, first_line
-from onnx_npu_fix.io.heap import release_freed_memory
+from onnx_npu_fix.host.heap import release_freed_memory
 from onnx_npu_fix.ir.graph import (
     TWO_GB,
     approx_model_bytes,

@@ -108,7 +108,7 @@ def check_split_dir(directory: str | os.PathLike) -> None:
 
 class WritePlan:
     """Every path a run reads and every path it will write, known before any work, so that no file of the run
-    can be another (issue 21: a report that replaces the split's manifest, a plot sidecar that overwrites the
+    can be another (a report that replaces the split's manifest, a plot sidecar that overwrites the
     input, an output inside the split directory). Two paths are the same file when they resolve to one (symlinks,
     ``..``), are hard links of one inode, or differ only in case on a file system that ignores case; a path
     inside a directory the run writes (``--split``) is in it.

@@ -57,7 +57,7 @@ def _create_unique(directory: str, prefix: str, suffix: str, make: Callable[[str
     """A new file or directory (``make``) named ``prefix`` + random + ``suffix`` in ``directory``. The name is
     chosen and handed to ``register`` *before* the entry exists, so whoever discards it knows the name whatever
     instant a KeyboardInterrupt or SIGTERM lands at (a name returned by mkstemp would be lost if the signal came
-    between the creation and the return: issue 21)."""
+    between the creation and the return)."""
     while True:
         name = os.path.join(directory, f"{prefix}{secrets.token_hex(8)}{suffix}")
         register(name)

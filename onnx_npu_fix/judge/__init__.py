@@ -1,2 +1,2 @@
-"""Compiler in the loop (issue 24): run a judge command on candidate models, and reduce a model the judge rejects
+"""Compiler in the loop: run a judge command on candidate models, and reduce a model the judge rejects
 to a minimal one that it still rejects with the same failure."""

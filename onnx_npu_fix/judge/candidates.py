@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import onnx
 
+from onnx_npu_fix.analysis.schedule import constant_names
 from onnx_npu_fix.analysis.split import SegmentPlan, SplitPlan, build_segments, node_reads, pure_nodes
 from onnx_npu_fix.errors import first_line
 from onnx_npu_fix.ir.graph import GraphIndex, dynamic_inputs, infer_shapes
-from onnx_npu_fix.ir.schedule import constant_names
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""``npufix MODEL -o OUT --judge CMD`` (issue 24, part 2): when the judge rejects npufix's output, try the other
+"""``npufix MODEL -o OUT --judge CMD``: when the judge rejects npufix's output, try the other
 emission forms the passes already know for the region the judge objects to, and keep the first one it accepts.
 
 1. The output is judged. Accepted: done (one judge call).

@@ -1,5 +1,5 @@
 """The record of a reduction (``npufix reduce --report``) and, for each node left, the npufix fact it most likely
-trips: a constraint ``--check`` finds on the minimal model (analysis/constraints.py's table, with the run's
+trips: a constraint ``--check`` finds on the minimal model (constraints/'s table, with the run's
 options or target) or an *emission fact* — an op form that npufix's passes can emit in another way, with the
 profile key that chooses the form (``EMISSION_FACTS``)."""
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import onnx
 
-from onnx_npu_fix.analysis.constraints import check_model, shape_listing
 from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.constraints import check_model, shape_listing
 from onnx_npu_fix.ir.graph import GraphIndex, conv_geometry, get_attr
 from onnx_npu_fix.judge.reduce import Reduction
 

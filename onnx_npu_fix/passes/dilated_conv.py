@@ -72,7 +72,7 @@ with zeros, Reshape, Slice, Transpose) is a canonical QDQ unit ``DQ -> op -> Q``
 onnxruntime's quantizer emits them, the last one's DQ feeding the Conv; when the Conv's only consumer is a
 per-tensor QuantizeLinear, the output-side ops are units with that Q's parameters, the last Q writing the old Q's
 output. So the DQ -> Conv -> Q pattern that quantized compilers fuse stays adjacent and no op but Q / DQ reads or
-writes an integer activation (Qualcomm HTP rejects a Concat on raw uint8 tensors, error 3110; issue 25).
+writes an integer activation (Qualcomm HTP rejects a Concat on raw uint8 tensors, error 3110).
 Exact: each op only moves values or fills zeros, and ``Q(DQ(q)) = q``, ``Q(0) = zp``. A weight (or bias) read
 through DequantizeLinear keeps its DQ: the quantized initializer is reshaped/tiled (and a per-output-channel
 scale/zero point tiled with it); a DQ also read elsewhere gets a private copy.

@@ -230,7 +230,7 @@ def folded_tensor(value: np.ndarray, name: str) -> onnx.TensorProto:
     """The initializer a folded value becomes: raw bytes, except a small int64 / int32 tensor (a shape-like one:
     pads, shape, axes), which is stored in ``int64_data`` / ``int32_data``. Why: rknn-toolkit2 2.5.0 reads a
     raw-bytes integer initializer as a read-only array and writes into it when it fuses a Pad into a Conv
-    (``ValueError: assignment destination is read-only``, issue 25); the typed field gives it a writable copy.
+    (``ValueError: assignment destination is read-only``); the typed field gives it a writable copy.
     onnx and onnxruntime read both forms as the same values."""
     value = np.asarray(value)
     if value.dtype in (np.int64, np.int32) and value.size <= SHAPE_LIKE_ELEMENTS:

@@ -4,14 +4,14 @@
     B1 -> B2 -> B3 ┴> Concat    (each branch finishes before the next starts: only one branch's wide
     stored as A1 B1 A2 B2 ...    intermediates are live at a time, instead of both)
 
-Only the order of ``graph.node`` changes — every node keeps its inputs, outputs and attributes — so the pass
-is exact by construction (same dataflow graph, same values). The order comes from
-:func:`onnx_npu_fix.ir.schedule.order_plan`: greedy list scheduling over the ready nodes gives an incumbent, then an
-exact best-first search over the sets of scheduled nodes (graphs up to ``EXACT_MAX_NODES`` nodes, at most
+Only the order of ``graph.node`` changes — every node keeps its inputs, outputs and attributes — so the pass is
+exact by construction (same dataflow graph, same values). The order comes from
+:func:`onnx_npu_fix.analysis.schedule.order_plan`: greedy list scheduling over the ready nodes gives an incumbent,
+then an exact best-first search over the sets of scheduled nodes (graphs up to ``EXACT_MAX_NODES`` nodes, at most
 ``options.schedule_budget`` state expansions, so the result does not depend on the machine) either proves it
-optimal, finds the optimum, or stops with a lower bound — the largest (inputs + outputs) of a single node, or
-the least peak of the unexplored partial orders. See ir/schedule.py for the liveness model and its assumptions. The
-graph is rewritten only when the order's estimated peak is strictly lower than the stored order's, so a second
+optimal, finds the optimum, or stops with a lower bound — the largest (inputs + outputs) of a single node, or the
+least peak of the unexplored partial orders. See analysis/schedule.py for the liveness model and its assumptions.
+The graph is rewritten only when the order's estimated peak is strictly lower than the stored order's, so a second
 run changes nothing. The peak depends on shapes:
 tensors of unknown shape count as 0 bytes, and the pass says so in a warning.
 """
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import onnx
 
+from onnx_npu_fix.analysis.schedule import EXACT_MAX_NODES, OrderPlan, order_plan
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import GraphIndex, format_bytes
-from onnx_npu_fix.ir.schedule import EXACT_MAX_NODES, OrderPlan, order_plan
 from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan
 
 

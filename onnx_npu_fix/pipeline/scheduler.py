@@ -810,5 +810,5 @@ def refresh_shapes(model: onnx.ModelProto) -> str | None:
     except Exception as exc:  # noqa: BLE001
         return f"shape inference fails after this pass: {first_line(exc)}"
     finally:
-        release_freed_memory()  # what shape inference's copies left in the heap (io/heap.py)
+        release_freed_memory()  # what shape inference's copies left in the heap (host/heap.py)
     return None

@@ -40,8 +40,8 @@ import onnx
 from onnx_npu_fix import progress
 from onnx_npu_fix.config.options import check_output_names
 from onnx_npu_fix.errors import InputError, first_line
-from onnx_npu_fix.io import cores
-from onnx_npu_fix.io.heap import release_freed_memory
+from onnx_npu_fix.host import cores
+from onnx_npu_fix.host.heap import release_freed_memory
 from onnx_npu_fix.io.load import FileIdentity, file_identity
 from onnx_npu_fix.io.save import MappedWeights
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, subgraphs

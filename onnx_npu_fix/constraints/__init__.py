@@ -35,14 +35,15 @@ from typing import Any
 
 import onnx
 
+from onnx_npu_fix.analysis.batch_axis import batch_tensors
 from onnx_npu_fix.analysis.memory import (
     MemoryEstimate,
     analysis_copy,
     estimate_index,
     render_memory,
 )
+from onnx_npu_fix.analysis.schedule import constant_names
 from onnx_npu_fix.config.options import FixOptions
-from onnx_npu_fix.ir.batch_axis import batch_tensors
 from onnx_npu_fix.ir.graph import (
     ConvGeometry,
     GraphIndex,
@@ -62,7 +63,6 @@ from onnx_npu_fix.ir.ops import (
     resize_factor_problem,
 )
 from onnx_npu_fix.ir.qdq import is_dequantized_const, is_qoperator
-from onnx_npu_fix.ir.schedule import constant_names
 from onnx_npu_fix.passes.base import Found
 from onnx_npu_fix.passes.resize_scales import given_sizes
 from onnx_npu_fix.passes.squeeze_reshape import keeps_a_size_one_axis
@@ -136,7 +136,7 @@ CONSTRAINT_TABLE: tuple[Constraint, ...] = (
                "none"),
     Constraint("batch-one", "max {}", ("batch_one",), None,
                "batch above 1 where it starts (`batch_one`), only on tensors whose axis 0 is traced to a graph "
-               "input's batch (`ir/batch_axis.py`)",
+               "input's batch (`analysis/batch_axis.py`)",
                "none"),
     Constraint("forbidden-op", "forbidden {}", ("forbidden_ops",), "fold-batchnorm",
                "an op type in the target's `forbidden_ops`",
