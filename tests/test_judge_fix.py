@@ -107,9 +107,9 @@ def test_judge_options_need_a_fixing_run_with_judge(tmp_path):
 
 def test_the_forms_tried_for_a_region_npufix_did_not_rewrite_cheapest_first():
     """A dilated 1-D conv with 12 channels and a rank-3 constant Pad before it, neither rewritten: each key the
-    region names, in KEY_ORDER, each value once, then pairs; bounded."""
+    region names, cheapest form first (the passes' declared costs), each value once, then pairs; bounded."""
     from onnx_npu_fix.config.options import FixOptions
-    from onnx_npu_fix.judge.forms import MAX_CANDIDATES, candidates, region_limits, relevant_keys
+    from onnx_npu_fix.judge.forms import MAX_CANDIDATES, candidates, relevant_keys
     from onnx_npu_fix.pipeline.report import FixReport
 
     weight = numpy_helper.from_array(np.ones((12, 12, 3), np.float32), "w")
@@ -123,7 +123,7 @@ def test_the_forms_tried_for_a_region_npufix_did_not_rewrite_cheapest_first():
     options = FixOptions(max_dilation=8)
     why = relevant_keys(region, FixReport(), options)
     assert set(why) == {"fold_pad_into_conv", "remainder_pad", "lift_conv1d", "max_dilation", "align"}, why
-    tried = candidates(why, options, region_limits(region))
+    tried = candidates(why, options, region.graph.node)
     singles = [{"fold_pad_into_conv": True}, {"remainder_pad": "pad4d"}, {"remainder_pad": "pad"},
                {"lift_conv1d": True}, {"max_dilation": 5},
                {"max_dilation": 4}, {"align": 0}, {"align": 16}]

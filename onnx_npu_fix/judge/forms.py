@@ -4,15 +4,15 @@ emission forms the passes already know for the region the judge objects to, and 
 1. The output is judged. Accepted: done (one judge call).
 2. Rejected: it is reduced (judge/reduce.py) to the failing node(s); a reduction that cannot run (the prepared
    output passes, a timeout, an unmatched ``--signature``) leaves the whole output as the region.
-3. The region's nodes say which profile keys can change them (:func:`relevant_keys`): a node a pass emitted or
-   changed (its name is the changed node's, or starts with it and ``/``) names that pass's keys
-   (``PASS_KEYS``); a node npufix did not rewrite names the keys of the emission facts it matches
-   (judge/record.py ``EMISSION_FACTS``: a dilated conv under the limit, a 1-D conv, a rank-3 Pad, a
-   ConvTranspose stride), a non-nearest Resize ``resize_mode``, a conv with unaligned channels ``align``.
-4. Candidates, cheapest first (:func:`candidates`): one key changed, keys in ``KEY_ORDER`` and each key's
-   values in the order :func:`_values` gives (a numeric limit: first the ones that make a pass rewrite the
-   region's own nodes, :func:`region_limits`); then two keys changed (pairs of those single changes, in the same
-   order); at most ``MAX_CANDIDATES`` fix runs. Each candidate re-runs the passes from the input with the changed
+3. The region's nodes say which profile keys can change them (:func:`relevant_keys`), from what the passes
+   declare (``Pass.forms``, passes/base.py): a node a pass emitted or changed (its name is the changed node's,
+   or starts with it and ``/``) names every key of that pass's forms; a node npufix did not rewrite names the
+   keys of the facts it matches (a dilated conv under the limit, a 1-D conv, a rank-3 Pad, a ConvTranspose
+   stride, a non-nearest Resize, a conv with unaligned channels).
+4. Candidates, cheapest first (:func:`candidates`): one key changed, keys by their form's ``cost`` and each key's
+   values in the order :func:`_values` gives (a numeric limit: the form's own ``values``, which first make a pass
+   rewrite the region's own nodes); then two keys changed (pairs of those single changes, in the same order); at
+   most ``MAX_CANDIDATES`` fix runs. Each candidate re-runs the passes from the input with the changed
    options and is validated as usual (the caller's ``refix``; passes never run onnxruntime); one that fails to
    fix or to validate is skipped, unjudged. A candidate whose bytes were judged before costs no call (the
    judge's cache).
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,30 +34,28 @@ import onnx
 from onnx_npu_fix import progress
 from onnx_npu_fix.config.options import CHOICES, FixOptions
 from onnx_npu_fix.errors import InputError, OptionError
-from onnx_npu_fix.ir.graph import GraphIndex, get_attr
-from onnx_npu_fix.ir.ops import conv_aligned, conv_channels
+from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.judge.command import PASS, Judge, Verdict
-from onnx_npu_fix.judge.record import EMISSION_FACTS, remaining_nodes
+from onnx_npu_fix.judge.record import matching_facts, remaining_nodes
 from onnx_npu_fix.judge.reduce import Reduction, reduce_model
+from onnx_npu_fix.passes.base import Form
 from onnx_npu_fix.pipeline.report import FixReport
 from onnx_npu_fix.pipeline.scheduler import FixResult
 
-PASS_KEYS: dict[str, tuple[str, ...]] = {
-    "dilated-conv": ("remainder_pad", "lift_conv1d", "s2b_layout", "max_dilation"),
-    "resize-nearest": ("resize_mode", "allow_convtranspose", "max_convtranspose_stride"),
-    "fold-batchnorm": ("bn_standalone",),
-    "align-channels": ("align",),
-    "fold-pad-conv": ("fold_pad_into_conv",),
-}
-"""The profile keys that choose the forms each pass emits."""
-KEY_ORDER: tuple[str, ...] = ("fold_pad_into_conv", "remainder_pad", "lift_conv1d", "s2b_layout", "max_dilation",
-                              "resize_mode", "allow_convtranspose", "max_convtranspose_stride", "bn_standalone",
-                              "align")
-"""Which key is tried first: the cheapest change first (folding a Pad into its Conv removes a node; a remainder
-form touches a few padding nodes; lifting 1-D convs wraps every one in Reshapes; another layout or block size k
-rebuilds the whole rewrite; another channel alignment changes every conv)."""
-ALIGN = 8
-"""The alignment tried for an unaligned conv when the run aligns nothing (``align`` 0)."""
+
+def pass_forms() -> dict[str, tuple[Form, ...]]:
+    """pass name -> the forms it declares (``Pass.forms``): which keys choose how it writes what it emits."""
+    from onnx_npu_fix.passes import PASSES
+
+    return {name: cls.forms for name, cls in PASSES.items() if cls.forms}
+
+
+def key_forms() -> dict[str, Form]:
+    """profile key -> its declaration, cheapest first (``Form.cost``: the order keys are tried in)."""
+    forms = [form for declared in pass_forms().values() for form in declared]
+    return {form.key: form for form in sorted(forms, key=lambda form: form.cost)}
+
+
 MAX_CANDIDATES = 12
 """Fix runs tried at most (each is a full, validated fix)."""
 
@@ -130,7 +128,7 @@ def fit_judge(result: FixResult, options: FixOptions, judge: Judge, refix: Refix
         fit.signature = verdict.signature or verdict.text()
         region = _reduce(fit, result.model, judge, prepare_for_reduction)
         why = relevant_keys(region, result.report, options)
-        for changes in candidates(why, options, region_limits(region)):
+        for changes in candidates(why, options, region.graph.node):
             found = _try(fit, changes, options, judge, refix)
             if found is not None:
                 fit.accepted = True
@@ -165,51 +163,17 @@ def relevant_keys(region: onnx.ModelProto, report: FixReport, options: FixOption
     for record in report.passes:
         for change in record.changes:
             rewritten.setdefault(change.node, record.name)
+    forms = pass_forms()
     index = GraphIndex(region)
     for node in region.graph.node:
         origin = next((rewritten[n] for n in _ancestors(node.name) if n in rewritten), None)
-        if origin in PASS_KEYS:
-            for key in PASS_KEYS[origin]:
-                why.setdefault(key, f"{node.name} ({node.op_type}) emitted by {origin}")
+        if origin in forms:
+            for form in forms[origin]:
+                why.setdefault(form.key, f"{node.name} ({node.op_type}) emitted by {origin}")
             continue
-        for fact in EMISSION_FACTS:
-            if fact.key is None or fact.op != node.op_type:
-                continue
-            try:
-                value = fact.test(index, node)
-            except Exception:  # noqa: BLE001 - a fact that cannot be read off a node only offers no alternative
-                value = None
-            if value is not None:
-                why.setdefault(fact.key, f"{node.name}: {fact.describe(value)}")
-        if node.op_type == "Resize" and get_attr(node, "mode", b"nearest") not in (b"nearest", "nearest"):
-            why.setdefault("resize_mode", f"{node.name}: a non-nearest Resize")
-        unaligned = _unaligned(index, node, options.align or ALIGN)
-        if unaligned:
-            why.setdefault("align", f"{node.name}: {unaligned}")
+        for key, text in matching_facts(index, node, options):
+            why.setdefault(key, f"{node.name}: {text}")
     return why
-
-
-def _unaligned(index: GraphIndex, node: onnx.NodeProto, align: int) -> str | None:
-    """What is unaligned about a Conv / ConvTranspose's channels (None: nothing, or not a conv)."""
-    if node.op_type not in ("Conv", "ConvTranspose") or len(node.input) < 2:
-        return None
-    weight = index.shape(node.input[1])
-    if weight is None:
-        return None
-    group = get_attr(node, "group", 1)
-    c_in, c_out = conv_channels(node.op_type, weight, group)
-    if conv_aligned(align, group, c_in, c_out):
-        return None
-    return f"{node.op_type} channels {c_in} -> {c_out} not multiples of {align}"
-
-
-def region_limits(region: onnx.ModelProto) -> dict[str, list[int]]:
-    """Limits that would make a pass rewrite the region's own nodes: a dilation d -> ``max_dilation`` d - 1
-    (dilated-conv rewrites that conv), a ConvTranspose stride s -> ``max_convtranspose_stride`` s // 2."""
-    dilations = {max(get_attr(n, "dilations", None) or [1]) for n in region.graph.node if n.op_type == "Conv"}
-    strides = {max(get_attr(n, "strides", None) or [1]) for n in region.graph.node if n.op_type == "ConvTranspose"}
-    return {"max_dilation": sorted((d - 1 for d in dilations if d > 1), reverse=True),
-            "max_convtranspose_stride": sorted((s // 2 for s in strides if s > 1), reverse=True)}
 
 
 def _ancestors(name: str) -> list[str]:
@@ -219,11 +183,11 @@ def _ancestors(name: str) -> list[str]:
 
 
 def candidates(why: dict[str, str], options: FixOptions,
-               limits: dict[str, list[int]] | None = None) -> list[dict[str, Any]]:
-    """The option changes to try, cheapest first, at most MAX_CANDIDATES (module docstring, step 4);
-    ``limits``: :func:`region_limits`."""
-    limits = limits or {}
-    singles = [{key: value} for key in KEY_ORDER if key in why for value in _values(key, options, limits)]
+               region: Sequence[onnx.NodeProto] = ()) -> list[dict[str, Any]]:
+    """The option changes to try, cheapest first, at most MAX_CANDIDATES (module docstring, step 4); ``region``:
+    the nodes of the region the judge rejects (a form's values may depend on them)."""
+    singles = [{key: value} for key, form in key_forms().items() if key in why
+               for value in _values(form, options, region)]
     pairs = [{**a, **b} for i, a in enumerate(singles) for b in singles[i + 1:] if not set(a) & set(b)]
     valid = []
     for changes in [*singles, *pairs]:
@@ -235,22 +199,16 @@ def candidates(why: dict[str, str], options: FixOptions,
     return valid[:MAX_CANDIDATES]
 
 
-def _values(key: str, options: FixOptions, limits: dict[str, list[int]]) -> list[Any]:
-    """The values of ``key`` other than the current one: the other choices in their listed order; the other
-    boolean; for a numeric limit, the region's own limits (:func:`region_limits`, largest first) below the
-    current one, then half the current one (another block size k, more ConvTranspose stages); for ``align``,
-    ALIGN when the run aligns nothing, else no alignment, then twice the current one."""
-    current = getattr(options, key)
-    if key in CHOICES:
-        return [v for v in CHOICES[key] if v != current and v != "auto"]
+def _values(form: Form, options: FixOptions, region: Sequence[onnx.NodeProto]) -> list[Any]:
+    """The values of ``form``'s key other than the current one: what the form declares (``Form.values``, from the
+    region's nodes), else the other choices of a choice option in their listed order, else the other boolean."""
+    current = getattr(options, form.key)
+    if form.values is not None:
+        return [v for v in form.values(current, region) if v != current]
+    if form.key in CHOICES:
+        return [v for v in CHOICES[form.key] if v != current and v != "auto"]
     if isinstance(current, bool):
         return [not current]
-    if key == "align":
-        return [ALIGN] if current == 0 else [0, 2 * current]
-    if key in ("max_dilation", "max_convtranspose_stride"):
-        below = [v for v in limits.get(key, ()) if v >= 1 and (current is None or v < current)]
-        halved = [current // 2] if current is not None and current > 1 else []
-        return list(dict.fromkeys([*below, *halved]))
     return []
 
 

@@ -1,83 +1,43 @@
 """The record of a reduction (``npufix reduce --report``) and, for each node left, the npufix fact it most likely
 trips: a constraint ``--check`` finds on the minimal model (constraints/'s table, with the run's
 options or target) or an *emission fact* — an op form that npufix's passes can emit in another way, with the
-profile key that chooses the form (``EMISSION_FACTS``)."""
+profile key that chooses the form (each pass's ``forms``, passes/base.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import onnx
 
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.constraints import check_model, shape_listing
-from onnx_npu_fix.ir.graph import GraphIndex, conv_geometry, get_attr
+from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.judge.reduce import Reduction
+from onnx_npu_fix.passes.base import Fact
 
 REPORT_VERSION = 1
 
 
-@dataclass(frozen=True)
-class EmissionFact:
-    """An op form a compiler may reject that npufix emits, or can emit, in another form."""
+def emission_facts() -> list[tuple[str, Fact]]:
+    """(profile key, fact) for every op form a built-in pass declares it can write another way (``Pass.forms``)."""
+    from onnx_npu_fix.passes import PASSES
 
-    op: str
-    text: str
-    """What the form is, with ``{}`` for the value :attr:`test` found."""
-    key: str | None
-    """The profile key (FixOptions field) that chooses the form, when one does."""
-    test: Callable[[GraphIndex, onnx.NodeProto], Any]
-    """The value that makes ``node`` this form, or None when it is not."""
-
-    def describe(self, value: Any) -> str:
-        text = self.text.format(value)
-        return f"{text}; profile key {self.key}" if self.key else text
+    return [(form.key, fact) for cls in PASSES.values() for form in cls.forms for fact in form.facts]
 
 
-def _rank(index: GraphIndex, name: str) -> int | None:
-    shape = index.shape(name)
-    return None if shape is None else len(shape)
-
-
-def _rank3_pad(index: GraphIndex, node: onnx.NodeProto) -> int | None:
-    return 3 if _rank(index, node.input[0]) == 3 else None
-
-
-def _constant_pad_before_conv(index: GraphIndex, node: onnx.NodeProto) -> str | None:
-    readers = index.consumers_of(node.output[0])
-    pads = node.input[1] if len(node.input) > 1 else ""
-    if pads and index.is_const(pads) and readers and all(r.op_type == "Conv" for r in readers):
-        return readers[0].name
-    return None
-
-
-def _convtranspose_stride(index: GraphIndex, node: onnx.NodeProto) -> int | None:
-    stride = max(get_attr(node, "strides", None) or [1])
-    return stride if stride > 1 else None
-
-
-def _conv1d(index: GraphIndex, node: onnx.NodeProto) -> int | None:
-    return 1 if _rank(index, node.input[0]) == 3 else None
-
-
-def _dilation(index: GraphIndex, node: onnx.NodeProto) -> int | None:
-    dilation = max(conv_geometry(index, node).dilations or [1])
-    return dilation if dilation > 1 else None
-
-
-EMISSION_FACTS: tuple[EmissionFact, ...] = (
-    EmissionFact("Pad", "rank-{} Pad (dilated-conv's remainder form: concat / pad4d avoid it)", "remainder_pad",
-                 _rank3_pad),
-    EmissionFact("Pad", "a Pad with constant pads before Conv {} (compilers fuse it into the Conv's pads; "
-                 "rknn-toolkit2 2.5.0 crashes doing so; fold-pad-conv folds it first)", "fold_pad_into_conv",
-                 _constant_pad_before_conv),
-    EmissionFact("ConvTranspose", "ConvTranspose stride {} (exact Resize forms split larger strides into stages)",
-                 "max_convtranspose_stride", _convtranspose_stride),
-    EmissionFact("Conv", "{}-D Conv (run as a 4-D one, kernel [1,K])", "lift_conv1d", _conv1d),
-    EmissionFact("Conv", "Conv dilation {} (space-to-batch rewrites it)", "max_dilation", _dilation),
-)
+def matching_facts(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> list[tuple[str, str]]:
+    """(profile key, what the form is) for every emission fact ``node`` matches under ``options``."""
+    matches = []
+    for key, fact in emission_facts():
+        if fact.op != node.op_type:
+            continue
+        try:
+            value = fact.test(index, node, options)
+        except Exception:  # noqa: BLE001 - a hint never stops the record (a malformed node, missing shape)
+            value = None
+        if value is not None:
+            matches.append((key, fact.describe(value, key)))
+    return matches
 
 
 def likely_causes(model: onnx.ModelProto, options: FixOptions) -> dict[str, list[str]]:
@@ -92,15 +52,8 @@ def likely_causes(model: onnx.ModelProto, options: FixOptions) -> dict[str, list
         causes.setdefault(violation.node, []).append(violation.text())
     index = GraphIndex(model)
     for node in model.graph.node:
-        for fact in EMISSION_FACTS:
-            if node.op_type != fact.op:
-                continue
-            try:
-                value = fact.test(index, node)
-            except Exception:  # noqa: BLE001 - a hint never stops the record (a malformed node, missing shape)
-                value = None
-            if value is not None:
-                causes.setdefault(node.name, []).append(fact.describe(value))
+        for _, text in matching_facts(index, node, options):
+            causes.setdefault(node.name, []).append(text)
     return causes
 
 

@@ -37,6 +37,7 @@ unless ``align_io`` asks for a Pad inside the graph. The extra MACs and weight b
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -67,7 +68,7 @@ from onnx_npu_fix.ir.qdq import (
     store_quantized,
     wrap_chain,
 )
-from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
+from onnx_npu_fix.passes.base import Change, Fact, Fixes, Form, Found, Pass, PassResult, Plan, Rejection
 
 # Elementwise ops that map every finite input to a finite output, channel by channel.
 _UNARY = frozenset({
@@ -248,6 +249,30 @@ class CarryPlan(Plan):
     inputs: tuple[Layout | None, ...] = ()
 
 
+UNALIGNED_TRY = 8
+"""The alignment the form search tries for an unaligned conv when the run aligns nothing (``align`` 0)."""
+
+
+def _alignments(current: int, region: Sequence[onnx.NodeProto]) -> list[int]:
+    """``align`` values worth trying: UNALIGNED_TRY when the run aligns nothing, else none, then twice as much."""
+    return [UNALIGNED_TRY] if current == 0 else [0, 2 * current]
+
+
+def _unaligned(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> str | None:
+    """What is unaligned about a Conv / ConvTranspose's channels at the run's alignment (UNALIGNED_TRY when it
+    aligns nothing), or None."""
+    if len(node.input) < 2:
+        return None
+    weight = index.shape(node.input[1])
+    if weight is None:
+        return None
+    align = options.align or UNALIGNED_TRY
+    group = get_attr(node, "group", 1)
+    c_in, c_out = conv_channels(node.op_type, weight, group)
+    if _conv_aligned(align, group, c_in, c_out):
+        return None
+    return f"{node.op_type} channels {c_in} -> {c_out} not multiples of {align}"
+
 class AlignChannelsPass(Pass):
     """Channel alignment. ``find`` decides every layout read-only: it walks the graph in order and propagates the
     planned layouts in its own table (the layout a Conv's input arrives in is the one its producer's plan
@@ -256,6 +281,17 @@ class AlignChannelsPass(Pass):
     summary = ("pad Conv/ConvTranspose channel counts to a multiple of --align with zero filters, carry the "
                "padding through channel-local ops and slice it off where channels mix")
     exact = True
+    fixes = (
+        Fixes("in-channels-align", note="channels a graph input fixes, even through Relu / pooling, are *exempt* "
+              "unless `--align-io`; weights neither constant nor a QDQ weight it pads, and QOperator convs: none, "
+              "with its reason"),
+        Fixes("out-channels-align", note="padded, sliced back where the real tensor is read; a depthwise conv's "
+              "that follow a graph input are *exempt* unless `--align-io`"),
+        Fixes("concat-align", note="where its padding makes them multiples"),
+    )
+    forms = (Form("align", ("Conv", "ConvTranspose", "Pad", "Slice", "Concat"), "the channel alignment: how many "
+                  "zero channels each conv is padded with", cost=100, values=_alignments,
+                  facts=(Fact("Conv", "{}", _unaligned), Fact("ConvTranspose", "{}", _unaligned))),)
     find_reads_stubs = True
 
     def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:

@@ -16,6 +16,16 @@ rollback), never runs onnxruntime and never prints. A built-in pass splits it in
 ``Pass.run`` is ``rewrite(model, options, find(model, options))``. A plugin pass may implement only ``run``: its
 ``find`` then says it does not know (``Found.known`` False) and ``--check`` names no pass for it.
 
+What a pass is for is declared in its own file, as data the rest of npufix derives its answers from:
+
+* ``fixes``: the constraints it fixes (:class:`Fixes`, by the constraint's name in constraints/table.py, narrowed
+  to op types where it fixes only some). The constraint table's "fixed by", which passes ``--check`` asks about
+  a violation, and what a run promises to fix are derived from these; several passes may fix one constraint.
+* ``forms``: the options (profile / emission keys) that choose how it writes what it emits (:class:`Form`): which
+  op types a key shapes, the alternatives worth trying and how costly a change of it is, and (:class:`Fact`) the
+  op forms in a model that the key would write another way. ``--judge``'s form search and ``npufix reduce``'s
+  record read these.
+
 What a pass declares, the manager checks when it runs it (pipeline/scheduler.py): ``run`` returns a
 :class:`PassResult` and keeps the graph's input and output names; a ``keeps_shapes`` pass leaves every surviving
 tensor's recorded type and shape as it was; an ``exact`` pass is validated with the exact criterion unless its
@@ -30,7 +40,7 @@ it found.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -39,6 +49,60 @@ import onnx
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.ir.ops import is_default_domain
+
+
+@dataclass(frozen=True)
+class Fixes:
+    """A constraint a pass fixes: its name (a row of the constraint table), the op types it fixes it at (empty:
+    any), and how ``--check`` confirms it for one violation."""
+
+    constraint: str
+    ops: tuple[str, ...] = ()
+    """Only at nodes of these op types (fold-batchnorm fixes ``forbidden-op`` for BatchNormalization only)."""
+    upstream: bool = False
+    """The fix happens upstream of the violating node (fold-constants folds the Shape chain feeding a Reshape, not
+    the Reshape): the pass fixes a violation when it is gone once the pass has run on a copy, not when its find
+    plans the node."""
+    asked: bool = True
+    """False: whether the pass fixes a violation is decided where it is found, from the analysis the pass itself
+    uses (reorder-memory's order search, fold-constants' control-flow folding), not by asking its find."""
+    note: str = ""
+    """How the constraint table's "fixed by" qualifies the pass (markdown): ``dilated-conv (<note>)``."""
+
+
+@dataclass(frozen=True)
+class Fact:
+    """An op form in a model (one npufix did not emit) that a :class:`Form`'s key would write another way."""
+
+    op: str
+    text: str
+    """What the form is, with ``{}`` for the value :attr:`test` found."""
+    test: Callable[[GraphIndex, onnx.NodeProto, FixOptions], Any]
+    """The value that makes ``node`` this form under ``options``, or None when it is not."""
+
+    def describe(self, value: Any, key: str) -> str:
+        return f"{self.text.format(value)}; profile key {key}"
+
+
+@dataclass(frozen=True)
+class Form:
+    """An option that chooses how a pass writes what it emits: the profile / emission key, the op types of the
+    nodes it shapes, what it chooses, how costly changing it is, and what to try instead of its value."""
+
+    key: str
+    """A FixOptions field."""
+    emits: tuple[str, ...]
+    """The op types of the nodes the pass emits whose form the key chooses."""
+    text: str
+    """What the key chooses (the record's and the docs' wording)."""
+    cost: int
+    """How much of a model a change of the key rewrites: the form search tries the cheapest keys first (folding a
+    Pad away touches one node; another channel alignment, every conv)."""
+    values: Callable[[Any, Sequence[onnx.NodeProto]], list[Any]] | None = None
+    """The values worth trying instead of the current one, given the nodes of the region a compiler rejects; None:
+    the other choices of a choice option, the other boolean (judge/forms.py)."""
+    facts: tuple[Fact, ...] = ()
+    """Op forms in a model the pass did not emit that this key would write another way."""
 
 
 @dataclass
@@ -160,6 +224,10 @@ class Pass:
     a BatchNorm folded into its Conv): the manager then reuses the recorded shapes instead of inferring them
     again, unless the pass created a tensor without one. The manager checks the claim against the types on record
     before the pass (a broken claim fails the pass); tests/test_pipeline.py checks it against fresh inference."""
+    fixes: ClassVar[tuple[Fixes, ...]] = ()
+    """The constraints this pass fixes (the module docstring)."""
+    forms: ClassVar[tuple[Form, ...]] = ()
+    """The options that choose how it writes what it emits (the module docstring)."""
     find_reads_stubs: ClassVar[bool] = False
     """True when :meth:`find` reads initializer values only through ``GraphIndex.const_value``: ``--check`` may
     then hand it its shape-only analysis copy under ``graph.values_from`` instead of a full copy of the weights."""

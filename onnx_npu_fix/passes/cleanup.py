@@ -44,7 +44,7 @@ from onnx_npu_fix.ir.graph import (
     unused_after,
 )
 from onnx_npu_fix.ir.ops import is_default_domain
-from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
+from onnx_npu_fix.passes.base import Change, Fixes, Found, Pass, PassResult, Plan, Rejection
 
 # --- no-op detection: each returns why the node returns its input unchanged, or None -------------------------
 
@@ -180,6 +180,7 @@ class CleanupPass(Pass):
     summary = ("remove Identity / inference Dropout / no-op Pad, Slice, Reshape, Transpose, Cast, dead nodes and "
                "unused initializers")
     exact = True
+    fixes = (Fixes("leftover-op", note="behind a foldable If / Loop: fold-constants, which re-runs it"),)
     keeps_shapes = True
 
     def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:

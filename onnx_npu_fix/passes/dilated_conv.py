@@ -143,7 +143,7 @@ from onnx_npu_fix.ir.graph import (
 )
 from onnx_npu_fix.ir.ops import is_default_domain
 from onnx_npu_fix.ir.qdq import qoperator_reason, quantized_const
-from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
+from onnx_npu_fix.passes.base import Change, Fact, Fixes, Form, Found, Pass, PassResult, Plan, Rejection
 
 _MIN_OPSET = 11  # Pad with a pads input, Slice with steps
 _WEIGHT_GROWTH_WARNING = 16 << 20  # bytes of tiled weights above which the report suggests the batch layout
@@ -428,12 +428,49 @@ def _trimmed(conv: _Conv, plan: TrimPlan) -> _Conv:
 # --- the pass ----------------------------------------------------------------------------------------
 
 
+def _rank3_pad(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> int | None:
+    shape = index.shape(node.input[0])
+    return 3 if shape is not None and len(shape) == 3 else None
+
+
+def _conv1d(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> int | None:
+    shape = index.shape(node.input[0])
+    return 1 if shape is not None and len(shape) == 3 else None
+
+
+def _dilation(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> int | None:
+    dilation = max(conv_geometry(index, node).dilations or [1])
+    return dilation if dilation > 1 else None
+
+
+def _dilation_limits(current: int | None, region: Sequence[onnx.NodeProto]) -> list[int]:
+    """``max_dilation`` values worth trying: for each dilation d of a Conv in the region, d - 1 (the pass then
+    rewrites that conv), largest first, below the current limit; then half the current limit (another k)."""
+    dilations = {max(get_attr(n, "dilations", None) or [1]) for n in region if n.op_type == "Conv"}
+    below = [d - 1 for d in sorted(dilations, reverse=True) if d > 1 and (current is None or d - 1 < current)]
+    halved = [current // 2] if current is not None and current > 1 else []
+    return list(dict.fromkeys([*below, *halved]))
+
 class DilatedConvPass(Pass):
     """Dilated Conv via space-to-batch (module docstring). ``find`` plans the 1-D lifts, the dead-tap trims and
     the splits, each on its record of the conv as the plans before leave it; ``rewrite`` applies them in order."""
     name = "dilated-conv"
     summary = "rewrite Conv with dilation > --max-dilation by an exact space-to-batch (Pad/Reshape/Slice)"
     exact = True
+    fixes = (Fixes("dilation", note="not for ConvTranspose / QOperator convs"),
+             Fixes("dilation-allowed", note="not for ConvTranspose / QOperator convs"))
+    forms = (
+        Form("remainder_pad", ("Pad", "Concat", "Reshape"), "how a remainder (< k samples) is padded before the "
+             "phase Reshape: a Concat with zeros, a Pad on a 4-D view, or a plain Pad", cost=20,
+             facts=(Fact("Pad", "rank-{} Pad (dilated-conv's remainder form: concat / pad4d avoid it)", _rank3_pad),)),
+        Form("lift_conv1d", ("Reshape", "Conv"), "whether a 1-D Conv runs as a 4-D one (kernel [1,K])", cost=30,
+             facts=(Fact("Conv", "{}-D Conv (run as a 4-D one, kernel [1,K])", _conv1d),)),
+        Form("s2b_layout", ("Reshape", "Transpose", "Conv", "Slice", "Pad", "Concat"), "where the space-to-batch "
+             "phases go: the spatial axes, the channels or the batch", cost=40),
+        Form("max_dilation", ("Reshape", "Transpose", "Conv", "Slice", "Pad", "Concat"), "the largest dilation "
+             "left, which sets the block size k of the rewrite", cost=50, values=_dilation_limits,
+             facts=(Fact("Conv", "Conv dilation {} (space-to-batch rewrites it)", _dilation),)),
+    )
 
     def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
         found = Found()

@@ -79,7 +79,7 @@ from onnx_npu_fix.ir.qdq import (
     quantized_const,
     store_quantized,
 )
-from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
+from onnx_npu_fix.passes.base import Change, Fixes, Form, Found, Pass, PassResult, Plan, Rejection
 
 _FLOAT_TYPES = NUMPY_FLOAT_TYPES  # the types the fold computes in
 _LE_DTYPES = {elem: np.dtype(t).newbyteorder("<") for elem, t in _FLOAT_TYPES.items()}
@@ -160,6 +160,9 @@ class FoldBatchNormPass(Pass):
     summary = ("fold BatchNormalization into the adjacent Conv/ConvTranspose/Gemm/MatMul, "
                "else lower it to Mul+Add")
     exact = True
+    fixes = (Fixes("batchnorm"), Fixes("forbidden-op", ops=("BatchNormalization",), note="for a BatchNormalization"))
+    forms = (Form("bn_standalone", ("Mul", "Add", "Conv"), "how a BatchNormalization with no Conv to fold into is "
+                  "lowered: a Mul and an Add, or a 1x1 depthwise Conv", cost=90),)
     keeps_shapes = True
 
     def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:

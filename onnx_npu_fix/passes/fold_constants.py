@@ -63,7 +63,7 @@ from onnx_npu_fix.ir.graph import (
 )
 from onnx_npu_fix.ir.ops import CONTROL_FLOW_OPS, RANDOM_OPS, is_default_domain
 from onnx_npu_fix.ir.subgraph import ModelNames, rename_in_graph, splice, trace_origin
-from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
+from onnx_npu_fix.passes.base import Change, Fixes, Found, Pass, PassResult, Plan, Rejection
 from onnx_npu_fix.passes.cleanup import CleanupPass
 
 _NEVER_FOLD = RANDOM_OPS | {"Constant", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
@@ -118,6 +118,14 @@ class FoldConstantsPass(Pass):
     name = "fold-constants"
     summary = "fold Shape/Gather/Concat chains and other constant subexpressions into initializers"
     exact = True
+    fixes = (
+        Fixes("unknown-shape", upstream=True, note="when folding makes it static"),
+        Fixes("dynamic-shape", upstream=True,
+              note="for a graph output whose unknown shape starts at its producer, when folding makes it static"),
+        Fixes("constant-node-input", upstream=True,
+              note="the Constant becomes an initializer; an op computed from constants only folds"),
+        Fixes("control-flow", asked=False, note="when its condition / trip count is constant"),
+    )
 
     def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
         return self._find(model, options, spent=0)

@@ -49,7 +49,7 @@ from onnx_npu_fix.ir.graph import (
 )
 from onnx_npu_fix.ir.ops import is_default_domain
 from onnx_npu_fix.ir.qdq import dequantizer_of, quant_params
-from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan
+from onnx_npu_fix.passes.base import Change, Fact, Form, Found, Pass, PassResult, Plan
 
 
 @dataclass(kw_only=True)
@@ -109,12 +109,25 @@ def _spatial_pads(pads: list[int]) -> tuple[list[int] | None, str | None]:
     return pads[2:rank] + pads[rank + 2:], None
 
 
+def _constant_pad_before_conv(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> str | None:
+    """The Conv a Pad with constant pads feeds (every reader a Conv), or None: the form fold_pad_into_conv folds."""
+    readers = index.consumers_of(node.output[0])
+    pads = node.input[1] if len(node.input) > 1 else ""
+    if pads and index.is_const(pads) and readers and all(r.op_type == "Conv" for r in readers):
+        return readers[0].name
+    return None
+
 class FoldPadConvPass(Pass):
     """Constant zero Pad -> Conv becomes one Conv with the sum of the pads (float and QDQ forms; exact)."""
 
     name = "fold-pad-conv"
     summary = "fold a constant zero Pad on the spatial axes into the following Conv's pads (fold_pad_into_conv)"
     exact = True
+    forms = (Form("fold_pad_into_conv", ("Pad", "Conv"), "whether a constant zero Pad before a Conv is folded into "
+                  "the Conv's pads", cost=10,
+                  facts=(Fact("Pad", "a Pad with constant pads before Conv {} (compilers fuse it into the Conv's pads; "
+                              "rknn-toolkit2 2.5.0 crashes doing so; fold-pad-conv folds it first)",
+                              _constant_pad_before_conv),)),)
 
     def may_change(self, model: onnx.ModelProto, options: FixOptions) -> bool:
         return options.fold_pad_into_conv and any(n.op_type == "Pad" for n in model.graph.node)

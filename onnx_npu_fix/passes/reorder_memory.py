@@ -25,7 +25,7 @@ import onnx
 from onnx_npu_fix.analysis.schedule import EXACT_MAX_NODES, OrderPlan, order_plan
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import GraphIndex, format_bytes
-from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan
+from onnx_npu_fix.passes.base import Change, Fixes, Found, Pass, PassResult, Plan
 
 
 @dataclass
@@ -40,6 +40,7 @@ class ReorderMemoryPass(Pass):
     name = "reorder-memory"
     summary = "reorder nodes (topologically) to lower the estimated activation-memory peak"
     exact = True
+    fixes = (Fixes("sram", asked=False, note="if a reordering fits"),)
 
     def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
         """Read-only: the memory-aware order (one plan naming the graph) when it lowers the estimated peak; the

@@ -89,6 +89,7 @@ rewritten as above (LR-ASPP's x8 linear Resize -> nearest moves it from Vela's C
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,7 +115,7 @@ from onnx_npu_fix.ir.qdq import (
     wrap_inserted,
     wrap_moves,
 )
-from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan, Rejection
+from onnx_npu_fix.passes.base import Change, Fact, Fixes, Form, Found, Pass, PassResult, Plan, Rejection
 
 _RESIZE_OPS = ("Resize", "Upsample")
 
@@ -591,6 +592,24 @@ class OpsetBumpPlan(Plan):
     upsamples: int
 
 
+def _non_nearest(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> str | None:
+    mode = get_attr(node, "mode", "nearest") or "nearest"
+    return None if mode == "nearest" else mode
+
+
+def _convtranspose_stride(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> int | None:
+    stride = max(get_attr(node, "strides", None) or [1])
+    return stride if stride > 1 else None
+
+
+def _stride_limits(current: int | None, region: Sequence[onnx.NodeProto]) -> list[int]:
+    """``max_convtranspose_stride`` values worth trying: half of each ConvTranspose stride s in the region (the
+    exact form then splits it into stages), largest first, below the current limit; then half the current limit."""
+    strides = {max(get_attr(n, "strides", None) or [1]) for n in region if n.op_type == "ConvTranspose"}
+    below = [s // 2 for s in sorted(strides, reverse=True) if s > 1 and (current is None or s // 2 < current)]
+    halved = [current // 2] if current is not None and current > 1 else []
+    return list(dict.fromkeys([*below, *halved]))
+
 class ResizeNearestPass(Pass):
     """Linear / cubic Resize -> nearest (or exact ConvTranspose / MatMul forms); nearest -> canonical form.
 
@@ -601,6 +620,20 @@ class ResizeNearestPass(Pass):
     name = "resize-nearest"
     summary = "every Resize/Upsample nearest: linear/cubic -> nearest (or exact forms), one canonical form"
     exact = False
+    fixes = (Fixes("resize-mode"),
+             Fixes("resize-factor", note="when the nearest form keeps the rule (a half-pixel linear x8 on ethos-u55)"))
+    forms = (
+        Form("resize_mode", ("Resize", "ConvTranspose", "MatMul", "Reshape", "Transpose", "Pad", "Slice"),
+             "a non-nearest Resize's form: nearest (approximate) or the exact ConvTranspose / MatMul forms", cost=60,
+             facts=(Fact("Resize", "a {} Resize (resize-nearest: nearest approximates it, exact keeps it exact where "
+                         "an exact form exists)", _non_nearest),)),
+        Form("allow_convtranspose", ("ConvTranspose", "MatMul", "Reshape", "Transpose", "Pad", "Slice"),
+             "whether the exact forms may use ConvTranspose (else the MatMul form)", cost=70),
+        Form("max_convtranspose_stride", ("ConvTranspose",), "the largest ConvTranspose stride of an exact form: "
+             "larger factors are split into stages", cost=80, values=_stride_limits,
+             facts=(Fact("ConvTranspose", "ConvTranspose stride {} (exact Resize forms split larger strides into "
+                         "stages)", _convtranspose_stride),)),
+    )
 
     def may_change(self, model: onnx.ModelProto, options: FixOptions) -> bool:
         return any(node.op_type in _RESIZE_OPS for node in model.graph.node)

@@ -27,7 +27,7 @@ import onnx
 
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import GraphIndex, get_attr, opset_version
-from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan
+from onnx_npu_fix.passes.base import Change, Fixes, Found, Pass, PassResult, Plan
 from onnx_npu_fix.passes.fold_constants import folded_tensor
 
 
@@ -65,6 +65,8 @@ class ResizeScalesPass(Pass):
     name = "resize-scales"
     summary = "a Resize given its output sizes is given the scales they stand for (resize_scales_only)"
     exact = True
+    fixes = (Fixes("resize-sizes",
+                   note="the float32 scales the sizes stand for, where they give the same output size"),)
 
     def may_change(self, model: onnx.ModelProto, options: FixOptions) -> bool:
         return options.resize_scales_only and opset_version(model) >= 11 and \

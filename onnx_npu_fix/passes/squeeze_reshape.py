@@ -23,7 +23,7 @@ from onnx import helper
 
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import GraphIndex, opset_version
-from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult, Plan
+from onnx_npu_fix.passes.base import Change, Fixes, Found, Pass, PassResult, Plan
 from onnx_npu_fix.passes.fold_constants import folded_tensor
 
 
@@ -46,6 +46,7 @@ class SqueezeReshapePass(Pass):
     name = "squeeze-reshape"
     summary = "a Squeeze that keeps a size-1 axis becomes a Reshape to its static shape (squeeze_axes_ignored)"
     exact = True
+    fixes = (Fixes("squeeze-axes", note="a Reshape to the static output shape"),)
 
     def may_change(self, model: onnx.ModelProto, options: FixOptions) -> bool:
         return options.squeeze_axes_ignored and opset_version(model) >= 13 and \
