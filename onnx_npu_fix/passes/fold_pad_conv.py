@@ -31,9 +31,6 @@ after cleanup, once fold-constants has turned the exporters' Shape -> ... -> Pad
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field
-
 import numpy as np
 import onnx
 
@@ -41,31 +38,12 @@ from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.ir.graph import (
     GraphIndex,
     conv_geometry,
-    drop_initializers,
-    drop_nodes,
     get_attr,
-    opset_version,
-    set_attr,
 )
 from onnx_npu_fix.ir.ops import is_default_domain
 from onnx_npu_fix.ir.qdq import dequantizer_of, quant_params
-from onnx_npu_fix.passes.base import Change, Fact, Form, Found, Pass, PassResult, Plan
-
-
-@dataclass(kw_only=True)
-class FoldPad(Plan):
-    """Remove ``pad``; ``conv`` gets ``conv_pads`` (explicit, ``auto_pad`` NOTSET). ``reader`` is the node that
-    read the Pad's output (the Conv, or the QuantizeLinear / DequantizeLinear between them), which reads the Pad's
-    input instead."""
-
-    pad: onnx.NodeProto
-    conv: onnx.NodeProto
-    reader: onnx.NodeProto
-    conv_pads: list[int]
-    form: str
-    requantize: list[onnx.NodeProto] = field(default_factory=list)
-    """A Q -> DQ pair left with nothing to do once the Pad is gone (it requantizes a DequantizeLinear's output
-    with that DequantizeLinear's own parameters): removed too, ``reader`` is then the Conv."""
+from onnx_npu_fix.passes.base import Fact, Form
+from onnx_npu_fix.passes.rules import Emit, Match, Rule, RulePass, View
 
 
 def _pad_parts(index: GraphIndex, pad: onnx.NodeProto, opset: int) -> tuple[list[int] | None, object, str | None]:
@@ -117,37 +95,76 @@ def _constant_pad_before_conv(index: GraphIndex, node: onnx.NodeProto, options: 
         return readers[0].name
     return None
 
-class FoldPadConvPass(Pass):
-    """Constant zero Pad -> Conv becomes one Conv with the sum of the pads (float and QDQ forms; exact)."""
 
-    name = "fold-pad-conv"
-    summary = "fold a constant zero Pad on the spatial axes into the following Conv's pads (fold_pad_into_conv)"
-    exact = True
-    forms = (Form("fold_pad_into_conv", ("Pad", "Conv"), "whether a constant zero Pad before a Conv is folded into "
-                  "the Conv's pads", cost=10,
-                  facts=(Fact("Pad", "a Pad with constant pads before Conv {} (compilers fuse it into the Conv's pads; "
-                              "rknn-toolkit2 2.5.0 crashes doing so; fold-pad-conv folds it first)",
-                              _constant_pad_before_conv),)),)
+def _requantizes(index: GraphIndex, source: str, between: list[onnx.NodeProto]) -> bool:
+    """``DQ(params) -> [Pad] -> Q(params) -> DQ(params)``: without the Pad, ``Q(DQ(q)) = q`` (qdq.py), so the
+    pair after it returns its input and can go."""
+    if [n.op_type for n in between] != ["QuantizeLinear", "DequantizeLinear"]:
+        return False
+    upstream = dequantizer_of(index, source)
+    q_params, dq_params = quant_params(index, between[0]), quant_params(index, between[1])
+    return (upstream is not None and q_params is not None and dq_params is not None
+            and upstream[1].same_as(q_params) and q_params.same_as(dq_params))
 
-    def may_change(self, model: onnx.ModelProto, options: FixOptions) -> bool:
-        return options.fold_pad_into_conv and any(n.op_type == "Pad" for n in model.graph.node)
+def _chain_to_conv(index: GraphIndex, name: str
+                   ) -> tuple[onnx.NodeProto, onnx.NodeProto, list[onnx.NodeProto]] | None:
+    """(the reader of ``name``, the Conv, the Q / DQ nodes between) when ``name`` reaches a Conv's data input
+    through at most a QuantizeLinear -> DequantizeLinear pair or one DequantizeLinear, each the only reader."""
+    between: list[onnx.NodeProto] = []
+    node = index.single_consumer(name)
+    reader = node
+    while node is not None and node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(between) < 2 \
+            and node.input[0] == name and is_default_domain(node):
+        between.append(node)
+        name = node.output[0]
+        node = index.single_consumer(name)
+    if node is None or reader is None or node.op_type != "Conv" or not is_default_domain(node) \
+            or node.input[0] != name:
+        return None
+    if [n.op_type for n in between] not in ([], ["QuantizeLinear", "DequantizeLinear"], ["DequantizeLinear"]):
+        return None
+    return reader, node, between
 
-    def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
-        return self.find_each(model, options, "Pad", functools.partial(
-            self._plan, opset=opset_version(model), symmetric=options.symmetric_pads))
+def _value_problem(index: GraphIndex, value: object, between: list[onnx.NodeProto]) -> str | None:
+    """Why the padded elements would not reach the Conv as exact zeros, or None."""
+    pad_value = np.asarray(0 if value is None else value).reshape(-1)
+    if pad_value.size != 1:
+        return "its pad value is not a scalar"
+    if between and between[0].op_type == "DequantizeLinear":
+        params = quant_params(index, between[0])
+        if params is None:
+            return "its DequantizeLinear's scale or zero point is not constant"
+        if not np.all(params.zero_point.astype(np.int64) == int(pad_value[0])):
+            return (f"it pads the quantized tensor with {pad_value[0]}, not the zero point "
+                    f"{params.zero_point.reshape(-1)[:4].tolist()}: the pad does not dequantize to 0")
+        return None
+    if between and quant_params(index, between[0]) is None:
+        return "its QuantizeLinear's scale or zero point is not constant"
+    if float(pad_value[0]) != 0.0:
+        return f"it pads with {float(pad_value[0])}, not 0"
+    return None
 
-    def _plan(self, index: GraphIndex, pad: onnx.NodeProto, opset: int, symmetric: bool) -> FoldPad | str | None:
-        """The plan for ``pad``, or why not; None when no Conv reads it (not a candidate)."""
-        chain = self._chain_to_conv(index, pad.output[0])
+
+class FoldPadIntoConv(Rule):
+    """Pad (constant zeros, spatial axes) -> [Q -> DQ | DQ] -> Conv becomes [Q -> DQ | DQ] -> Conv(pads c + p)."""
+
+    op = "Pad"
+    name = "folded into conv pads"
+    emits = ("QuantizeLinear", "DequantizeLinear", "Conv")
+
+    def match(self, node: onnx.NodeProto, view: View) -> Match | str | None:
+        """The match for ``node``, or why not; None when no Conv reads it (not a candidate)."""
+        index, pad = view.index, node
+        chain = _chain_to_conv(index, pad.output[0])
         if chain is None:
             return None
         reader, conv, between = chain
-        pads, value, why = _pad_parts(index, pad, opset)
+        pads, value, why = _pad_parts(index, pad, view.opset)
         if why is None:
             assert pads is not None
             spatial, why = _spatial_pads(pads)
         if why is None:
-            why = self._value_problem(index, value, between)
+            why = _value_problem(index, value, between)
         if why is None:
             geometry = conv_geometry(index, conv)
             if not geometry.resolved:
@@ -158,89 +175,41 @@ class FoldPadConvPass(Pass):
             return why
         conv_pads = [c + p for c, p in zip(geometry.pads, spatial)]  # type: ignore[arg-type]
         rank = geometry.rank
-        if symmetric and any(conv_pads[a] != conv_pads[a + rank] for a in range(rank)):
+        if view.options.symmetric_pads and any(conv_pads[a] != conv_pads[a + rank] for a in range(rank)):
             return (f"{conv.name} would pad asymmetrically {conv_pads}, which the target refuses "
                     "(symmetric_pads)")
         form = "+".join(n.op_type for n in between) or "float"
-        requantize = between if self._requantizes(index, pad.input[0], between) else []
-        return FoldPad((pad.name, conv.name), "folded into conv pads", pad=pad, conv=conv,
-                       reader=conv if requantize else reader, conv_pads=conv_pads, form=form,
-                       requantize=requantize)
+        requantize = _requantizes(index, pad.input[0], between)
+        return Match((pad, *between, conv), conv=conv, between=[] if requantize else between, conv_pads=conv_pads,
+                     form=form)
 
-    @staticmethod
-    def _requantizes(index: GraphIndex, source: str, between: list[onnx.NodeProto]) -> bool:
-        """``DQ(params) -> [Pad] -> Q(params) -> DQ(params)``: without the Pad, ``Q(DQ(q)) = q`` (qdq.py), so the
-        pair after it returns its input and can go."""
-        if [n.op_type for n in between] != ["QuantizeLinear", "DequantizeLinear"]:
-            return False
-        upstream = dequantizer_of(index, source)
-        q_params, dq_params = quant_params(index, between[0]), quant_params(index, between[1])
-        return (upstream is not None and q_params is not None and dq_params is not None
-                and upstream[1].same_as(q_params) and q_params.same_as(dq_params))
+    def build(self, match: Match, out: Emit) -> None:
+        # The Q / DQ between stay (reading the Pad's input), unless they only requantized (then they go); the
+        # Conv keeps its name with the summed pads, explicit.
+        source = match.anchor.input[0]
+        for node in match.between:
+            source = out.like(node, inputs=[source, *node.input[1:]])
+        conv = match.conv
+        explicit = {} if (get_attr(conv, "auto_pad", "NOTSET") or "NOTSET") == "NOTSET" else {"auto_pad": "NOTSET"}
+        out.like(conv, inputs=[source, *conv.input[1:]], pads=match.conv_pads, **explicit)
 
-    @staticmethod
-    def _chain_to_conv(index: GraphIndex, name: str
-                       ) -> tuple[onnx.NodeProto, onnx.NodeProto, list[onnx.NodeProto]] | None:
-        """(the reader of ``name``, the Conv, the Q / DQ nodes between) when ``name`` reaches a Conv's data input
-        through at most a QuantizeLinear -> DequantizeLinear pair or one DequantizeLinear, each the only reader."""
-        between: list[onnx.NodeProto] = []
-        node = index.single_consumer(name)
-        reader = node
-        while node is not None and node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(between) < 2 \
-                and node.input[0] == name and is_default_domain(node):
-            between.append(node)
-            name = node.output[0]
-            node = index.single_consumer(name)
-        if node is None or reader is None or node.op_type != "Conv" or not is_default_domain(node) \
-                or node.input[0] != name:
-            return None
-        if [n.op_type for n in between] not in ([], ["QuantizeLinear", "DequantizeLinear"], ["DequantizeLinear"]):
-            return None
-        return reader, node, between
+    def record(self, match: Match, ops: list[str]) -> dict:
+        return {"node": match.conv.name, "op": "Conv", "old": list(get_attr(match.conv, "pads") or []) or None,
+                "new": match.conv_pads, "detail": {"pad": match.anchor.name, "form": match.form}}
 
-    @staticmethod
-    def _value_problem(index: GraphIndex, value: object, between: list[onnx.NodeProto]) -> str | None:
-        """Why the padded elements would not reach the Conv as exact zeros, or None."""
-        pad_value = np.asarray(0 if value is None else value).reshape(-1)
-        if pad_value.size != 1:
-            return "its pad value is not a scalar"
-        if between and between[0].op_type == "DequantizeLinear":
-            params = quant_params(index, between[0])
-            if params is None:
-                return "its DequantizeLinear's scale or zero point is not constant"
-            if not np.all(params.zero_point.astype(np.int64) == int(pad_value[0])):
-                return (f"it pads the quantized tensor with {pad_value[0]}, not the zero point "
-                        f"{params.zero_point.reshape(-1)[:4].tolist()}: the pad does not dequantize to 0")
-            return None
-        if between and quant_params(index, between[0]) is None:
-            return "its QuantizeLinear's scale or zero point is not constant"
-        if float(pad_value[0]) != 0.0:
-            return f"it pads with {float(pad_value[0])}, not 0"
-        return None
 
-    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
-        result = found.report()
-        index = GraphIndex(model) if found.plans else None
-        removed: list[onnx.NodeProto] = []
-        for plan in found.plans:
-            assert isinstance(plan, FoldPad)
-            old = list(get_attr(plan.conv, "pads") or [])
-            read = plan.requantize[-1].output[0] if plan.requantize else plan.pad.output[0]
-            for i, name in enumerate(plan.reader.input):
-                if name == read:
-                    plan.reader.input[i] = plan.pad.input[0]
-            removed += plan.requantize
-            set_attr(plan.conv, "pads", plan.conv_pads)
-            if (get_attr(plan.conv, "auto_pad", "NOTSET") or "NOTSET") != "NOTSET":
-                set_attr(plan.conv, "auto_pad", "NOTSET")
-            removed.append(plan.pad)
-            result.changes.append(Change(plan.conv.name, "Conv", plan.action, old=old or None, new=plan.conv_pads,
-                                         detail={"pad": plan.pad.name, "form": plan.form}))
-        if index is not None:
-            # The Pad's own constants (pads, value, axes) go with it when nothing else reads them.
-            gone = {id(node) for node in removed}
-            drop_initializers(model, {name for node in removed for name in node.input[1:]
-                                      if name in index.initializers and name not in index.output_set
-                                      and all(id(user) in gone for user in index.consumers_of(name))})
-            drop_nodes(model, removed)
-        return result
+class FoldPadConvPass(RulePass):
+    """Constant zero Pad -> Conv becomes one Conv with the sum of the pads (float and QDQ forms; exact)."""
+
+    name = "fold-pad-conv"
+    summary = "fold a constant zero Pad on the spatial axes into the following Conv's pads (fold_pad_into_conv)"
+    exact = True
+    forms = (Form("fold_pad_into_conv", ("Pad", "Conv"), "whether a constant zero Pad before a Conv is folded into "
+                  "the Conv's pads", cost=10,
+                  facts=(Fact("Pad", "a Pad with constant pads before Conv {} (compilers fuse it into the Conv's pads; "
+                              "rknn-toolkit2 2.5.0 crashes doing so; fold-pad-conv folds it first)",
+                              _constant_pad_before_conv),)),)
+    rules = (FoldPadIntoConv(),)
+
+    def applies(self, options: FixOptions) -> bool:
+        return options.fold_pad_into_conv

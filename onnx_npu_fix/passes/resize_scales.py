@@ -20,23 +20,13 @@ supported": the omitted scales); it imports the scales form. It runs only for a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import onnx
 
 from onnx_npu_fix.config.options import FixOptions
-from onnx_npu_fix.ir.graph import GraphIndex, get_attr, opset_version
-from onnx_npu_fix.passes.base import Change, Fixes, Found, Pass, PassResult, Plan
-from onnx_npu_fix.passes.fold_constants import folded_tensor
-
-
-@dataclass(kw_only=True)
-class SizesToScales(Plan):
-    """Give Resize ``node`` the float32 ``scales`` its constant sizes stand for, and drop the sizes input."""
-
-    node: onnx.NodeProto
-    scales: np.ndarray
+from onnx_npu_fix.ir.graph import GraphIndex, get_attr
+from onnx_npu_fix.passes.base import Fixes
+from onnx_npu_fix.passes.rules import Emit, Match, Rule, RulePass, View
 
 
 def given_sizes(index: GraphIndex, node: onnx.NodeProto) -> bool:
@@ -59,27 +49,18 @@ def scales_for(before: tuple[int, ...], sizes: np.ndarray) -> np.ndarray | str:
     return scales
 
 
-class ResizeScalesPass(Pass):
-    """Resize given by constant sizes -> the same Resize given by the float32 scales they stand for (exact)."""
+class SizesToScales(Rule):
+    """A Resize given by constant sizes -> the same Resize given by the float32 scales they stand for."""
 
-    name = "resize-scales"
-    summary = "a Resize given its output sizes is given the scales they stand for (resize_scales_only)"
-    exact = True
-    fixes = (Fixes("resize-sizes",
-                   note="the float32 scales the sizes stand for, where they give the same output size"),)
+    op = "Resize"
+    name = "given scales"
+    emits = ("Resize",)
+    min_opset = 11
 
-    def may_change(self, model: onnx.ModelProto, options: FixOptions) -> bool:
-        return options.resize_scales_only and opset_version(model) >= 11 and \
-            any(n.op_type == "Resize" for n in model.graph.node)
-
-    def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
-        return self.find_each(model, options, "Resize", self._plan)
-
-    @staticmethod
-    def _plan(index: GraphIndex, node: onnx.NodeProto) -> SizesToScales | str | None:
-        """The plan for a Resize given sizes, or why not; None for one given scales (no candidate)."""
+    def match(self, node: onnx.NodeProto, view: View) -> Match | str | None:
+        index = view.index
         if not given_sizes(index, node):
-            return None
+            return None  # given scales: no candidate
         if get_attr(node, "axes") is not None:
             return "its sizes cover only the axes of its axes attribute"
         policy = get_attr(node, "keep_aspect_ratio_policy", "stretch") or "stretch"
@@ -93,19 +74,27 @@ class ResizeScalesPass(Pass):
         scales = scales_for(tuple(before), np.asarray(sizes).astype(np.int64))
         if isinstance(scales, str):
             return scales
-        return SizesToScales((node.name,), "given scales", node=node, scales=scales)
+        return Match((node,), scales=scales)
 
-    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
-        result = found.report()
-        index = GraphIndex(model) if found.plans else None
-        for plan in found.plans:
-            assert isinstance(plan, SizesToScales) and index is not None
-            node = plan.node
-            name = index.unique_name(f"{node.output[0]}_scales")
-            model.graph.initializer.append(folded_tensor(plan.scales, name))
-            sizes = node.input[3]
-            del node.input[3:]  # in place: the node keeps its position and name; the sizes go if unread
-            node.input[2] = name
-            result.changes.append(Change(node.name, "Resize", plan.action, old=sizes,
-                                         new=[float(s) for s in plan.scales]))
-        return result
+    def build(self, match: Match, out: Emit) -> None:
+        # The same node with the scales in the third input and no fourth; the sizes go if nothing else reads them.
+        node = match.anchor
+        scales = out.const(match.scales, name=f"{node.output[0]}_scales")
+        out.like(node, inputs=[node.input[0], node.input[1], scales])
+
+    def record(self, match: Match, ops: list[str]) -> dict:
+        return {"old": match.anchor.input[3], "new": [float(s) for s in match.scales]}
+
+
+class ResizeScalesPass(RulePass):
+    """Resize given by constant sizes -> the same Resize given by the float32 scales they stand for (exact)."""
+
+    name = "resize-scales"
+    summary = "a Resize given its output sizes is given the scales they stand for (resize_scales_only)"
+    exact = True
+    fixes = (Fixes("resize-sizes",
+                   note="the float32 scales the sizes stand for, where they give the same output size"),)
+    rules = (SizesToScales(),)
+
+    def applies(self, options: FixOptions) -> bool:
+        return options.resize_scales_only
