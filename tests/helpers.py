@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import onnx
@@ -130,3 +130,77 @@ def break_cleanup(monkeypatch) -> None:
         return result
 
     monkeypatch.setattr(CleanupPass, "run", broken)
+
+
+# --- lowering rules (passes/lowering/): each rule's test runs them through the whole pipeline --------------------
+
+
+def op_model(nodes, inputs, outputs, inits=(), opset: int = 17) -> onnx.ModelProto:
+    """A model of ``nodes``; ``inputs`` / ``outputs`` as (name, shape) float tensors (shape None: unknown)."""
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s)
+                                           for n, s in inputs],
+                              [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s) for n, s in outputs],
+                              list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def between_convs(make_op, channels: int = 8, size: int = 16, opset: int = 17,
+                  extra_inits=()) -> onnx.ModelProto:
+    """x -> Conv 3x3 -> ``make_op(input, output)`` -> Conv 1x1 -> y: the op between two convs, where a quantizer
+    puts it between a DequantizeLinear and a QuantizeLinear."""
+    gen = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(gen.standard_normal((channels, channels, 3, 3)).astype(np.float32) / 3, "w1"),
+             numpy_helper.from_array(gen.standard_normal((channels, channels, 1, 1)).astype(np.float32), "w2"),
+             *extra_inits]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="conv1", pads=[1, 1, 1, 1]),
+             *make_op("a", "b"),
+             helper.make_node("Conv", ["b", "w2"], ["y"], name="conv2")]
+    return op_model(nodes, [("x", [1, channels, size, size])], [("y", None)], inits, opset)
+
+
+def assert_lowered(model: onnx.ModelProto, forbidden: Sequence[str], *, exact: bool = True,
+                   bitwise: bool = False, **options):
+    """Fix ``model`` with ``forbidden_ops`` (the whole pipeline, validated by onnxruntime): lower-ops rewrites
+    every forbidden op away, its record says validated (exact) or measured, and independently of the pipeline the
+    outputs match the original's on seeded inputs (bit for bit with ``bitwise``). Returns the FixResult."""
+    from onnx_npu_fix.api import fix
+
+    result = fix(model, FixOptions(forbidden_ops=tuple(forbidden), align=0, **options))
+    assert result.ok, result.report.to_json()
+    record = next(r for r in result.report.passes if r.name == "lower-ops")
+    assert record.changes and record.status == "validated", record.to_json()
+    assert record.exact is exact, record.to_json()
+    assert not set(ops(result.model)) & set(forbidden), ops(result.model)
+    onnx.checker.check_model(result.model, full_check=True)
+    feeds = [f for s in (0, 1, 2) for f in make_inputs(model, 1, s)]
+    if bitwise:
+        for ref, got in zip(run_model(model, feeds), run_model(result.model, feeds)):
+            for name in ref:
+                assert np.array_equal(ref[name], got[name], equal_nan=True), name
+    assert_equivalent(model, result.model, feeds=feeds, exact=exact)
+    return result
+
+
+def assert_lowered_quantized(model: onnx.ModelProto, forbidden: Sequence[str], directory, *, steps: float = 1.0,
+                             **options):
+    """``model`` quantized by onnxruntime's own quantizer, then fixed with ``forbidden_ops``: the lowered ops stand
+    between the DequantizeLinear and the QuantizeLinear the op stood between (no Q / DQ added or removed), and the
+    quantized output is within ``steps`` quantization steps of the quantized original's."""
+    from onnx_npu_fix.api import fix
+
+    qdq = quantize_with_onnxruntime(model, directory)
+    assert set(forbidden) & set(ops(qdq)), "the quantized model lost the op under test"
+    result = fix(qdq, FixOptions(forbidden_ops=tuple(forbidden), align=0, **options))
+    assert result.ok, result.report.to_json()
+    assert not set(ops(result.model)) & set(forbidden)
+    for q in ("QuantizeLinear", "DequantizeLinear"):
+        assert ops(result.model).count(q) == ops(qdq).count(q)
+    output = result.model.graph.output[0].name
+    producer = next(n for n in result.model.graph.node if output in n.output)
+    assert producer.op_type == "DequantizeLinear"
+    scale = float(numpy_helper.to_array(next(t for t in result.model.graph.initializer
+                                             if t.name == producer.input[1])).max())
+    feeds = [f for s in (0, 1, 2) for f in make_inputs(model, 1, s)]
+    for ref, got in zip(run_model(qdq, feeds), run_model(result.model, feeds)):
+        assert np.abs(ref[output] - got[output]).max() <= steps * scale * (1 + 1e-6)
+    return result

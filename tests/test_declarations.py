@@ -172,6 +172,9 @@ FIX_EXAMPLES = {
     ("align-channels", "in-channels-align"): (_unaligned_chain, {"align": 8}, "conv_b"),
     ("align-channels", "out-channels-align"): (_unaligned_chain, {"align": 8}, "conv_a"),
     ("align-channels", "concat-align"): (_unaligned_concat, {"align": 8, "concat_align": 8}, "cat"),
+    ("lower-ops", "forbidden-op"): (lambda: _model([helper.make_node("HardSwish", ["x"], ["y"], name="hs")],
+                                                   [_vi("x", [1, 4])], [_vi("y", [1, 4])]),
+                                    {"forbidden_ops": ("HardSwish",)}, "hs"),
 }
 DECLARED_FIXES = sorted((name, fix.constraint) for name, cls in PASSES.items() for fix in cls.fixes)
 

@@ -7,7 +7,9 @@ fold-pad-conv right after them (the Pads whose pads fold-constants just made con
 (shapes are static by now);
 resize-scales after resize-nearest (which gives the nearest Resizes it rewrites their canonical scales form);
 BatchNorm folding before channel alignment, so alignment only pads Conv weights; alignment before dilated-conv,
-so the space-to-batch rewrite works on channel counts that are already aligned and keeps them.
+so the space-to-batch rewrite works on channel counts that are already aligned and keeps them; lower-ops last,
+so that it lowers the forbidden ops of the graph the compiler will see (the passes before it emit none: each
+respects ``forbidden_ops``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from onnx_npu_fix.passes.dilated_conv import DilatedConvPass
 from onnx_npu_fix.passes.fold_batchnorm import FoldBatchNormPass
 from onnx_npu_fix.passes.fold_constants import FoldConstantsPass
 from onnx_npu_fix.passes.fold_pad_conv import FoldPadConvPass
+from onnx_npu_fix.passes.lower_ops import LowerOpsPass
 from onnx_npu_fix.passes.reorder_memory import ReorderMemoryPass
 from onnx_npu_fix.passes.resize_nearest import ResizeNearestPass
 from onnx_npu_fix.passes.resize_scales import ResizeScalesPass
@@ -34,6 +37,7 @@ DEFAULT_ORDER: tuple[type[Pass], ...] = (
     ResizeScalesPass,
     AlignChannelsPass,
     DilatedConvPass,
+    LowerOpsPass,
 )
 
 # Every pass by name: the default ones, plus opt-in passes that run only when named with --passes.

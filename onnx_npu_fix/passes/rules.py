@@ -185,9 +185,13 @@ class RulePass(Pass):
         """Whether this run asks for the pass at all (a target's option); True by default."""
         return True
 
+    def wants(self, rule: Rule, options: FixOptions) -> bool:
+        """Whether this run asks for ``rule`` (lower-ops: only the rules of forbidden ops); True by default."""
+        return True
+
     def may_change(self, model: onnx.ModelProto, options: FixOptions) -> bool:
-        ops = {rule.op for rule in self.rules}
-        return self.applies(options) and any(node.op_type in ops for node in model.graph.node)
+        ops = {rule.op for rule in self.rules if self.wants(rule, options)}
+        return self.applies(options) and bool(ops) and any(node.op_type in ops for node in model.graph.node)
 
     def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
         found = Found()
@@ -196,7 +200,7 @@ class RulePass(Pass):
         view = View(GraphIndex(model), options, opset_version(model))
         by_op: dict[str, list[Rule]] = {}
         for rule in self.rules:
-            if view.opset >= rule.min_opset:
+            if view.opset >= rule.min_opset and self.wants(rule, options):
                 by_op.setdefault(rule.op, []).append(rule)
         claimed: set[int] = set()
         for node in model.graph.node:
