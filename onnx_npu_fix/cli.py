@@ -320,6 +320,8 @@ def _split_names(value: str | None) -> list[str] | None:
          help="Fold a constant zero Pad into the following Conv's pads (exact; the Rockchip profiles set it).")
 @_option(FIXING, "--max-convtranspose-stride", type=click.IntRange(min=1), default=None,
               help="Largest ConvTranspose stride; exact Resize forms above it are split into stages.")
+@_option(FIXING, "--resize-separable/--no-resize-separable", default=False,
+         help="Run exact ConvTranspose Resize forms as one stage per axis, each with a 1-D kernel (exact).")
 @_judge_options(required=False)
 @_option(OUTPUT, "--progress/--no-progress", "show_progress", default=None,
          help="A progress line for validation sets and long searches (default: when stderr is a terminal "

@@ -140,6 +140,10 @@ def _unaligned_concat():
                   [_w("w1", (16, 8, 3, 3)), _w("w2", (12, 8, 3, 3), 1), _w("w3", (8, 28, 3, 3), 2)])
 
 
+def _hardswish():
+    return _model([helper.make_node("HardSwish", ["x"], ["y"], name="hs")], [_vi("x", [1, 4])], [_vi("y", [1, 4])])
+
+
 def _pad_before_conv():
     nodes = [helper.make_node("Pad", ["x", "pads"], ["p"], name="pad"),
              helper.make_node("Conv", ["p", "w"], ["y"], name="conv")]
@@ -172,9 +176,7 @@ FIX_EXAMPLES = {
     ("align-channels", "in-channels-align"): (_unaligned_chain, {"align": 8}, "conv_b"),
     ("align-channels", "out-channels-align"): (_unaligned_chain, {"align": 8}, "conv_a"),
     ("align-channels", "concat-align"): (_unaligned_concat, {"align": 8, "concat_align": 8}, "cat"),
-    ("lower-ops", "forbidden-op"): (lambda: _model([helper.make_node("HardSwish", ["x"], ["y"], name="hs")],
-                                                   [_vi("x", [1, 4])], [_vi("y", [1, 4])]),
-                                    {"forbidden_ops": ("HardSwish",)}, "hs"),
+    ("lower-ops", "forbidden-op"): (_hardswish, {"forbidden_ops": ("HardSwish",)}, "hs"),
 }
 DECLARED_FIXES = sorted((name, fix.constraint) for name, cls in PASSES.items() for fix in cls.fixes)
 
@@ -221,6 +223,8 @@ FORM_EXAMPLES = {
                                      "channel"),
     ("dilated-conv", "max_dilation"): (lambda: _dilated(8), {"max_dilation": 4, "align": 0}, 2),
     ("align-channels", "align"): (_unaligned_chain, {"align": 8}, 16),
+    ("resize-nearest", "resize_separable"): (lambda: _resize(2), {"resize_mode": "exact", "align": 0}, True),
+    ("lower-ops", "forbidden_ops"): (lambda: _hardswish(), {}, ("HardSwish",)),
 }
 DECLARED_FORMS = sorted((name, form.key) for name, cls in PASSES.items() for form in cls.forms)
 
@@ -268,8 +272,10 @@ def test_the_key_changes_what_the_pass_emits_and_only_nodes_it_declares(pass_nam
 
 # --- the facts: the op forms in a model a key would write another way --------------------------------------------
 
-# (key, fact op) -> (model with a node of that form, its name, a model whose node of that op is not the form)
+# (key, fact op) -> (model with a node of that form, its name, a model whose node of that op is not the form[,
+# the options it is not the form under])
 FACT_EXAMPLES = {
+    ("forbidden_ops", "HardSwish"): (_hardswish, "hs", _hardswish, {"forbidden_ops": ("HardSwish",)}),
     ("fold_pad_into_conv", "Pad"): (_pad_before_conv, "pad", lambda: _model(
         [helper.make_node("Pad", ["x", "pads"], ["y"], name="pad")], [_vi("x", [1, 8, 8, 8])], [_vi("y", None)],
         [_i64("pads", [0, 0, 1, 1, 0, 0, 1, 1])])),
@@ -309,9 +315,10 @@ def _fact_value(key, op, model, options):
 
 @pytest.mark.parametrize("key, op", DECLARED_FACTS)
 def test_each_fact_matches_its_form_and_not_another_node_of_its_op(key, op):
-    build, node, other = FACT_EXAMPLES[(key, op)]
+    build, node, other, *other_options = FACT_EXAMPLES[(key, op)]
     options = dataclasses.replace(FixOptions(), align=8)
     model = build()
     values = dict(zip([n.name for n in model.graph.node if n.op_type == op], _fact_value(key, op, model, options)))
     assert values[node] is not None
-    assert _fact_value(key, op, other(), options) == [None]
+    negative = dataclasses.replace(options, **other_options[0]) if other_options else options
+    assert _fact_value(key, op, other(), negative) == [None]

@@ -50,7 +50,7 @@ def test_a_judge_that_rejects_rank3_pads_gets_another_remainder_form(tmp_path):
     assert [n["op"] for n in judged["reduction"]["nodes"]] == ["Pad"]
     (key, change), = judged["changed"].items()
     assert (key, change["from"]) in {("remainder_pad", "pad"), ("lift_conv1d", False)}, judged["changed"]
-    assert judged["attempts"][-1] == {"changes": {key: change["to"]}, "outcome": "pass"}
+    assert judged["attempts"][-1] == {"changes": {key: change["to"]}, "outcome": "pass", "exact": True}
     assert judged["profile_snippet"].startswith(f"{key} = {json.dumps(change['to'])}  # judge: ")
     assert "profile: " + judged["profile_snippet"] in result.output
     # the written model is the accepted one: the judge passes it, and the record's options are its options
@@ -153,3 +153,84 @@ def test_a_judge_that_crashes_on_a_pad_before_a_conv_gets_it_folded(tmp_path):
     assert (key, change["from"], change["to"]) == ("fold_pad_into_conv", False, True) and "Pad" in change["why"]
     assert len(judged["attempts"]) == 1  # the cheapest form first
     assert [n.op_type for n in onnx.load(str(out)).graph.node] == ["Relu", "Conv"]
+
+
+# --- the whole form space: every key a rejected node's forms name, exact forms first -----------------------------
+
+
+def _bilinear_x8(path):
+    """Conv (21 channels) -> bilinear half-pixel Resize x8, as LR-ASPP's head upsamples back to the input."""
+    weight = numpy_helper.from_array(rng().standard_normal((21, 8, 3, 3)).astype("float32"), "w")
+    scales = numpy_helper.from_array(np.array([1, 1, 8, 8], "float32"), "scales")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["a"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("Resize", ["a", "", "scales"], ["y"], name="up", mode="linear",
+                          coordinate_transformation_mode="half_pixel")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 21, 64, 64])], [weight, scales])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return str(path)
+
+
+def test_a_convtranspose_stride_the_judge_refuses_is_staged_exactly(tmp_path):
+    """The emitted ConvTranspose (x8) is also changed by align-channels: every pass that touched it, and the forms
+    that emit its op type, name their keys; the first accepted form is exact (x4 x2 stages), not an alignment."""
+    out, report = tmp_path / "fixed.onnx", tmp_path / "r.json"
+    result = _fix(_bilinear_x8(tmp_path / "up8.onnx"), "-o", str(out), "--resize-mode", "exact", "--report",
+                  str(report), "--judge", f"{PATTERN_JUDGE} convt-stride {{model}}")
+    assert result.exit_code == EXIT_OK, result.output
+    judged = json.loads(report.read_text())["judge"]
+    assert judged["accepted"] and judged["changed"]["max_convtranspose_stride"]["to"] == 4, judged
+    assert judged["attempts"][-1]["exact"] is True
+    assert Judge(f"{PATTERN_JUDGE} convt-stride {{model}}").judge(out.read_bytes()).kind == "pass"
+    assert "APPROXIMATE" not in result.output
+
+
+def _with_hardswish(path):
+    weight = numpy_helper.from_array(rng().standard_normal((8, 8, 3, 3)).astype("float32"), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["a"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("HardSwish", ["a"], ["y"], name="act")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return str(path)
+
+
+def test_an_op_the_judge_does_not_support_is_lowered_and_its_refused_form_gets_the_next(tmp_path):
+    """"Op not supported: HardSwish": forbidding it lowers it to HardSigmoid + Mul, which the judge refuses for
+    another reason; that candidate is reduced again and HardSigmoid forbidden too: the Clip form is accepted."""
+    out, report = tmp_path / "fixed.onnx", tmp_path / "r.json"
+    judge = f"{PATTERN_JUDGE} op:HardSwish,op:HardSigmoid {{model}}"
+    result = _fix(_with_hardswish(tmp_path / "hs.onnx"), "-o", str(out), "--align", "0", "--report", str(report),
+                  "--judge", judge)
+    assert result.exit_code == EXIT_OK, result.output
+    judged = json.loads(report.read_text())["judge"]
+    assert judged["changed"]["forbidden_ops"]["to"] == ["HardSwish", "HardSigmoid"], judged
+    assert [a["changes"] for a in judged["attempts"]][:2] == [{"forbidden_ops": ["HardSwish"]},
+                                                               {"forbidden_ops": ["HardSwish", "HardSigmoid"]}]
+    assert {n.op_type for n in onnx.load(str(out)).graph.node} == {"Conv", "Mul", "Add", "Clip"}
+    assert Judge(judge).judge(out.read_bytes()).kind == "pass"
+
+
+def test_an_approximate_form_is_tried_only_after_every_exact_one_and_never_under_strict(tmp_path):
+    """A judge that refuses every exact Resize form (ConvTranspose, MatMul) accepts the nearest one, which is
+    judged last (its bound raised: nearest x8 on random inputs is far from bilinear); --strict leaves it unjudged
+    and the run ends with the judge violation (exit 1)."""
+    source = _bilinear_x8(tmp_path / "up8.onnx")
+    judge = f"{PATTERN_JUDGE} op:ConvTranspose,op:MatMul {{model}}"
+    report = tmp_path / "r.json"
+    result = _fix(source, "-o", str(tmp_path / "a.onnx"), "--resize-mode", "exact", "--max-approx-error", "2",
+                  "--report", str(report), "--judge", judge)
+    assert result.exit_code == EXIT_OK, result.output
+    attempts = json.loads(report.read_text())["judge"]["attempts"]
+    assert attempts[-1] == {"changes": {"resize_mode": "nearest"}, "outcome": "pass", "exact": False}
+    deferred = next(k for k, a in enumerate(attempts) if a["outcome"] == "deferred: approximate")
+    assert all(a["exact"] is not False for a in attempts[:deferred]) and deferred < len(attempts) - 1
+    strict = _fix(source, "-o", str(tmp_path / "s.onnx"), "--resize-mode", "exact", "--max-approx-error", "2",
+                  "--strict", "--report", str(report), "--judge", judge)
+    assert strict.exit_code == EXIT_VIOLATIONS, strict.output
+    judged = json.loads(report.read_text())["judge"]
+    assert not judged["accepted"]
+    assert {"changes": {"resize_mode": "nearest"}, "outcome": "not judged: approximate (--strict)",
+            "exact": False} in judged["attempts"]

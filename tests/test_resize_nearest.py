@@ -764,3 +764,26 @@ def test_quantized_x8_bilinear_becomes_one_int8_conv_transpose_per_axis(tmp_path
     staged, staged_result = apply_pass(quantized, ResizeNearestPass(), resize_mode="exact",
                                        max_convtranspose_stride=4)
     assert "Resize" not in ops(staged) and "separable" not in staged_result.changes[0].detail["why"]
+
+
+# --- resize_separable: one ConvTranspose stage per axis, each with a 1-D kernel ------------------------------------
+
+
+@pytest.mark.parametrize("factor, limit", [(2, None), (8, None), (8, 4)])
+def test_the_separable_form_is_exact_and_has_only_1d_kernels(factor, limit):
+    scales = numpy_helper.from_array(np.array([1, 1, factor, factor], np.float32), "scales")
+    graph = helper.make_graph(
+        [helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up", mode="linear",
+                          coordinate_transformation_mode="half_pixel")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [scales])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    options = dict(resize_mode="exact", max_convtranspose_stride=limit)
+    joint, _ = apply_pass(model, ResizeNearestPass(), **options)
+    fixed, result = apply_pass(model, ResizeNearestPass(), resize_separable=True, **options)
+    weights = {t.name: list(t.dims) for t in fixed.graph.initializer}
+    kernels = [weights[n.input[1]][2:] for n in fixed.graph.node if n.op_type == "ConvTranspose"]
+    assert kernels and all(1 in kernel for kernel in kernels), kernels
+    assert len(kernels) > ops(joint).count("ConvTranspose")
+    assert "separable" in result.changes[0].detail["why"]
+    assert_equivalent(model, fixed)

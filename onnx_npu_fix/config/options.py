@@ -177,6 +177,10 @@ class FixOptions:
     max_convtranspose_stride: int | None = None
     """Largest ConvTranspose stride the target compiles (None: no limit); exact Resize forms above it are
     split into stages (x8 -> x2 then x4)."""
+    resize_separable: bool = False
+    """resize-nearest's exact ConvTranspose forms of a 2-D Resize run one stage per axis, each a depthwise
+    ConvTranspose with a 1-D kernel ([k,1] then [1,k]; the 2-D kernel is their outer product, so the sums are the
+    same terms in another order): for compilers that refuse the large 2-D kernel or stride of the one-stage form."""
 
     # --- which constraints count (set by the CLI; a library caller may leave them) -------------------
     target: str | None = None

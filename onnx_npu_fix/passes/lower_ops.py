@@ -18,11 +18,15 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
+from collections.abc import Sequence
 from typing import ClassVar
 
+import onnx
+
 from onnx_npu_fix.config.options import FixOptions
+from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.passes import lowering
-from onnx_npu_fix.passes.base import Fixes
+from onnx_npu_fix.passes.base import Fact, Fixes, Form
 from onnx_npu_fix.passes.rules import Rule, RulePass
 
 
@@ -41,6 +45,30 @@ def lowered_ops() -> tuple[str, ...]:
     return tuple(dict.fromkeys(rule.op for rule in lowering_rules()))
 
 
+def _forbid_one_more(current: tuple[str, ...], region: Sequence[onnx.NodeProto]) -> list[tuple[str, ...]]:
+    """``forbidden_ops`` values worth trying: the current ones and one more op type of the region that a rule
+    lowers (a compiler that says "op X is not supported" gets X lowered), or that the form of an op forbidden
+    already emits (its lowering's next form is then taken: HardSigmoid refused -> HardSwish's Clip form)."""
+    avoidable = set(lowered_ops()) | {op for rule in lowering_rules() if rule.op in current for op in rule.emits}
+    found = dict.fromkeys(n.op_type for n in region if n.op_type in avoidable and n.op_type not in current)
+    return [(*current, op) for op in found]
+
+
+def _lowerable(index: GraphIndex, node: onnx.NodeProto, options: FixOptions) -> str | None:
+    """The op type of a node lower-ops would rewrite if the target forbade it, or None."""
+    return node.op_type if node.op_type not in options.forbidden_ops else None
+
+
+def _forms() -> tuple[Form, ...]:
+    # The lowered ops are of the nodes it chooses the form of too: kept as they are, or lowered.
+    emitted = tuple(dict.fromkeys([*lowered_ops(), *(op for rule in lowering_rules() for op in rule.emits)]))
+    facts = tuple(Fact(op, "{} (lower-ops rewrites it into other ops where the target forbids it)", _lowerable)
+                  for op in lowered_ops())
+    return (Form("forbidden_ops", emitted, "which op types the target forbids, which lower-ops then rewrites into "
+                 "the first of their forms whose ops the target accepts", cost=15, values=_forbid_one_more,
+                 facts=facts),)
+
+
 class LowerOpsPass(RulePass):
     """A forbidden op -> the ops of its first lowering whose ops the target accepts (exact, or bounded)."""
 
@@ -50,6 +78,7 @@ class LowerOpsPass(RulePass):
     rules: ClassVar[tuple[Rule, ...]] = lowering_rules()
     fixes = (Fixes("forbidden-op", ops=lowered_ops(), note="for the op types it lowers (docs/passes.md); a "
                    "lowering that needs another forbidden op is refused with that reason"),)
+    forms = _forms()
 
     def applies(self, options: FixOptions) -> bool:
         return bool(options.forbidden_ops)

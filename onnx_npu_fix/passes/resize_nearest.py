@@ -624,13 +624,15 @@ class ResizeNearestPass(Pass):
              Fixes("resize-factor", note="when the nearest form keeps the rule (a half-pixel linear x8 on ethos-u55)"))
     forms = (
         Form("resize_mode", ("Resize", "ConvTranspose", "MatMul", "Reshape", "Transpose", "Pad", "Slice"),
-             "a non-nearest Resize's form: nearest (approximate) or the exact ConvTranspose / MatMul forms", cost=60,
+             "a non-nearest Resize's form: nearest (approximate) or the exact ConvTranspose / MatMul forms", cost=75,
              facts=(Fact("Resize", "a {} Resize (resize-nearest: nearest approximates it, exact keeps it exact where "
                          "an exact form exists)", _non_nearest),)),
+        Form("resize_separable", ("ConvTranspose", "Pad", "Slice"), "whether an exact ConvTranspose form of a 2-D "
+             "Resize runs as one stage per axis with 1-D kernels", cost=64),
         Form("allow_convtranspose", ("ConvTranspose", "MatMul", "Reshape", "Transpose", "Pad", "Slice"),
              "whether the exact forms may use ConvTranspose (else the MatMul form)", cost=70),
         Form("max_convtranspose_stride", ("ConvTranspose",), "the largest ConvTranspose stride of an exact form: "
-             "larger factors are split into stages", cost=80, values=_stride_limits,
+             "larger factors are split into stages", cost=62, values=_stride_limits,
              facts=(Fact("ConvTranspose", "ConvTranspose stride {} (exact Resize forms split larger strides into "
                          "stages)", _convtranspose_stride),)),
     )
@@ -722,6 +724,8 @@ class ResizeNearestPass(Pass):
             site = _read_site(index, node, opset)
             site.opset = target_opset
             form = self._plan(site, options, forbidden, result)
+            if form is not None and options.resize_separable:
+                _make_separable(form, options.max_convtranspose_stride)
             problem = _qdq_weights_problem(index, form) if form is not None else ""
             if problem and form is not None and _make_separable(form, options.max_convtranspose_stride):
                 problem = _qdq_weights_problem(index, form)
