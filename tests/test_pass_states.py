@@ -22,6 +22,7 @@ from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import StrictRefused
 from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
+from onnx_npu_fix.pipeline import conditions
 from onnx_npu_fix.pipeline import scheduler as pipeline
 from onnx_npu_fix.pipeline import validate as validate_module
 from onnx_npu_fix.pipeline.report import PassStatus
@@ -420,13 +421,13 @@ def test_the_recorded_types_are_copied_once_across_passes_that_change_nothing(pa
     pass changed the model (a copy of a 100k-node model is not free), and the claim is still checked against the
     model as it was just before the lying pass."""
     taken: list[int] = []
-    real = pipeline._recorded_snapshot
+    real = conditions.recorded_snapshot
 
     def counting(graph):
         taken.append(1)
         return real(graph)
 
-    monkeypatch.setattr(pipeline, "_recorded_snapshot", counting)
+    monkeypatch.setattr(conditions, "recorded_snapshot", counting)
     options = FixOptions(validate="none")
     model = small_model()
     prepare(model, options)

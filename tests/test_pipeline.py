@@ -646,3 +646,39 @@ def test_a_declared_approximate_pass_is_skipped_when_an_unfixable_constraint_rej
     assert "skipped" not in {r.name: r for r in rewritten.report.passes}["resize-nearest"].metrics
     assert any(n.op_type == "Resize" and b"nearest" in n.SerializeToString() for n in rewritten.model.graph.node) \
         or "Resize" not in [n.op_type for n in rewritten.model.graph.node]
+
+
+# --- the post-condition of a target's forbidden ops ---------------------------------------------------------------
+
+
+class _DoubleNegation(Pass):
+    """Writes Relu's input through Neg -> Neg (the same values): a pass that emits two Negs."""
+
+    name = "double-negation"
+    summary = "test"
+
+    def run(self, model, options):
+        relu = next(n for n in model.graph.node if n.op_type == "Relu")
+        source = relu.input[0]
+        relu.input[0] = "twice"
+        model.graph.node.extend([helper.make_node("Neg", [source], ["once"], name="neg1"),
+                                 helper.make_node("Neg", ["once"], ["twice"], name="neg2")])
+        nodes = list(model.graph.node)
+        order = [n for n in nodes if n.op_type != "Relu"] + [relu]
+        del model.graph.node[:]
+        model.graph.node.extend(order)
+        return PassResult(changes=[Change("neg1", "Neg", "inserted")])
+
+
+@pytest.mark.parametrize("forbidden, fails", [(("Neg",), True), (("Sigmoid",), False), ((), False)])
+def test_a_pass_that_emits_a_forbidden_op_fails_named(forbidden, fails):
+    options = FixOptions(forbidden_ops=forbidden, validate="none")
+    model = small_model()
+    prepare(model, options)
+    failed = run_passes(model, options, [_DoubleNegation()]).report.failed_pass
+    if fails:
+        assert failed is not None and failed.name == "double-negation"
+        assert failed.error == ("the pass emitted 2 Neg, which the target forbids (forbidden_ops); a pass must not "
+                                "emit them")
+    else:
+        assert failed is None

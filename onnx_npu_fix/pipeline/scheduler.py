@@ -1,11 +1,11 @@
 """The pass manager: runs passes in order, checks and validates them, rolls back or stops, and times it all.
 
-After every pass, what it declares is checked (_Declared, as onnx_ir's pass infrastructure checks pre- and
-post-conditions): it returned a PassResult, kept the graph's input and output names, and, when it declares
-``keeps_shapes``, left every surviving tensor's recorded type and shape as it was; a pass that breaks one fails,
-named. After every pass that changed the graph: strict shape inference (fresh shapes for the next pass; it also
-catches a pass that broke types or shapes), unless the pass declares ``keeps_shapes`` and left no tensor without a
-shape.
+After every pass, what it promises is checked (pipeline/conditions.py, as onnx_ir's pass infrastructure checks
+pre- and post-conditions): it returned a PassResult, kept the graph's input and output names and types, emitted
+no op type the target forbids, and, when it declares ``keeps_shapes``, left every surviving tensor's recorded type
+and shape as it was; a pass that breaks one fails, named. After every pass that changed the graph: strict shape
+inference (fresh shapes for the next pass; it also catches a pass that broke types or shapes), unless the pass
+declares ``keeps_shapes`` and left no tensor without a shape.
 Then, with ``validate="each"`` (the default):
   1. onnx checker on the new model;
   2. onnxruntime on the run's seeded inputs, every graph output compared with the outputs of the model before;
@@ -29,11 +29,10 @@ may be measured). An original onnxruntime cannot run is an InputError, never a s
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -55,6 +54,7 @@ from onnx_npu_fix.ir.graph import (
 )
 from onnx_npu_fix.ir.qdq import QUANTIZERS
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
+from onnx_npu_fix.pipeline.conditions import AFTER_CLEANUP, AFTER_RUN, Conditions
 from onnx_npu_fix.pipeline.report import EXACT_ALTERNATIVE, FixReport, PassRecord, PassStatus
 from onnx_npu_fix.pipeline.validate import (  # noqa: F401 - check_structure: public here before it moved to validate.py
     Comparison,
@@ -386,10 +386,10 @@ class _Run:
         """A restore point at the model as it is now that costs nothing (the input re-read while no pass changed
         it, the bytes of the last validation while nothing changed it since), else NONE."""
         self.announced = 0
-        self.recorded: onnx.GraphProto | None = None
-        """A _recorded_snapshot of the model as it is now, kept across passes that change nothing (a copy of every
-        tensor's record costs 0.2 s at 100k nodes); None once anything may have changed it."""
         """Records before this index were announced (progress.PassFinished), in order."""
+        self.recorded: onnx.GraphProto | None = None
+        """A conditions.recorded_snapshot of the model as it is now, kept across passes that change nothing (a
+        copy of every tensor's record is not free on a large graph); None once anything may have changed it."""
 
     def run(self) -> bytes | None:
         i: int | None = 0
@@ -442,8 +442,8 @@ class _Run:
             self._take_point(i)
         record = PassRecord(name=pass_.name, exact=pass_.exact)
         self.report.passes.append(record)
-        declared = _Declared(pass_, self.model, self.recorded)
-        recorded = declared.types if declared.types is not None else self.recorded
+        declared = Conditions(pass_, self.model, self.options, self.recorded)
+        recorded = declared.recorded if declared.recorded is not None else self.recorded
         self.recorded = None  # back only if the pass changes nothing
         t0 = time.perf_counter()
         try:
@@ -459,7 +459,7 @@ class _Run:
             return self._fail(i, record, Outcome.FAILED,
                               f"the pass returned {type(result).__name__}, not a PassResult")
         _take_result(record, result)
-        broken = declared.broken_io(self.model)
+        broken = declared.broken(self.model, AFTER_RUN)
         if broken is not None:
             return self._fail(i, record, Outcome.FAILED, broken)
         if not record.exact and result.changed and self.point.kind is not RestoreKind.NONE and self._refused():
@@ -473,7 +473,7 @@ class _Run:
         self.here = _CHANGED
         self._drop_unused(record)
         t1 = time.perf_counter()
-        problem = declared.broken_shapes(self.model)
+        problem = declared.broken(self.model, AFTER_CLEANUP)
         if problem is None and not (pass_.keeps_shapes and keep_inferred_shapes(self.model.graph)):
             problem = refresh_shapes(self.model)
         record.validate_seconds = time.perf_counter() - t1
@@ -495,7 +495,7 @@ class _Run:
             self.validator.accept(exact=record.exact)
             return self._settle([record], Outcome.NOT_VALIDATED)
         if not record.exact and self.group:
-            # _Declared exact, but this run's rewrite was approximate: its error must not be measured against
+            # Declared exact, but this run's rewrite was approximate: its error must not be measured against
             # exact passes' tolerance, nor theirs hidden under its bound. Undo the group; each runs alone.
             return self._replay(i)
         self.group.append(_Pending(i, record))
@@ -692,114 +692,6 @@ def _take_result(record: PassRecord, result: PassResult) -> None:
         # steps add up through the layers after it (5 at the QDQ U-Net's mask), so the output is not
         # "exact within k steps". Measured alone, against --max-approx-error, steps reported.
         record.exact = False
-
-
-class _Declared:
-    """What a pass promises about the graph, recorded before it runs and checked after it (as onnx_ir's pass
-    infrastructure checks its passes' pre/post-conditions): it keeps the graph's input and output names, and a
-    ``keeps_shapes`` pass leaves every surviving tensor's recorded type and shape as it was. Cheap: names and the
-    recorded types (no inference), the types only for a ``keeps_shapes`` pass."""
-
-    def __init__(self, pass_: Pass, model: onnx.ModelProto, recorded: onnx.GraphProto | None = None) -> None:
-        """``recorded``: a :func:`_recorded_snapshot` of ``model`` as it is now, when the manager holds one."""
-        graph = model.graph
-        self.inputs = [i.name for i in graph.input]
-        self.outputs = [o.name for o in graph.output]
-        # Copies: the pass edits these very protos in place.
-        self.io_types = {vi.name: _copy_type(vi.type) for vi in itertools.chain(graph.input, graph.output)}
-        if not pass_.keeps_shapes:
-            self.types = None
-        else:
-            self.types = recorded if recorded is not None else _recorded_snapshot(graph)
-
-    def broken_io(self, model: onnx.ModelProto) -> str | None:
-        """Why the graph's inputs or outputs are not the ones it had (their names, in order; each one's element
-        type and every dimension that was known), or None. A dimension that was unknown or symbolic may become
-        known (fold-constants refreshes the declared output shapes once the input shapes are static)."""
-        graph = model.graph
-        for kind, before, after in (("inputs", self.inputs, [i.name for i in graph.input]),
-                                    ("outputs", self.outputs, [o.name for o in graph.output])):
-            if after != before:
-                return (f"the pass changed the graph {kind} from {_names(before)} to {_names(after)}; a pass "
-                        f"must keep the graph's input and output names")
-        for kind, values in (("input", graph.input), ("output", graph.output)):
-            for vi in values:
-                before = self.io_types[vi.name]
-                if not _keeps_interface(before, vi.type):
-                    return (f"the pass changed the type of graph {kind} '{vi.name}' from "
-                            f"{_type_text(before.SerializeToString())} to {_type_text(vi.type.SerializeToString())}"
-                            f"; a pass must keep the graph's input and output types and shapes")
-        return None
-
-    def broken_shapes(self, model: onnx.ModelProto) -> str | None:
-        """For a ``keeps_shapes`` pass: the first surviving tensor whose recorded type or shape it changed, or
-        None."""
-        if self.types is None:
-            return None
-        now = _recorded_snapshot(model.graph)
-        if now.SerializeToString() == self.types.SerializeToString():
-            return None  # every record as it was (the usual case): no per-tensor comparison
-        types = _recorded_types(self.types.value_info)
-        for name, after in _recorded_types(now.value_info).items():
-            before = types.get(name)
-            if before is not None and before != after:
-                return (f"the pass declares keeps_shapes but changed the recorded type of '{name}' from "
-                        f"{_type_text(before)} to {_type_text(after)}")
-        return None
-
-
-def _copy_type(type_proto: onnx.TypeProto) -> onnx.TypeProto:
-    copy = onnx.TypeProto()
-    copy.CopyFrom(type_proto)
-    return copy
-
-
-def _keeps_interface(before: onnx.TypeProto, after: onnx.TypeProto) -> bool:
-    """Whether ``after`` is the graph input's or output's type ``before`` (a tensor: the same element type; the
-    same rank and every known dimension the same when both have a shape; an unknown dimension may become known).
-    Non-tensor types must be identical."""
-    if not (before.HasField("tensor_type") and after.HasField("tensor_type")):
-        return before == after
-    old, new = before.tensor_type, after.tensor_type
-    if old.elem_type != new.elem_type:
-        return False
-    if not (old.HasField("shape") and new.HasField("shape")):
-        return True
-    if len(old.shape.dim) != len(new.shape.dim):
-        return False
-    return all(not a.HasField("dim_value") or (b.HasField("dim_value") and a.dim_value == b.dim_value)
-               for a, b in zip(old.shape.dim, new.shape.dim))
-
-
-def _recorded_snapshot(graph: onnx.GraphProto) -> onnx.GraphProto:
-    """A copy of what is on record of every tensor's type and shape (graph inputs, value_info, graph outputs, in
-    that order, as the value_info of a new graph): what the next pass reads as the tensor's shape when the
-    manager skips inference. Copied in bulk: two snapshots are compared as one message each."""
-    snapshot = onnx.GraphProto()
-    for records in (graph.input, graph.value_info, graph.output):
-        snapshot.value_info.extend(records)
-    return snapshot
-
-
-def _recorded_types(records: Iterable[onnx.ValueInfoProto]) -> dict[str, bytes]:
-    """Every tensor's type and shape in ``records`` (a :func:`_recorded_snapshot`), serialized, by name."""
-    return {vi.name: vi.type.SerializeToString() for vi in records}
-
-
-def _type_text(serialized: bytes) -> str:
-    type_proto = onnx.TypeProto()
-    type_proto.ParseFromString(serialized)
-    if not type_proto.HasField("tensor_type"):
-        return str(type_proto).strip() or "(none)"
-    tensor = type_proto.tensor_type
-    dims = ([str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor.shape.dim]
-            if tensor.HasField("shape") else None)
-    elem = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name if tensor.elem_type else "?"
-    return f"{elem}[{', '.join(dims)}]" if dims is not None else f"{elem} (no shape)"
-
-
-def _names(names: Sequence[str]) -> str:
-    return "[" + ", ".join(names) + "]"
 
 
 def refresh_shapes(model: onnx.ModelProto) -> str | None:
