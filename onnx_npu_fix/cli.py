@@ -556,11 +556,11 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool, printe
     checked = outcome.checked
     if report.final is not None:
         from onnx_npu_fix.pipeline.report import scaled_atol_note
-        from onnx_npu_fix.pipeline.validate import (  # onnx and onnxruntime: not at start-up (--version)
+        from onnx_npu_fix.pipeline.validation.comparison import (  # onnx and onnxruntime: not at start-up (--version)
             approximate_summary,
-            quant_summary,
             sets_summary,
         )
+        from onnx_npu_fix.pipeline.validation.quantized import quant_summary
 
         kind = "exact" if report.final.exact else "approximate"
         _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "

@@ -15,7 +15,7 @@ Then, with ``validate="each"`` (the default):
 Consecutive exact passes are validated as one group (one session after the last of them); an approximate pass
 is always measured alone; a failing group is replayed pass by pass so the failing pass is named (see _Run).
 How a candidate is judged (the inputs, the original's outputs computed once in the background, the outputs of
-the last validated model carried forward, the criteria) is validate.Validator's; this module is the scheduler:
+the last validated model carried forward, the criteria) is validator.Validator's; this module is the scheduler:
 order, grouping, replay, rollback, timing, and each pass's Outcome, from which its PassStatus follows.
 Finally the output model is compared with the original (reusing the last outputs: no extra session). A failing
 pass stops the run (nothing is written) unless ``keep_going`` is set, which restores the model as it was before
@@ -42,6 +42,7 @@ import onnx
 from onnx_npu_fix import progress
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError, StrictRefused, first_line
+from onnx_npu_fix.host.heap import release_freed_memory
 from onnx_npu_fix.io import load
 from onnx_npu_fix.io.save import serialized_parts
 from onnx_npu_fix.ir.graph import (
@@ -55,16 +56,12 @@ from onnx_npu_fix.ir.graph import (
 )
 from onnx_npu_fix.ir.qdq import QUANTIZERS
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
+from onnx_npu_fix.pipeline.inputs import Feeds
 from onnx_npu_fix.pipeline.report import EXACT_ALTERNATIVE, FixReport, PassRecord, PassStatus
-from onnx_npu_fix.pipeline.validate import (  # noqa: F401 - check_structure: public here before it moved to validate.py
-    Comparison,
-    Feeds,
-    Reference,
-    Validator,
-    check_structure,
-    release_freed_memory,
-    segmented,
-)
+from onnx_npu_fix.pipeline.validation.comparison import Comparison
+from onnx_npu_fix.pipeline.validation.reference import Reference
+from onnx_npu_fix.pipeline.validation.runs import segmented
+from onnx_npu_fix.pipeline.validation.validator import Validator, check_structure
 
 log = logging.getLogger("onnx_npu_fix")
 
