@@ -650,21 +650,13 @@ def _print_fitting(outcome, quiet: bool) -> None:
     _say(quiet, f"wrote {os.path.join(split.directory, 'manifest.json')}")
 
 
-# Option name on the command line -> FixOptions field, for everything that becomes an option. An option whose
-# parameter name is the field's name needs no entry (_option_fields): a new option is a click decorator and a
-# FixOptions field, nothing else.
+# Option name on the command line -> FixOptions field, where the two differ. An option whose parameter name is
+# the field's name needs no entry (_option_fields maps it): a new option is a click decorator and a FixOptions
+# field, nothing else.
 _OPTION_FIELDS = {
-    "max_dilation": "max_dilation", "s2b_layout": "s2b_layout", "align": "align", "align_io": "align_io",
-    "bn_standalone": "bn_standalone", "resize_mode": "resize_mode", "max_approx_error": "max_approx_error",
-    "max_rank": "max_rank", "sram": "sram_bytes", "act_bytes": "act_bytes", "large_tensor": "large_tensor_bytes",
-    "input_shape": "input_shapes", "seed": "seed", "n_inputs": "n_inputs", "rtol": "rtol", "atol": "atol",
-    "validate_policy": "validate", "keep_going": "keep_going", "freeze_input": "freeze_inputs",
-    "validation_data": "validation_data", "input_range": "input_ranges", "strict": "strict",
+    "sram": "sram_bytes", "large_tensor": "large_tensor_bytes", "input_shape": "input_shapes",
+    "validate_policy": "validate", "freeze_input": "freeze_inputs", "input_range": "input_ranges",
 }
-_OPTION_FIELDS.update({  # emission forms
-    "remainder_pad": "remainder_pad", "lift_conv1d": "lift_conv1d", "force_rewrite": "force_rewrite",
-    "max_convtranspose_stride": "max_convtranspose_stride",
-})
 
 
 def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any], check: bool = False) -> FixOptions:
