@@ -1,4 +1,4 @@
-"""--split: segments that each fit the SRAM budget (onnx_npu_fix/split.py, api.split_model, the CLI).
+"""--split: segments that each fit the SRAM budget (onnx_npu_fix/analysis/split.py, api.split_model, the CLI).
 
 The oracles here are independent of the planner: a segment's peak is what ``estimate`` says for the sub-model
 built by hand from the node list; the fewest cuts and the fewest crossing bytes come from enumerating every set

@@ -694,7 +694,7 @@ class MappedWeights:
     def _maps(self, tensor: onnx.TensorProto, raw: bytes | memoryview) -> bool:
         """Whether ``tensor``'s raw data (``raw``) goes to the data file: ``threshold`` bytes or more, and exactly
         as many as its dims and type say. A weight whose length disagrees stays in the model file, where the onnx
-        checker run on that file (validate.check_structure) sees it and says so, as it would on the whole model;
+        checker run on that file (validator.check_structure) sees it and says so, as it would on the whole model;
         so does a packed 4-bit one (payload_bytes counts it at twice its size), which costs only its copy."""
         return self.threshold <= len(raw) == payload_bytes(tensor)
 

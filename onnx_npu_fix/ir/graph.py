@@ -1,7 +1,7 @@
 """Shared graph helpers over the raw ONNX protobuf, used by every pass.
 
 npufix edits the ``onnx.ModelProto`` directly instead of importing it into onnx-graphsurgeon: a graphsurgeon
-round trip costs 120-200 us per node (12x the load+save floor at 100k nodes, ../docs/performance.md), and the
+round trip costs 120-200 us per node (12x the load+save floor at 100k nodes, docs/contributing.md), and the
 passes here only need three maps built once per pass (producer, consumers, constants) plus an editor that
 rebuilds the node list once. Every helper is O(size of the graph) at most; nothing walks the graph per match.
 """

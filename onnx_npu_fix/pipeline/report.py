@@ -40,7 +40,7 @@ def schema(name: str) -> dict[str, Any]:
 
 class PassStatus(str, Enum):
     """A pass's verdict in the build record (``PassRecord.status``); the values are the record's strings, and a
-    status compares equal to its string. The pass manager sets it from the pass's outcome (pipeline.Outcome)."""
+    status compares equal to its string. The pass manager sets it from the pass's outcome (scheduler.Outcome)."""
 
     UNCHANGED = "unchanged"
     """The pass changed nothing."""

@@ -383,10 +383,10 @@ class _Run:
         """A restore point at the model as it is now that costs nothing (the input re-read while no pass changed
         it, the bytes of the last validation while nothing changed it since), else NONE."""
         self.announced = 0
+        """Records before this index were announced (progress.PassFinished), in order."""
         self.recorded: onnx.GraphProto | None = None
         """A _recorded_snapshot of the model as it is now, kept across passes that change nothing (a copy of every
         tensor's record costs 0.2 s at 100k nodes); None once anything may have changed it."""
-        """Records before this index were announced (progress.PassFinished), in order."""
 
     def run(self) -> bytes | None:
         i: int | None = 0

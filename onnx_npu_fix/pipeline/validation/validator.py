@@ -1,4 +1,4 @@
-""":class:`Validator` is the validation of one pass-manager run (the pass manager, pipeline.py, decides *when* to
+""":class:`Validator` is the validation of one pass-manager run (the pass manager, scheduler.py, decides *when* to
 validate and what a verdict does to the run; this module decides *how*): the run's input sets, the original's
 outputs (computed in the background), the outputs of the last accepted model, and the comparison of a candidate
 with them under the run's criteria (rtol/atol, the approximate bound, quantization steps).
