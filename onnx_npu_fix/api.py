@@ -45,7 +45,7 @@ from onnx_npu_fix.pipeline.segments import SplitOutcome, split_model
 from onnx_npu_fix.pipeline.validation.reference import Reference
 from onnx_npu_fix.pipeline.validation.runs import segmented
 
-if TYPE_CHECKING:  # imported where used: --check and a plain fixing run never load the judge (0.02 s of imports)
+if TYPE_CHECKING:  # imported where used: --check and a plain fixing run never load the judge (nor pay for its imports)
     from onnx_npu_fix.analysis.cost import Cost
     from onnx_npu_fix.judge.command import Judge
     from onnx_npu_fix.judge.forms import JudgeFit
@@ -310,7 +310,7 @@ class _RunState:
     memory_plot: str | None
     shapes: bool
     wants_record: bool
-    """``report_path`` or ``record=True``: the record hashes both models (0.2 s at 100 MB), built only when read."""
+    """``report_path`` or ``record=True``: the record hashes both models (every weight read), built only when read."""
     command: Sequence[str] | None
     save_inputs: str | None = None
     """Where the validation inputs go, in Polygraphy's JSON (``--save-inputs``)."""

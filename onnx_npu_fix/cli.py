@@ -342,7 +342,7 @@ def _guarded(ctx: click.Context, verbose: int, body: Any) -> None:
     """Run a command's ``body`` with the process-wide rules of every npufix command: the cyclic collector off,
     SIGTERM as an exception, and every way out a one-line message and its exit code (README "Exit codes")."""
     # A run allocates millions of small objects (maps over every node) that reference counting frees; the cyclic
-    # collector would walk them over and over for nothing: 1.5 s of a 10 s run at 100k nodes. The process is
+    # collector would walk them over and over for nothing, a large share of a long graph's run. The process is
     # short-lived, so it is off for the run (and back on after it, for callers that invoke main in-process).
     collecting = gc.isenabled()
     gc.disable()

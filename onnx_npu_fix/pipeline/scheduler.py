@@ -106,7 +106,7 @@ class FixResult:
 
     def graph_index(self) -> GraphIndex:
         """The one index of ``model`` as the run left it, built on first request: the cost table and the final
-        constraint check read it instead of each building its own (0.75 s at 100k nodes). Valid while nobody
+        constraint check read it instead of each building its own (a walk over the whole graph). Valid while nobody
         edits ``model``, which nothing does after the run."""
         if self._index is None or self._index.model is not self.model:
             self._index = GraphIndex(self.model)
@@ -324,7 +324,7 @@ def parse_model(data: bytes) -> onnx.ModelProto:
 KEEP_ON_DISK = 1 << 20
 """A validated model of this many serialized bytes or more is kept as the next restore point in the run's scratch
 directory (RestoreKind.FILE), not in memory: it would sit there through the next group's passes, serialization,
-checker and session (U-Net, 110 MB: one model size off the peak), and is read back only for a replay or a
+checker and session (one model size more on the peak), and is read back only for a replay or a
 rollback."""
 
 
@@ -386,7 +386,7 @@ class _Run:
         """Records before this index were announced (progress.PassFinished), in order."""
         self.recorded: onnx.GraphProto | None = None
         """A _recorded_snapshot of the model as it is now, kept across passes that change nothing (a copy of every
-        tensor's record costs 0.2 s at 100k nodes); None once anything may have changed it."""
+        tensor's record is a walk over every tensor); None once anything may have changed it."""
 
     def run(self) -> bytes | None:
         i: int | None = 0
@@ -575,7 +575,7 @@ class _Run:
                       and self._refused())):
             # (refusal is asked here, before the pass, only in a run that keeps no restore point otherwise, and
             # only before a pass that can make an approximate change and may change this model: it costs a
-            # constraint check of the model, a fifth of a --no-validate run on a 10k-node chain)
+            # constraint check of the model, a large share of a --no-validate run)
             kind, model = RestoreKind.NONE, None
         elif here.kind is RestoreKind.REREAD:
             kind, model = here.kind, None
@@ -623,7 +623,7 @@ class _Run:
         parts = serialized_parts(self.model)
         self.model = None  # type: ignore[assignment]
         # glibc keeps what the old proto freed in its heap, and the bytes and the checker's copy of them are
-        # too large to reuse it: handed back now, or they come on top of it (U-Net, 110 MB: 0.2 GB).
+        # too large to reuse it: handed back now, or they come on top of it.
         release_freed_memory()
         data = b"".join(parts)
         del parts

@@ -29,9 +29,8 @@ class Reference:
 
     Bytes are parsed and written to :attr:`weights` (io.save.MappedWeights, a run-owned scratch directory), so
     that onnxruntime maps the weights instead of copying them (given bytes it copies them twice, given the input
-    file once: 356 MB of heap while a 110 MB U-Net's session was built); the candidates' sessions share the
-    weights a pass left alone. The pass manager's Validator takes the store over (:meth:`take_weights`); else
-    :meth:`close` removes it.
+    file once, into its heap); the candidates' sessions share the weights a pass left alone. The pass manager's
+    Validator takes the store over (:meth:`take_weights`); else :meth:`close` removes it.
 
     ``read_from``: the file ``source`` (bytes) was read from. The Reference checks that the file is still the one
     read: its ``identity`` (io.load.FileIdentity: inode, size, modification and change times, taken while reading)

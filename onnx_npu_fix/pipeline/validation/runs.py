@@ -23,12 +23,10 @@ SEGMENT_NODES = 1000
 :data:`SEGMENT_LENGTH`), one onnxruntime session at a time (see :func:`run_model`)."""
 
 SEGMENT_LENGTH = 250
-"""How many nodes a segment holds. onnxruntime's session creation grows faster than the graph even at this
-scale (per session about n^1.2 in nodes, measured from 50 to 2000: load, initialization and the session's
-destruction 34-41 µs a node in 250-node sessions, 48-61 µs in 1000-node ones, with graph optimizations off), so
-shorter segments cost less: a segmented run of the 30k-node Conv+BatchNorm+Relu chain 1.85 s CPU instead of 2.23,
-of the 100k-node one 5.3 s instead of 8.1. Below about 100 nodes the sessions' fixed costs (and npufix's per
-segment) take the gain back. The outputs are the same bytes at any length (each node runs the same kernel)."""
+"""How many nodes a segment holds. onnxruntime's session creation (load, initialization and the session's
+destruction, with graph optimizations off) grows faster than the graph even at this scale, so shorter segments
+cost less per node; much shorter ones give the gain back to the sessions' fixed costs (and npufix's per segment).
+The outputs are the same bytes at any length (each node runs the same kernel)."""
 
 _UNSEGMENTABLE_OPS = ("Sequence", "Optional")
 """Op types holding these words make or take values other than tensors, which a segment's inputs cannot carry."""
@@ -122,15 +120,14 @@ def run_model(model: onnx.ModelProto | None, feeds: Sequence[Feeds], *,
     """``model``'s outputs on every input set (``data``: it serialized already; needed without ``model``);
     ``task``: what its progress steps are called (progress.Step); ``weights``: see Runner; ``enough``: see
     Runner.run_all (a graph run in segments runs every set: each segment takes them all in turn); ``size``: the
-    model's serialized size, when known without ``data`` (estimating it reads every initializer: 0.4 s at 30k
-    nodes); ``path``: ``data`` written to ``weights`` already (MappedWeights.write_bytes), the session's file.
+    model's serialized size, when known without ``data`` (estimating it reads every initializer); ``path``:
+    ``data`` written to ``weights`` already (MappedWeights.write_bytes), the session's file.
 
     One session, unless the graph is long (:func:`segmented`): onnxruntime's session creation grows faster than
-    the graph (n^1.5 to n^2 in nodes: 1.2 s CPU at 10k nodes of a Conv+BatchNorm+Relu chain, 4.7-6.3 s at 30k,
-    74 s at 100k), so a long graph runs as a chain of :data:`SEGMENT_LENGTH`-node segments, one session at a
-    time, every input set through each, the tensors between them carried by name. Graph optimizations are off
-    (Runner), so each node runs the same kernel on the same values as in the whole graph: the outputs are
-    bit-identical, and only one segment's weights are in a session at a time."""
+    the graph (more than linearly in its nodes), so a long graph runs as a chain of :data:`SEGMENT_LENGTH`-node
+    segments, one session at a time, every input set through each, the tensors between them carried by name.
+    Graph optimizations are off (Runner), so each node runs the same kernel on the same values as in the whole
+    graph: the outputs are bit-identical, and only one segment's weights are in a session at a time."""
     if path is None and model is not None and segmented(model, len(data) if data is not None else size):
         try:
             return _run_segments(model, feeds, task)
@@ -168,7 +165,7 @@ def _run_segments(model: onnx.ModelProto, feeds: Sequence[Feeds], task: str) -> 
                 for name in segment.done_with:
                     del held[name]
         finally:
-            runner.close(trim=False)  # once at the end: a segment's session is small (0.1-0.3 s at 100k nodes)
+            runner.close(trim=False)  # once at the end: a segment's session frees little, a trim each would add up
     release_freed_memory()
     progress.emit(progress.Step(f"{task} (segments)", len(segments), len(segments)))
     names = [o.name for o in model.graph.output]

@@ -3,7 +3,7 @@ by which onnxruntime refuses a model, and the scratch copy a session is built fr
 copied).
 
 Optimizations are off so onnxruntime runs the graph as written: with ORT_ENABLE_ALL its own Conv+BN fusion
-would make an original and a wrongly folded model look alike, and session creation is 1.4-3x slower.
+would make an original and a wrongly folded model look alike, and session creation is slower.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ class Runner:
     """One onnxruntime session for one model (given as a proto, a file or bytes); reused for every input set.
 
     ``weights``: where a ``model`` given as a proto is written for onnxruntime to map its weights (io.save.
-    MappedWeights) instead of handing it bytes, which it copies twice (its own message, then its tensors): a
-    session of a 110 MB U-Net then holds 8 MB of heap instead of about 250 MB, and the weights' pages are the data
-    file's, shared with the page cache. Without it, a model below 2 GB is serialized. ``refused``: the model as
-    the caller knows it (bytes or a path), loaded instead when onnxruntime refuses the scratch file, so that its
-    message is the one the model itself gets (it names the file it loaded, never a scratch name)."""
+    MappedWeights) instead of handing it bytes, which it copies twice (its own message, then its tensors): the
+    session's heap then holds no copy of the weights, whose pages are the data file's, shared with the page
+    cache. Without it, a model below 2 GB is serialized. ``refused``: the model as the caller knows it (bytes or
+    a path), loaded instead when onnxruntime refuses the scratch file, so that its message is the one the model
+    itself gets (it names the file it loaded, never a scratch name)."""
 
     def __init__(self, model: onnx.ModelProto | None, *, model_path: str | None = None,
                  data: bytes | None = None, weights: MappedWeights | None = None,
@@ -58,8 +58,8 @@ class Runner:
         opts.log_severity_level = 4
         # No arena and no memory pattern: onnxruntime's CPU arena keeps the largest activations of every run (on
         # a QDQ model, each dequantized weight is one: graph optimizations are off) until the session goes, and
-        # the pattern plans them all up front. Without either, a validated 28 MB QDQ U-Net peaked at 367 MB instead
-        # of 565 MB (395 MB with the arena off only), in no more time on the float TCN, U-Net and a 10k-node chain.
+        # the pattern plans them all up front. Without either, a validated QDQ model peaks far lower, in no more
+        # time on float models.
         opts.enable_cpu_mem_arena = False
         opts.enable_mem_pattern = False
         opts.intra_op_num_threads = cores.session_threads()  # one when other processes keep a core busy

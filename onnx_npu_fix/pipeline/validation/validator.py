@@ -96,7 +96,7 @@ def check_structure(model: onnx.ModelProto | Callable[[], onnx.ModelProto] | Non
         return first_line(exc)
     finally:
         # The checker parsed its own copy of the model; handed back before onnxruntime's session and its runs
-        # come on top (U-Net, 110 MB: 100 MB lower peak).
+        # come on top (else that copy is part of the peak).
         release_freed_memory()
     return None
 
