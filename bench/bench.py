@@ -580,7 +580,7 @@ else:
 
 ORT_ONCE = """
 import sys, numpy as np, onnxruntime as ort
-opts = ort.SessionOptions()  # as npufix's validation sessions (pipeline/validate.py, Runner)
+opts = ort.SessionOptions()  # as npufix's validation sessions (pipeline/validation/session.py, Runner)
 opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
 opts.enable_cpu_mem_arena = False
 opts.enable_mem_pattern = False

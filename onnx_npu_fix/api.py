@@ -42,9 +42,10 @@ from onnx_npu_fix.pipeline.freeze import FrozenInput, freeze_inputs
 from onnx_npu_fix.pipeline.report import FixReport
 from onnx_npu_fix.pipeline.scheduler import FixResult, OwnedModel, prepare, run_passes
 from onnx_npu_fix.pipeline.segments import SplitOutcome, split_model
-from onnx_npu_fix.pipeline.validate import Reference, segmented
+from onnx_npu_fix.pipeline.validation.reference import Reference
+from onnx_npu_fix.pipeline.validation.runs import segmented
 
-if TYPE_CHECKING:  # imported where used: --check and a plain fixing run never load the judge (0.02 s of imports)
+if TYPE_CHECKING:  # imported where used: --check and a plain fixing run never load the judge (nor pay for its imports)
     from onnx_npu_fix.analysis.cost import Cost
     from onnx_npu_fix.judge.command import Judge
     from onnx_npu_fix.judge.forms import JudgeFit
@@ -92,11 +93,11 @@ def start_reference(source: LoadedModel | str | os.PathLike, options: FixOptions
                     start: bool = True) -> Reference | None:
     """Start computing the original's outputs on a worker thread, while the passes run (pass the result to
     :func:`fix`, and close it when done; ``start`` False: call its ``start`` once it is held where it will be
-    closed, see validate.Reference). ``source``: what :func:`read_model` returned; onnxruntime should only
+    closed, see Reference). ``source``: what :func:`read_model` returned; onnxruntime should only
     see models the onnx checker passed. The reference is the model as read: for a self-contained file,
     onnxruntime loads the file and the bytes read (``source.data``, taken over and let go once hashed) prove that
     it loaded those bytes — a file replaced or removed meanwhile stops the run with InputError (see
-    validate.Reference); for a model with external data, the model in memory, serialized now. None when the run
+    Reference); for a model with external data, the model in memory, serialized now. None when the run
     will not validate, when ``--input-shape`` overrides or repeated node names (which onnxruntime refuses,
     :func:`fix` renames) make the model as read the wrong one to run, or when a model above 2 GB leaves the pass
     manager to compute the reference itself."""
@@ -309,7 +310,7 @@ class _RunState:
     memory_plot: str | None
     shapes: bool
     wants_record: bool
-    """``report_path`` or ``record=True``: the record hashes both models (0.2 s at 100 MB), built only when read."""
+    """``report_path`` or ``record=True``: the record hashes both models (every weight read), built only when read."""
     command: Sequence[str] | None
     save_inputs: str | None = None
     """Where the validation inputs go, in Polygraphy's JSON (``--save-inputs``)."""

@@ -344,7 +344,7 @@ def _guarded(ctx: click.Context, verbose: int, body: Any) -> None:
     """Run a command's ``body`` with the process-wide rules of every npufix command: the cyclic collector off,
     SIGTERM as an exception, and every way out a one-line message and its exit code (README "Exit codes")."""
     # A run allocates millions of small objects (maps over every node) that reference counting frees; the cyclic
-    # collector would walk them over and over for nothing: 1.5 s of a 10 s run at 100k nodes. The process is
+    # collector would walk them over and over for nothing, a large share of a long graph's run. The process is
     # short-lived, so it is off for the run (and back on after it, for callers that invoke main in-process).
     collecting = gc.isenabled()
     gc.disable()
@@ -558,11 +558,11 @@ def _print_outcome(outcome, quiet: bool, verbose: int, dump_shapes: bool, printe
     checked = outcome.checked
     if report.final is not None:
         from onnx_npu_fix.pipeline.report import scaled_atol_note
-        from onnx_npu_fix.pipeline.validate import (  # onnx and onnxruntime: not at start-up (--version)
+        from onnx_npu_fix.pipeline.validation.comparison import (  # onnx and onnxruntime: not at start-up (--version)
             approximate_summary,
-            quant_summary,
             sets_summary,
         )
+        from onnx_npu_fix.pipeline.validation.quantized import quant_summary
 
         kind = "exact" if report.final.exact else "approximate"
         _say(quiet, f"{'output vs input':<16} {kind}: max abs {report.final.max_abs:.2e}, "
@@ -652,21 +652,13 @@ def _print_fitting(outcome, quiet: bool) -> None:
     _say(quiet, f"wrote {os.path.join(split.directory, 'manifest.json')}")
 
 
-# Option name on the command line -> FixOptions field, for everything that becomes an option. An option whose
-# parameter name is the field's name needs no entry (_option_fields): a new option is a click decorator and a
-# FixOptions field, nothing else.
+# Option name on the command line -> FixOptions field, where the two differ. An option whose parameter name is
+# the field's name needs no entry (_option_fields maps it): a new option is a click decorator and a FixOptions
+# field, nothing else.
 _OPTION_FIELDS = {
-    "max_dilation": "max_dilation", "s2b_layout": "s2b_layout", "align": "align", "align_io": "align_io",
-    "bn_standalone": "bn_standalone", "resize_mode": "resize_mode", "max_approx_error": "max_approx_error",
-    "max_rank": "max_rank", "sram": "sram_bytes", "act_bytes": "act_bytes", "large_tensor": "large_tensor_bytes",
-    "input_shape": "input_shapes", "seed": "seed", "n_inputs": "n_inputs", "rtol": "rtol", "atol": "atol",
-    "validate_policy": "validate", "keep_going": "keep_going", "freeze_input": "freeze_inputs",
-    "validation_data": "validation_data", "input_range": "input_ranges", "strict": "strict",
+    "sram": "sram_bytes", "large_tensor": "large_tensor_bytes", "input_shape": "input_shapes",
+    "validate_policy": "validate", "freeze_input": "freeze_inputs", "input_range": "input_ranges",
 }
-_OPTION_FIELDS.update({  # emission forms
-    "remainder_pad": "remainder_pad", "lift_conv1d": "lift_conv1d", "force_rewrite": "force_rewrite",
-    "max_convtranspose_stride": "max_convtranspose_stride",
-})
 
 
 def _build_options(ctx: click.Context, target: str | None, opts: dict[str, Any], check: bool = False) -> FixOptions:

@@ -6,8 +6,9 @@ prints.
         api.run("in.onnx", "out.onnx")
 
 The listener is held in a context variable: it follows the run into the worker thread that computes the
-original's outputs (validate.Reference copies the context) and never leaks into another run. A listener runs on
-the thread that emits, so it must be quick and thread-safe; what it raises ends the run as if the run raised it.
+original's outputs (validation.reference.Reference copies the context) and never leaks into another run. A
+listener runs on the thread that emits, so it must be quick and thread-safe; what it raises ends the run as if the
+run raised it.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -13,7 +15,8 @@ from onnx_npu_fix.io.load import prepare
 from onnx_npu_fix.ir.graph import copy_model, infer_shapes
 from onnx_npu_fix.passes.base import Pass, PassResult
 from onnx_npu_fix.pipeline.inputs import make_inputs
-from onnx_npu_fix.pipeline.validate import Runner, compare
+from onnx_npu_fix.pipeline.validation.comparison import compare
+from onnx_npu_fix.pipeline.validation.session import Runner
 
 
 def apply_pass(model: onnx.ModelProto, pass_: Pass, **options) -> tuple[onnx.ModelProto, PassResult]:
@@ -31,6 +34,17 @@ def prepared(model: onnx.ModelProto) -> onnx.ModelProto:
     work = copy_model(model)
     prepare(work)
     return work
+
+
+def as_if_above_two_gb(monkeypatch) -> None:
+    """Every model counts as "above 2 GB": to the scheduler and to every validation module that asks (no bytes,
+    the original's outputs computed at once)."""
+    from onnx_npu_fix.pipeline import scheduler, validation
+
+    names = [f"{validation.__name__}.{found.name}" for found in pkgutil.iter_modules(validation.__path__)]
+    for module in [scheduler, *map(importlib.import_module, names)]:
+        if hasattr(module, "TWO_GB"):
+            monkeypatch.setattr(module, "TWO_GB", 16)
 
 
 def run_model(model: onnx.ModelProto, feeds):

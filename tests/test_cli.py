@@ -572,6 +572,7 @@ def test_an_option_named_like_its_field_needs_no_mapping():
     assert mapping["keep_going"] == "keep_going" and mapping["sram"] == "sram_bytes"
     assert "not_a_field" not in mapping
     assert set(mapping) >= set(_OPTION_FIELDS)
+    assert [p for p, field_name in _OPTION_FIELDS.items() if p == field_name] == []  # renames only
 
 
 def test_choices_are_those_fixoptions_accepts():

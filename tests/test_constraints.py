@@ -1,4 +1,4 @@
-"""Constraint checking (onnx_npu_fix/constraints.py): each violation kind on a small inline model, none on a
+"""Constraint checking (onnx_npu_fix/constraints/): each violation kind on a small inline model, none on a
 clean one, the one-line text form, JSON, the shape listing, and that the caller's model is never modified."""
 
 from __future__ import annotations
@@ -741,7 +741,7 @@ def test_concat_off_the_channel_axis_is_no_channel_concat(axis):
 
 def test_unknown_shape_verdict_comes_from_fold_constants_itself():
     """Whether an unknown shape becomes static is fold-constants' answer (its find, judged by the result), not a
-    rule of constraints.py: a data-dependent NonZero carries fold-constants' own 'no' in its message."""
+    rule of constraints/: a data-dependent NonZero carries fold-constants' own 'no' in its message."""
     nodes = [helper.make_node("NonZero", ["x"], ["nz"], name="nonzero"),
              helper.make_node("Cast", ["nz"], ["y"], name="cast", to=F)]
     model = _model(nodes, [_vi("x", [1, 8])], [_vi("y", [2, 3])])

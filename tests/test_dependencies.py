@@ -8,7 +8,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from onnx_npu_fix.pipeline.validate import Runner
+from onnx_npu_fix.pipeline.validation.session import Runner
 
 # name: (input, scale, bias, mean, var) of one-channel BatchNormalizations. bn20 and bn26 are dead branches; with
 # them in the graph, onnxruntime 1.18.1 returns wrong values (max error 0.05-0.07) from the second run of a session

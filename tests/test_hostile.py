@@ -32,7 +32,8 @@ from onnx.reference.op_run import OpRun
 from onnx_npu_fix.cli import main
 from onnx_npu_fix.ir.graph import dynamic_inputs, get_attr, subgraph_outer_inputs
 from onnx_npu_fix.pipeline.inputs import make_inputs
-from onnx_npu_fix.pipeline.validate import Runner, compare
+from onnx_npu_fix.pipeline.validation.comparison import compare
+from onnx_npu_fix.pipeline.validation.session import Runner
 
 RESULT = (0, 1)  # a written model: 0 clean, 1 with "unfixed:" constraints listed
 OPTION_SETS = {"default": (), "npu": ("--max-dilation", "2", "--align", "8")}
@@ -179,7 +180,7 @@ def assert_written_result(text: str, exit_code: int, case: Case, original: onnx.
 
 
 def assert_same_outputs(ref, got) -> None:
-    """Numeric outputs within the exact tolerance (validate.compare); anything else (strings) equal."""
+    """Numeric outputs within the exact tolerance (validation.comparison.compare); anything else (strings) equal."""
     numeric = [({k: v for k, v in r.items() if v.dtype != object}, {k: v for k, v in g.items() if v.dtype != object})
                for r, g in zip(ref, got)]
     cmp = compare([r for r, _ in numeric], [g for _, g in numeric], exact=True, rtol=1e-4, atol=1e-5,

@@ -1,4 +1,4 @@
-"""Activation-memory estimate (onnx_npu_fix/memory.py) and the reorder-memory pass.
+"""Activation-memory estimate (onnx_npu_fix/analysis/memory.py) and the reorder-memory pass.
 
 Expected peaks are computed by hand in the comments (act_bytes = 1 unless said otherwise); the property tests
 compare the implementation against a naive step-by-step count written independently here.

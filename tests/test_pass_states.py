@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_equivalent, small_model
+from helpers import as_if_above_two_gb, assert_equivalent, small_model
 from onnx import helper, numpy_helper
 
 from onnx_npu_fix import api
@@ -24,7 +24,6 @@ from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
 from onnx_npu_fix.pipeline import conditions
 from onnx_npu_fix.pipeline import scheduler as pipeline
-from onnx_npu_fix.pipeline import validate as validate_module
 from onnx_npu_fix.pipeline.report import PassStatus
 from onnx_npu_fix.pipeline.scheduler import STATUS_OF, Outcome, RestoreKind, RestorePoint, prepare, run_passes
 
@@ -194,8 +193,7 @@ def test_a_run_that_can_read_its_input_again_restores_by_reading(tmp_path, no_mo
     ({"keep_going": True}, [V, RB, V], [("copy", 1)]),  # a copy per pass (no bytes above 2 GB)
 ])
 def test_above_two_gb_every_pass_is_validated_alone_from_a_copy(monkeypatch, restores, opts, statuses, restored):
-    monkeypatch.setattr(pipeline, "TWO_GB", 16)  # every model counts as "above 2 GB"
-    monkeypatch.setattr(validate_module, "TWO_GB", 16)
+    as_if_above_two_gb(monkeypatch)
     options = FixOptions(**opts)
     model = small_model()
     prepare(model, options)
@@ -385,12 +383,14 @@ def test_kept_bytes_come_back_whole_from_their_scratch_model_or_without_one(tmp_
 
 
 def test_the_file_system_refusing_the_restore_point_keeps_it_in_memory(monkeypatch, restores):
+    from onnx_npu_fix.io.save import MappedWeights
+
     monkeypatch.setattr(pipeline, "KEEP_ON_DISK", 0)
 
     def full(self, data, scratch=None):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(validate_module.MappedWeights, "keep", full)
+    monkeypatch.setattr(MappedWeights, "keep", full)
     options = FixOptions(keep_going=True)
     model = small_model()
     prepare(model, options)

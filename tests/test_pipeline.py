@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_equivalent, small_model
+from helpers import as_if_above_two_gb, assert_equivalent, small_model
 from onnx import helper, numpy_helper
 
 from onnx_npu_fix import api
@@ -272,16 +272,16 @@ class BreakShapes(Pass):
 @pytest.fixture
 def sessions(monkeypatch):
     """Counts the onnxruntime sessions the pass manager builds (its validation's and the original's)."""
-    import onnx_npu_fix.pipeline.validate as validate
+    from onnx_npu_fix.pipeline.validation.session import Runner
 
     built = []
+    real = Runner.__init__
 
-    class Counting(validate.Runner):
-        def __init__(self, *args, **kwargs):
-            built.append(1)
-            super().__init__(*args, **kwargs)
+    def counting(self, *args, **kwargs):
+        built.append(1)
+        real(self, *args, **kwargs)
 
-    monkeypatch.setattr(validate, "Runner", Counting)  # also the original's, built on the reference thread
+    monkeypatch.setattr(Runner, "__init__", counting)  # every module's sessions, the original's on its thread too
     return built
 
 
@@ -420,7 +420,8 @@ def test_reference_started_from_the_file_before_parsing(tmp_path, sessions):
 
 
 def test_an_unused_or_broken_reference_closes_without_hanging(tmp_path):
-    from onnx_npu_fix.pipeline.validate import Reference, runtime_errors
+    from onnx_npu_fix.pipeline.validation.reference import Reference
+    from onnx_npu_fix.pipeline.validation.session import runtime_errors
 
     never_fed = Reference(str(tmp_path / "missing.onnx"))
     never_fed.close()
@@ -434,11 +435,7 @@ def test_an_unused_or_broken_reference_closes_without_hanging(tmp_path):
 
 
 def test_models_above_two_gb_validate_each_pass_alone(monkeypatch, sessions):
-    import onnx_npu_fix.pipeline.scheduler as pipeline
-    import onnx_npu_fix.pipeline.validate as validate
-
-    monkeypatch.setattr(pipeline, "TWO_GB", 16)  # every model counts as "above 2 GB" here: to the scheduler,
-    monkeypatch.setattr(validate, "TWO_GB", 16)  # to its validation (no bytes, the original computed at once)
+    as_if_above_two_gb(monkeypatch)
     original = small_model()
     model = small_model()
     result = run(model, [RenameRelu(), AddZero()])

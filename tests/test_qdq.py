@@ -22,7 +22,8 @@ from onnx_npu_fix.ir.qdq import power_of_two_int8, walk_non_qdq
 from onnx_npu_fix.passes.align_channels import AlignChannelsPass
 from onnx_npu_fix.pipeline.inputs import make_inputs
 from onnx_npu_fix.pipeline.scheduler import prepare
-from onnx_npu_fix.pipeline.validate import QuantOutputDiff, Runner, compare_quantized
+from onnx_npu_fix.pipeline.validation.quantized import QuantOutputDiff, compare_quantized
+from onnx_npu_fix.pipeline.validation.session import Runner
 
 quantization = pytest.importorskip("onnxruntime.quantization")
 

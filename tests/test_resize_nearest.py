@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_npu_fix.ir.graph import get_attr
 from onnx_npu_fix.passes.resize_nearest import ResizeNearestPass, dense_matrix, interpolation_triplets
 from onnx_npu_fix.pipeline.inputs import make_inputs
-from onnx_npu_fix.pipeline.validate import Runner
+from onnx_npu_fix.pipeline.validation.session import Runner
 
 COORDS = ["half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners", "half_pixel_symmetric"]
 NEAREST_MODES = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]

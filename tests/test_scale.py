@@ -154,7 +154,7 @@ def test_a_weight_whose_length_disagrees_with_its_dims_is_still_the_checker_s(tm
     refuse it."""
     from onnx_npu_fix.passes.base import Change, Pass, PassResult
     from onnx_npu_fix.pipeline.scheduler import prepare, run_passes
-    from onnx_npu_fix.pipeline.validate import check_structure
+    from onnx_npu_fix.pipeline.validation.validator import check_structure
 
     def truncate(model):
         weight = next(t for t in model.graph.initializer if t.name == "w")

@@ -1,4 +1,4 @@
-"""--split: segments that each fit the SRAM budget (onnx_npu_fix/split.py, api.split_model, the CLI).
+"""--split: segments that each fit the SRAM budget (onnx_npu_fix/analysis/split.py, api.split_model, the CLI).
 
 The oracles here are independent of the planner: a segment's peak is what ``estimate`` says for the sub-model
 built by hand from the node list; the fewest cuts and the fewest crossing bytes come from enumerating every set
@@ -399,7 +399,7 @@ def test_property_random_dags_split_fit_and_chain_exactly():
     from test_memory import _dag_model
 
     from onnx_npu_fix.analysis.split import build_segments
-    from onnx_npu_fix.pipeline.validate import validate_chain
+    from onnx_npu_fix.pipeline.validation.chain import validate_chain
 
     @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
     @given(st.data())

@@ -398,14 +398,14 @@ def test_a_signal_as_the_reference_starts_leaves_no_worker_and_no_scratch_direct
     (the interpreter's exit waiting on it) and its scratch directory behind: the worker now starts only once the
     run holds it. Fired here right after the constructor returns, and right after start()."""
     from onnx_npu_fix import api
-    from onnx_npu_fix.pipeline import validate
+    from onnx_npu_fix.pipeline.validation.reference import Reference
 
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(scratch))
-    real_start = validate.Reference.start
+    real_start = Reference.start
 
-    class Interrupted(validate.Reference):
+    class Interrupted(Reference):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             if when == "constructed":

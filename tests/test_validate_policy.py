@@ -486,7 +486,7 @@ def test_a_pass_by_the_scaled_atol_names_the_bound():
     says which bound passed it instead of showing a relative error 10^4 times rtol with no word."""
     from onnx_npu_fix.passes.base import Change
     from onnx_npu_fix.pipeline.report import PassRecord, render_pass_line
-    from onnx_npu_fix.pipeline.validate import compare
+    from onnx_npu_fix.pipeline.validation.comparison import compare
 
     ref = [{"y": np.array([50.0, 1e-6], np.float32)}]
     cand = [{"y": np.array([50.0, 2e-6], np.float32)}]
@@ -676,14 +676,14 @@ def _bn_chain(blocks=6, channels=6):
 
 
 def test_a_long_graph_runs_in_segments_with_the_outputs_of_the_whole(monkeypatch):
-    from onnx_npu_fix.pipeline import validate
+    from onnx_npu_fix.pipeline.validation import runs
 
     model = _bn_chain()
     feeds = make_inputs(model, 3, 0)
-    whole = validate.run_model(None, feeds, data=model.SerializeToString())
-    monkeypatch.setattr(validate, "SEGMENT_NODES", 4)
-    assert validate.segmented(model) and len(validate.plan_segments(model)) == 5
-    cut = validate.run_model(model, feeds)
+    whole = runs.run_model(None, feeds, data=model.SerializeToString())
+    monkeypatch.setattr(runs, "SEGMENT_NODES", 4)
+    assert runs.segmented(model) and len(runs.plan_segments(model)) == 5
+    cut = runs.run_model(model, feeds)
     for a, b in zip(whole, cut):
         assert list(a) == list(b) == ["out"]
         assert a["out"].tobytes() == b["out"].tobytes()  # bit-identical, not merely close
@@ -692,17 +692,17 @@ def test_a_long_graph_runs_in_segments_with_the_outputs_of_the_whole(monkeypatch
 def test_a_long_graph_is_cut_into_segments_shorter_than_the_threshold(monkeypatch):
     # When to cut (SEGMENT_NODES) and how long a segment is (SEGMENT_LENGTH: shorter sessions cost onnxruntime
     # less per node) are two settings; the outputs are the same bytes either way.
-    from onnx_npu_fix.pipeline import validate
+    from onnx_npu_fix.pipeline.validation import runs
 
     model = _bn_chain()
     feeds = make_inputs(model, 2, 0)
-    whole = validate.run_model(None, feeds, data=model.SerializeToString())
-    monkeypatch.setattr(validate, "SEGMENT_NODES", 10)
-    monkeypatch.setattr(validate, "SEGMENT_LENGTH", 3)
-    segments = validate.plan_segments(model)
-    assert validate.segmented(model) and len(segments) == 7
+    whole = runs.run_model(None, feeds, data=model.SerializeToString())
+    monkeypatch.setattr(runs, "SEGMENT_NODES", 10)
+    monkeypatch.setattr(runs, "SEGMENT_LENGTH", 3)
+    segments = runs.plan_segments(model)
+    assert runs.segmented(model) and len(segments) == 7
     assert all(s.stop - s.start <= 3 for s in segments)
-    for a, b in zip(whole, validate.run_model(model, feeds)):
+    for a, b in zip(whole, runs.run_model(model, feeds)):
         assert a["out"].tobytes() == b["out"].tobytes()
 
 
@@ -722,11 +722,11 @@ def _record_of(path, tmp_path, tag):
 
 
 def test_a_run_validated_in_segments_writes_what_a_whole_run_writes(tmp_path, monkeypatch):
-    from onnx_npu_fix.pipeline import validate
+    from onnx_npu_fix.pipeline.validation import runs
 
     path = _save(_bn_chain(), tmp_path / "chain.onnx")
     whole = _record_of(path, tmp_path, "whole")
-    monkeypatch.setattr(validate, "SEGMENT_NODES", 4)
+    monkeypatch.setattr(runs, "SEGMENT_NODES", 4)
     cut = _record_of(path, tmp_path, "cut")
     assert [p["status"] for p in cut[0]["passes"] if p["status"] == "validated"]
     assert cut == whole  # same record (every max abs error included), same bytes
@@ -734,13 +734,13 @@ def test_a_run_validated_in_segments_writes_what_a_whole_run_writes(tmp_path, mo
 
 def test_a_settled_input_is_proven_unchanged_by_its_identity_not_a_second_hash(tmp_path, monkeypatch):
     from onnx_npu_fix.io import load
-    from onnx_npu_fix.pipeline import validate
+    from onnx_npu_fix.pipeline.validation import reference
 
     monkeypatch.setattr(load, "SETTLED_NS", 0)  # as if the file had been written long ago
 
     def no_second_hash(path):
         raise AssertionError("the input file was hashed again")
-    monkeypatch.setattr(validate, "file_digest", no_second_hash)
+    monkeypatch.setattr(reference, "file_digest", no_second_hash)
     path = _save(_conv_model(weight_shape=(6, 4, 3, 3), bias=6), tmp_path / "m.onnx")
     result = _fix_with_reference(path)
     assert result.ok and result.report.final is not None and result.report.final.passed
@@ -850,7 +850,7 @@ def test_mapped_weights_written_from_bytes_are_those_written_from_the_proto(tmp_
     scratch model and data file as from the proto; a layout it does not take apart (a graph given twice, which
     protobuf merges) is parsed instead, with the same result."""
     from onnx_npu_fix.io.save import MappedWeights
-    from onnx_npu_fix.pipeline import validate as validate_module
+    from onnx_npu_fix.pipeline.validation.session import write_scratch
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     model = _unet_like()
@@ -866,7 +866,7 @@ def test_mapped_weights_written_from_bytes_are_those_written_from_the_proto(tmp_
             graph=onnx.GraphProto(initializer=model.graph.initializer)).SerializeToString()
         with pytest.raises(ValueError, match="2 graph fields"):
             MappedWeights().write_bytes(twice)
-        shells.append(validate_module._write_scratch(stores[2], twice))
+        shells.append(write_scratch(stores[2], twice))
         protos = [onnx.load(p, load_external_data=False) for p in shells]
         assert protos[0] == protos[1] == protos[2]
         assert sum(t.data_location == TensorProto.EXTERNAL for t in protos[1].graph.initializer) == 3
@@ -882,16 +882,16 @@ def test_an_owned_run_holds_no_proto_while_a_candidate_s_session_runs(monkeypatc
     """Between the checker and the end of a candidate's runs the run holds its bytes only: onnxruntime gets them
     (mapped weights written from the bytes), and the proto the passes go on with is parsed afterwards (one model
     size off the peak of a validated run)."""
-    from onnx_npu_fix.pipeline import validate as validate_module
+    from onnx_npu_fix.pipeline.validation import validator
 
     given: list[tuple[bool, bool]] = []
-    real = validate_module.run_model
+    real = validator.run_model
 
     def spy(model, feeds, **kwargs):
         given.append((model is None, isinstance(kwargs.get("data"), bytes)))
         return real(model, feeds, **kwargs)
 
-    monkeypatch.setattr(validate_module, "run_model", spy)
+    monkeypatch.setattr(validator, "run_model", spy)
     result = api.fix(fixture_path("tcn.onnx"), FixOptions(max_dilation=4, align=8))
     assert result.ok and result.report.final.passed
     assert given and all(pair == (True, True) for pair in given)
@@ -958,7 +958,7 @@ def test_the_reference_writes_its_scratch_model_from_the_bytes_read_and_lets_the
     proto parsed: no second copy of the weights beside them), and the input file is what onnxruntime loads if it
     refuses the scratch model, so the bytes are not held while the session is built and run."""
     from onnx_npu_fix.io.load import file_identity
-    from onnx_npu_fix.pipeline import validate as validate_module
+    from onnx_npu_fix.pipeline.validation import reference as reference_module
 
     path = tmp_path / "m.onnx"
     onnx.save(conv_bn_relu(), path)
@@ -966,7 +966,7 @@ def test_the_reference_writes_its_scratch_model_from_the_bytes_read_and_lets_the
     held = [path.read_bytes()]
     written: list[type] = []
     refs: list[int] = []
-    real_write, real_runner = validate_module._write_scratch, validate_module.Reference._runner_of_scratch
+    real_write, real_runner = reference_module.write_scratch, reference_module.Reference._runner_of_scratch
     built = threading.Event()
 
     def writing(weights, model):
@@ -978,9 +978,9 @@ def test_the_reference_writes_its_scratch_model_from_the_bytes_read_and_lets_the
         refs.append(sys.getrefcount(held[0]))
         return real_runner(self, scratch, digest, refused=refused)
 
-    monkeypatch.setattr(validate_module, "_write_scratch", writing)
-    monkeypatch.setattr(validate_module.Reference, "_runner_of_scratch", counting)
-    reference = validate_module.Reference(held[0], read_from=str(path), identity=file_identity(str(path)))
+    monkeypatch.setattr(reference_module, "write_scratch", writing)
+    monkeypatch.setattr(reference_module.Reference, "_runner_of_scratch", counting)
+    reference = reference_module.Reference(held[0], read_from=str(path), identity=file_identity(str(path)))
     built.set()
     try:
         reference.run(make_inputs(conv_bn_relu(), 1, 0))

@@ -20,8 +20,9 @@ from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
 from onnx_npu_fix.passes.fold_batchnorm import FoldBatchNormPass
 from onnx_npu_fix.passes.resize_nearest import ResizeNearestPass
-from onnx_npu_fix.pipeline import validate
 from onnx_npu_fix.pipeline.scheduler import prepare, run_passes
+from onnx_npu_fix.pipeline.validation.comparison import sets_summary
+from onnx_npu_fix.pipeline.validation.session import Runner
 
 
 def _append_at_the_output(model: onnx.ModelProto, op: str, extra_inputs: list[str], name: str) -> PassResult:
@@ -59,7 +60,7 @@ class HalfWrong(Pass):
 
 def _conv_bn(channels: int = 8, size: int = 32) -> onnx.ModelProto:
     """Conv 3x3 -> BatchNormalization -> Relu on [1, channels, size, size] (8 x 32 x 32 = 8,192 input elements:
-    enough for one set, validate.ONE_SET_MIN_ELEMENTS)."""
+    enough for one set, validation.validator.ONE_SET_MIN_ELEMENTS)."""
     return conv_bn_relu(channels, 8, size)
 
 
@@ -68,7 +69,7 @@ def runs(monkeypatch) -> dict[int, int]:
     """How many input sets each onnxruntime session ran, in the order the sessions first ran (the original's on
     the reference thread first: the first candidate waits for it)."""
     counts: dict[int, int] = {}
-    run = validate.Runner.run
+    run = Runner.run
     serials = itertools.count()
 
     def counted(self, feeds):
@@ -77,7 +78,7 @@ def runs(monkeypatch) -> dict[int, int]:
         counts[self.serial] = counts.get(self.serial, 0) + 1
         return run(self, feeds)
 
-    monkeypatch.setattr(validate.Runner, "run", counted)
+    monkeypatch.setattr(Runner, "run", counted)
     return counts
 
 
@@ -152,7 +153,7 @@ def test_after_an_approximate_change_an_unmoved_exact_pass_runs_one_set(runs):
     assert not final.exact and final.passed and final.outputs[0].sets == 3
     assert final.sets_not_run == 2 and final.sets_carried == 2 and final.to_json()["sets_carried"] == 2
     assert final.outputs[0].rel_l2 == resize.validation.outputs[0].rel_l2 > 0.1
-    assert "2 of 3 input sets carried from the last model that ran them" in validate.sets_summary(final)
+    assert "2 of 3 input sets carried from the last model that ran them" in sets_summary(final)
 
 
 def test_after_an_approximate_change_a_wrong_exact_pass_is_still_caught():

@@ -246,7 +246,7 @@ def test_the_summary_gives_the_approximate_error_with_its_bound_and_sample(tmp_p
 
 
 def test_the_upper_confidence_bound_of_a_pooled_relative_error():
-    from onnx_npu_fix.pipeline.validate import rel_l2_upper
+    from onnx_npu_fix.pipeline.validation.comparison import rel_l2_upper
 
     assert rel_l2_upper([1.0], [4.0]) is None  # one set: no spread to estimate
     assert rel_l2_upper([1.0, 1.0, 1.0], [4.0, 4.0, 4.0]) == pytest.approx(0.5)  # no spread: the estimate

@@ -4,10 +4,11 @@ Like onnxsim's before/after table, so the price of alignment (zero channels) and
 a few extra output positions) is visible in every summary. One pass over the nodes for the op counts and MACs
 (:func:`graph.node_macs`), one over the initializers for the weight bytes, and the activation peak of the stored
 order from :mod:`memory` (no order search: it is the figure the model has as written). Above
-``DETAIL_MAX_NODES`` nodes the MACs and the peak are skipped (None): at 100k nodes they cost ~2 s per model, a
-quarter of the whole run; the op counts and weight bytes stay (0.2 s). Nodes and weights inside If / Loop / Scan
-bodies are counted too (a model whose branches fold-constants inlined would otherwise seem to grow from nothing);
-their MACs and activations are not, as memory.py estimates the outer graph only.
+``DETAIL_MAX_NODES`` nodes the MACs and the peak are skipped (None): they need an index and shapes of the whole
+graph, a large share of a long graph's run; the op counts and weight bytes (one cheap walk each) stay. Nodes and
+weights inside If / Loop / Scan bodies are counted too (a model whose branches fold-constants inlined would
+otherwise seem to grow from nothing); their MACs and activations are not, as memory.py estimates the outer graph
+only.
 
 MACs and the peak need static shapes. An export's Shape chains leave most shapes unknown until fold-constants has
 run, so a sum over the known ones would read as growth that did not happen (DeepLabV3+: "conv MACs 0 -> 279.67 M").
@@ -87,7 +88,7 @@ def model_cost(model: onnx.ModelProto, act_bytes: int = 1, index: GraphIndex | N
             n = node_macs(index, node)
             macs += n
             blind += n == 0 and _shapes_unknown(index, node)
-        if may_hold_subgraphs(node):  # in this walk: a second one for the few bodies cost 0.07 s at 100k nodes
+        if may_hold_subgraphs(node):  # in this walk: a second walk over every node for the few bodies costs more
             bodies.extend(subgraphs(node))
     weights = sum(payload_bytes(t) for t in model.graph.initializer)
     while bodies:

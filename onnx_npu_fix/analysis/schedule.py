@@ -200,7 +200,7 @@ def peak_of(lv: Liveness, order: Sequence[int]) -> int:
 def stored_peak(index: GraphIndex, act_bytes: int) -> tuple[int, int]:
     """``peak_of(liveness(index, act_bytes), stored order)`` and how many activations have no static shape, in
     one sweep over the nodes: the cost table needs these two figures only, and the liveness structure (readers,
-    predecessors, per-node lists) the order search needs cost four times as much at 10k nodes."""
+    predecessors, per-node lists) the order search needs costs several times as much to build."""
     const = constant_names(index)
     start = dict.fromkeys(index.graph_inputs, 0)  # activation -> its producer's step (first producer)
     last: dict[str, int] = {}  # any name -> the last step reading it

@@ -504,7 +504,7 @@ def resolution_hint(model: onnx.ModelProto, sram_bytes: int, act_bytes: int = 1,
     index = GraphIndex(model)
     lv = liveness(index, act_bytes)
     floor = max(node_floors(lv), default=0)
-    if len(lv.nodes) > LARGE_GRAPH_NODES:  # a shape inference costs about a second per 100k nodes
+    if len(lv.nodes) > LARGE_GRAPH_NODES:  # each trial is a shape inference of the whole graph
         max_trials = min(max_trials, 8)
     hint = ResolutionHint(None, None, tiles=max(1, -(-floor // max(1, sram_bytes))))
     inputs = [vi for vi in model.graph.input if vi.name not in index.initializers]

@@ -61,7 +61,7 @@ def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = F
 
     ``prepared``: ``model`` comes out of the pass manager (named nodes, frozen inputs, fresh inferred shapes),
     so it is read as is instead of copied and inferred again — it is still not modified.
-    ``memory=False`` skips the activation estimate (a second of work at 100k nodes) unless an SRAM budget
+    ``memory=False`` skips the activation estimate (a walk with liveness over every node) unless an SRAM budget
     needs it for a verdict. ``index``: with ``prepared``, an index of ``model`` built already (the run's own).
     """
     if prepared:
@@ -69,7 +69,7 @@ def check_model(model: onnx.ModelProto, options: FixOptions, *, shapes: bool = F
     else:
         light, inference_error = analysis_copy(model, options.input_shapes)
     # Every tensor's shape and every node's record stay alive to the end: the collector's full passes over
-    # them would cost a sixth of the check at 100k nodes.
+    # them would walk every one of them again and again for nothing.
     with paused_gc():
         index = index if prepared and index is not None and index.model is light else GraphIndex(light)
         ctx = _Context(index, options, constant_names(index))
@@ -146,7 +146,7 @@ class _Context:
 def _static(shape: Shape | None) -> bool:
     if shape is None:
         return False
-    for d in shape:  # a plain loop: called for every tensor, a generator costs twice as much
+    for d in shape:  # a plain loop: called for every tensor, a generator costs more
         if not isinstance(d, int) or d < 0:
             return False
     return True

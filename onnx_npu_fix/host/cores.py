@@ -2,9 +2,9 @@
 of this process's cores busy.
 
 Why: validation runs are compute-bound, and two intra-op threads on a machine whose other core is taken (a CI
-runner with a parallel job, a build next to it) only fight for it: measured on a 2-core machine with one core kept
-busy, a validated 110 MB U-Net took 0.85x the CPU time and 0.91x the wall time with one thread; with both cores
-idle one thread made it 1.16x slower (wall) for 0.94x the CPU, so two stay the default there.
+runner with a parallel job, a build next to it) only fight for it: there one thread costs less CPU and less wall
+time than two; with both cores idle two threads finish sooner (for a little more CPU), so two stay the default
+there.
 
 What "busy" means is measured, not guessed: between :func:`mark` (the start of a run) and the run's first session,
 the busy time of the cores this process may run on (``/proc/stat``) less this process's own CPU time is what

@@ -85,7 +85,7 @@ def read_model(path: str | os.PathLike, *, keep_bytes: bool = False) -> LoadedMo
     path = os.fspath(path)
     raw, identity = _read_file(path)
     # The checker first, on the bytes alone: its C++ copy of the model is freed before Python parses its own, so
-    # the two never coexist (they made a self-contained model's peak memory 1.5x that of onnx.load). A model it
+    # the two never coexist (together they raised a self-contained model's peak above onnx.load's). A model it
     # refuses is parsed anyway and judged below, so that a file that is no model at all still gets the decode
     # error, and a model with external data the checker that sees its data.
     checked = _passes_checker(raw)

@@ -375,7 +375,7 @@ class EarlyWrite:
 
     Pass :meth:`start` to :func:`fix` as ``on_serialized``: the pass manager hands over the final model's bytes
     before its last onnxruntime runs, and a worker thread writes them to a temporary file in the target directory
-    (the write releases the GIL; 0.1-0.3 s for 100 MB that otherwise follow validation). :func:`save_model`
+    (the write releases the GIL; otherwise its time would follow validation's). :func:`save_model`
     renames that file into place when it is asked to write the same bytes; anything else discards it, and so does
     :meth:`discard` (call it when nothing is to be written).
     """
@@ -529,7 +529,7 @@ def write_with_external_data(model: onnx.ModelProto, model_file: str, data_file:
 PAGE = mmap.ALLOCATIONGRANULARITY
 """Every weight in a :class:`MappedWeights` file starts at a multiple of this (the unit in which mmap takes file
 offsets: 4 KiB on Linux, 64 KiB on Windows), so that a loader can map each tensor in place instead of copying it.
-onnxruntime 1.32 maps them: a session of a 110 MB U-Net holds 8 MB of heap, its weights' pages are the file's."""
+onnxruntime 1.32 maps them: a session's heap then holds no copy of the weights, whose pages are the file's."""
 
 
 class MappedWeights:
@@ -649,8 +649,8 @@ class MappedWeights:
         :meth:`read_kept`. The pass manager's restore point: read back only for a replay or a rollback; it
         replaces the one kept before, which is removed (the run goes back no further than the last validated
         model). ``scratch``: a model file :meth:`write_bytes` wrote from these very bytes; then their large raw
-        weights, which the data file holds already, are not written again, only what lies between them (a
-        110 MB U-Net's restore point: kilobytes instead of a copy of the model)."""
+        weights, which the data file holds already, are not written again, only what lies between them (the
+        restore point of a model whose weights are large is then about the size of its graph, not of the model)."""
         recipe = self._spans.get(scratch) if scratch is not None else None
         if recipe is not None and recipe[0] != id(data):
             recipe = None
@@ -694,7 +694,7 @@ class MappedWeights:
     def _maps(self, tensor: onnx.TensorProto, raw: bytes | memoryview) -> bool:
         """Whether ``tensor``'s raw data (``raw``) goes to the data file: ``threshold`` bytes or more, and exactly
         as many as its dims and type say. A weight whose length disagrees stays in the model file, where the onnx
-        checker run on that file (validate.check_structure) sees it and says so, as it would on the whole model;
+        checker run on that file (validator.check_structure) sees it and says so, as it would on the whole model;
         so does a packed 4-bit one (payload_bytes counts it at twice its size), which costs only its copy."""
         return self.threshold <= len(raw) == payload_bytes(tensor)
 
@@ -736,7 +736,7 @@ def serialized_parts(model: onnx.ModelProto) -> list[bytes]:
     transient of one run of weights (:data:`SERIALIZE_CHUNK`, or one larger tensor) instead of protobuf's.
 
     Why: upb encodes a message backwards into a buffer it doubles as it fills and frees only at the end, then
-    copies the result into the bytes object: serializing a 110 MB model takes about 2.4 times its size on top
+    copies the result into the bytes object: serializing a model takes a transient larger than the model, on top
     of the model (the largest transient of a validated run). Here the model is a shell without initializers
     (serialized by upb, small), split where the graph's initializers belong (after ``node`` and ``name``, before
     field 10: upb writes known fields in field-number order and unknown ones last), with the initializers
@@ -789,8 +789,7 @@ def _initializer_runs(initializers: Any) -> Iterator[bytes]:
 
 RAW_ENTRY = 1 << 16
 """A raw tensor this large is serialized by :func:`_raw_entry`, its bytes copied once (by protobuf: copied into
-a scratch graph, encoded into a buffer that doubles, copied out: 0.18 s CPU for a 110 MB U-Net's weights against
-0.06 s)."""
+a scratch graph, encoded into a buffer that doubles, copied out: three copies where this makes one)."""
 
 _RAW_DATA_FIELD = 9  # TensorProto.raw_data
 
@@ -864,7 +863,7 @@ def _read_exactly(file: Any, size: int) -> bytes:
 
 def _same_bytes(file: Any, raw: bytes | memoryview, block: int = 1 << 20) -> bool:
     """Whether ``file`` holds ``raw`` from where it stands: compared a block at a time as bytes (a memoryview
-    compares byte by byte through its item format, ~30x slower; a copy of a whole weight would be a transient)."""
+    compares byte by byte through its item format, far slower; a copy of a whole weight would be a transient)."""
     view = memoryview(raw)
     for start in range(0, len(view), block):
         part = view[start:start + block].tobytes()

@@ -1,9 +1,9 @@
 """Shared graph helpers over the raw ONNX protobuf, used by every pass.
 
 npufix edits the ``onnx.ModelProto`` directly instead of importing it into onnx-graphsurgeon: a graphsurgeon
-round trip costs 120-200 us per node (12x the load+save floor at 100k nodes, ../docs/performance.md), and the
-passes here only need three maps built once per pass (producer, consumers, constants) plus an editor that
-rebuilds the node list once. Every helper is O(size of the graph) at most; nothing walks the graph per match.
+round trip costs many times the load+save floor (docs/contributing.md's design notes), and the passes here
+only need three maps built once per pass (producer, consumers, constants) plus an editor that rebuilds the node
+list once. Every helper is O(size of the graph) at most; nothing walks the graph per match.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def get_attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
     """The Python value of attribute ``name`` of ``node`` (lists as lists, strings decoded)."""
     for attr in node.attribute:
         if attr.name == name:
-            # The common scalar and int-list cases directly: onnx.helper's generic decoder costs as much as the
-            # rest of a pass's per-node work at 100k nodes. A reference attribute goes to the helper (it raises).
+            # The common scalar and int-list cases directly: onnx.helper's generic decoder would cost as much as
+            # the rest of a pass's per-node work. A reference attribute goes to the helper (it raises).
             kind = attr.type
             if not attr.ref_attr_name:
                 if kind == _INT:
@@ -181,8 +181,8 @@ class GraphIndex:
             if vi is None:
                 shape = None
             else:
-                # Read through the type's bytes: most tensors share a few types, and one serialization is a
-                # fifth of a dim-by-dim read (100k shapes per cost table and check at 100k nodes).
+                # Read through the type's bytes: most tensors share a few types, and one serialization is
+                # cheaper than a dim-by-dim read (every tensor's shape per cost table and check).
                 key = vi.type.SerializeToString()
                 shape = self._by_type.get(key, _UNREAD)
                 if shape is _UNREAD:
@@ -218,7 +218,7 @@ class GraphIndex:
         """A tensor/node name not used anywhere in the graph, derived from ``base``; reserved on return."""
         if self._names is None:  # built on the first request: many passes never name anything
             # The names no map holds; a tensor name is looked up in the maps themselves, which the index never
-            # changes (a union of them cost 0.12 s at 100k nodes on the first name a pass asks for).
+            # changes (a union of them would copy every name on the first name a pass asks for).
             names = {n.name for n in self.graph.node}
             names.update(self.graph_inputs)
             names.update(self.graph_outputs)
@@ -407,8 +407,8 @@ def _reorder(field: Any, old: list[onnx.NodeProto], wanted: list[onnx.NodeProto]
 
     Nodes of ``old`` that stay are not copied: the new nodes are appended (one copy each, as any insertion
     costs), then a stable sort on the wanted position moves everything into place and the dropped nodes to
-    the end, where they are cut off. Rebuilding the field instead copies every node: 0.25 s at 100k nodes to
-    delete a third of them. Wrappers of kept nodes stay attached; those of dropped nodes stay readable.
+    the end, where they are cut off. Rebuilding the field instead copies every node, however few are deleted.
+    Wrappers of kept nodes stay attached; those of dropped nodes stay readable.
     """
     old_ids = {id(n) for n in old}
     rank: dict[int, int] = {}  # id of a kept node -> its wanted position
@@ -431,7 +431,7 @@ def _reorder(field: Any, old: list[onnx.NodeProto], wanted: list[onnx.NodeProto]
 
 
 # numpy dtypes whose TensorProto is just dims + raw little-endian bytes (numpy_helper.from_array's result for
-# them); from_array's generic path costs 5 us a tensor, which adds up over 33k new biases.
+# them); from_array's generic path costs more per tensor, which adds up over tens of thousands of new biases.
 _RAW_TYPES: dict[np.dtype, int] = {np.dtype(t): onnx.helper.np_dtype_to_tensor_dtype(np.dtype(t)) for t in (
     np.float32, np.float16, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
     np.uint64, np.bool_)} if sys.byteorder == "little" else {}
@@ -469,7 +469,7 @@ _DATA_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64
 
 def overwrite_tensor(tensor: onnx.TensorProto, value: np.ndarray) -> None:
     """Give ``tensor`` (name kept) the type, dims and data of ``value``, copying the data into the protobuf once:
-    a fresh TensorProto plus CopyFrom copies every weight twice more (100 MB per run of the bench TCN)."""
+    a fresh TensorProto plus CopyFrom copies every weight twice more."""
     value = _native(value)
     data_type = _RAW_TYPES.get(value.dtype)
     if data_type is None:  # strings, exotic types, big-endian hosts: the generic converter
@@ -518,13 +518,13 @@ def remove_unused_initializers(graph: onnx.GraphProto) -> list[str]:
 
 def _drop_initializers(graph: onnx.GraphProto, used: set[str], names: list[str] | None = None) -> list[str]:
     """Drop the initializers not in ``used``; ``names``: every initializer's name in order, when read already
-    (a read of 166k names costs 0.06 s at 100k nodes)."""
+    (a read of every name is a walk over the initializers)."""
     if names is None:
         names = [t.name for t in graph.initializer]
     removed = [name for name in names if name not in used]
     if removed:
-        # A stable sort moves the unused ones to the end without copying a tensor (copies cost seconds and
-        # gigabytes on a 2 GB model); then they are cut off.
+        # A stable sort moves the unused ones to the end without copying a tensor (a copy of every kept one is
+        # the model's size again); then they are cut off.
         graph.initializer.sort(key=lambda t: t.name not in used)
         del graph.initializer[len(graph.initializer) - len(removed):]
     return removed
@@ -541,7 +541,7 @@ def remove_dead_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 def remove_unused(model: onnx.ModelProto) -> tuple[list[onnx.NodeProto], list[str]]:
     """:func:`remove_dead_nodes` then :func:`remove_unused_initializers`, with one walk over the nodes instead
-    of two (each walk is 0.1-0.2 s at 100k nodes): the tensors the live nodes read are what the dead-node walk
+    of two (each walk touches every node): the tensors the live nodes read are what the dead-node walk
     collects anyway."""
     graph = model.graph
     nodes, dead, needed = _find_dead(graph)
@@ -657,7 +657,7 @@ def infer_shapes(model: onnx.ModelProto, *, light: bool = False) -> None:
     else:
         light_copy = shape_only_copy(model)
     # onnx's inference gets the copy's bytes and the copy goes first: its nodes are not in memory while onnx
-    # holds its own (a 100k-node chain: the run's peak 868 -> 754 MB).
+    # holds its own (one graph's nodes fewer at the peak).
     data = light_copy.SerializeToString()
     del light_copy
     inferred = onnx.shape_inference.infer_shapes(data, check_type=True, strict_mode=True, data_prop=True)
@@ -677,7 +677,7 @@ def infer_shapes(model: onnx.ModelProto, *, light: bool = False) -> None:
 def keep_inferred_shapes(graph: onnx.GraphProto) -> bool:
     """After a pass that keeps every surviving tensor's shape (``Pass.keeps_shapes``): drop the value_info of
     tensors that no longer exist and say whether every node output still has its shape on record — if so, the
-    shapes need no fresh inference (a second of work at 100k nodes)."""
+    shapes need no fresh inference (an onnx pass over the whole graph)."""
     recorded = [vi.name for vi in graph.value_info]  # each name read once (100k at 100k nodes)
     described = set(recorded)
     described.update(o.name for o in graph.output)
@@ -719,8 +719,8 @@ _SHARED_INDEX: dict[int, GraphIndex] = {}
 def values_from(light: onnx.ModelProto, model: onnx.ModelProto, index: GraphIndex | None = None) -> Iterator[None]:
     """While open, :meth:`GraphIndex.const_value` over ``light`` (a :func:`shape_only_copy` of ``model``) decodes
     a stub's value from ``model``'s initializer of the same name: a read-only look at values (a pass's find) then
-    needs no second, full copy of the weights (45 MB on a 9,000-node model). ``index`` (of ``light``, which must
-    not change meanwhile) is what :meth:`GraphIndex.of` answers for ``light``."""
+    needs no second, full copy of the weights. ``index`` (of ``light``, which must not change meanwhile) is
+    what :meth:`GraphIndex.of` answers for ``light``."""
     _VALUE_SOURCES[id(light)] = {t.name: t for t in model.graph.initializer}
     if index is not None:
         _SHARED_INDEX[id(light)] = index
@@ -750,8 +750,8 @@ def shape_only_copy(model: onnx.ModelProto, *, keep_value_info: bool = False) ->
     if keep_value_info:
         graph.value_info.extend(model.graph.value_info)
     graph.sparse_initializer.extend(model.graph.sparse_initializer)
-    # Stubs are made in place from one template (a constructor with keywords and an append, which copies, cost
-    # half as much again over 166k initializers); each field is read once.
+    # Stubs are made in place from one template (a constructor with keywords and an append, which copies, costs
+    # more per initializer); each field is read once.
     template = onnx.TensorProto(data_location=onnx.TensorProto.EXTERNAL)
     template.external_data.add(key="location", value="__npufix_shape_only__")
     add_stub, append = graph.initializer.add, graph.initializer.append
@@ -781,7 +781,7 @@ TWO_GB = 2**31 - 1  # protobuf's limit: larger models cannot be serialized as on
 def approx_model_bytes(model: onnx.ModelProto) -> int:
     """Serialized size, estimated from the initializers' payload without encoding the model.
 
-    ``ModelProto.ByteSize()`` encodes the whole message (0.12 s at 110 MB) and raises above 2 GB with
+    ``ModelProto.ByteSize()`` encodes the whole message (every weight copied) and raises above 2 GB with
     protobuf's upb backend, so size checks use this instead.
     """
     total = 16 * len(model.graph.node)
@@ -792,8 +792,8 @@ def approx_model_bytes(model: onnx.ModelProto) -> int:
 
 
 def payload_bytes(tensor: onnx.TensorProto) -> int:
-    """Bytes of ``tensor``'s data, from its dims when it is raw (reading ``raw_data`` copies the bytes: 0.1 s
-    for a 268 MB tensor); at most twice the truth for packed 4-bit types, which is fine for a size check."""
+    """Bytes of ``tensor``'s data, from its dims when it is raw (reading ``raw_data`` copies the bytes, however
+    large); at most twice the truth for packed 4-bit types, which is fine for a size check."""
     if tensor.HasField("raw_data"):
         itemsize = _ITEMSIZE.get(tensor.data_type)
         if itemsize is None:
@@ -834,7 +834,7 @@ def clear_negative_dims(graph: onnx.GraphProto) -> int:
     """Make every declared dimension below 0 (Paddle2ONNX writes ``dim_value: -1`` for "any size") an unknown
     one, in the graph's inputs and outputs: that is what it means, and strict shape inference otherwise refuses
     the model once a real size meets it ("differ in dimension 0: (1) vs (-1)"). The value_info needs nothing:
-    :func:`infer_shapes` never shows it to onnx and replaces it (scanning it cost 0.6 s at 100k nodes). Returns
+    :func:`infer_shapes` never shows it to onnx and replaces it (scanning it is a walk over every tensor). Returns
     how many were cleared."""
     cleared = 0
     for vi in (*graph.input, *graph.output):
@@ -908,7 +908,7 @@ def node_macs(index: GraphIndex, node: onnx.NodeProto) -> int:
         if w_shape is None or out_shape is None:
             return 0
         # every output element takes (C_in / group) * prod(kernel) MACs; W is [M, C/group, k...]. math.prod on
-        # the int tuples: np.prod's array round trip was a third of the cost table at 10k nodes.
+        # the int tuples: np.prod's array round trip per call adds up over every conv of the cost table.
         return math.prod(out_shape) * math.prod(w_shape[1:])
     in_shape = index.static_shape(node.input[0])
     if w_shape is None or in_shape is None:

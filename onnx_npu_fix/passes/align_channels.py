@@ -307,7 +307,7 @@ class AlignChannelsPass(Pass):
     def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
         result = PassResult(rejections=list(found.rejections))
         # The same test as find's: the metrics (zero figures included) appear whenever find planned over the graph.
-        # find's answer when it gave one (the same model): the scan costs a second at 100k nodes.
+        # find's answer when it gave one (the same model): the scan walks the whole graph.
         if options.align > 1 and opset_version(model) >= 11 and not (
                 found.all_aligned if isinstance(found, AlignFound) else _all_convs_aligned(model, options.align)):
             _Rewriter(model, options, result).apply(found.plans)
@@ -1129,7 +1129,7 @@ class _Rewriter:
 
 
 def _conv_macs(index: GraphIndex, node: onnx.NodeProto) -> int:
-    """graph.node_macs in plain integers (numpy's prod costs ~10 us a call, too much on 100k-node graphs)."""
+    """graph.node_macs in plain integers (numpy's prod is costly per call, which adds up over a long graph)."""
     w_shape = index.static_shape(node.input[1]) if len(node.input) > 1 else None
     counted = index.static_shape(node.output[0] if node.op_type == "Conv" else node.input[0])
     if w_shape is None or counted is None:
@@ -1174,7 +1174,7 @@ def _padded_weight(conv: _Conv, in_map: np.ndarray, out_map: np.ndarray, groups:
         new[...] = conv.weight_q.params.zero_point.reshape(()).astype(weight.dtype)
     if groups == 1 and conv.group == 1:
         # Dense: output row out_map[r] reads the input channels in_map. Both maps are usually the identity on
-        # a prefix: then a block copy, 10x cheaper than scattering each element of a 1370x380 weight.
+        # a prefix: then a block copy, far cheaper than scattering each element of a large weight.
         if _is_prefix(out_map) and _is_prefix(in_map):
             new[:len(out_map), :len(in_map)] = weight
         else:

@@ -8,7 +8,7 @@ rollback), never runs onnxruntime and never prints. A built-in pass splits it in
   per edit (a subclass of :class:`Plan` per pass, naming the node(s) it fixes and holding everything the edit
   needs); :attr:`Found.rejections` every candidate it leaves alone, with a reason; :attr:`Found.warnings` and
   :attr:`Found.metrics` what finding measured for the report. ``--check`` asks it which violations the pass
-  fixes (constraints.py), so the check's ``fixed_by`` cannot disagree with the pass.
+  fixes (constraints/fixed_by.py), so the check's ``fixed_by`` cannot disagree with the pass.
 * ``rewrite(model, options, found) -> PassResult`` applies exactly ``found.plans`` (found on this same model) —
   no other edit, no candidate decided again — and returns a :class:`Change` per edit, with what finding
   reported (:meth:`Found.report`).

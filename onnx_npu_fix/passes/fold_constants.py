@@ -175,7 +175,7 @@ class FoldConstantsPass(Pass):
         remaining = {n.name for n in model.graph.node}
         result.rejections.extend(r for name, r in skipped.items() if name in remaining)
         _reject_remaining(model, stats, result, blocking=not options.allow_control_flow)
-        # The initializers a fold left unused are dropped by the pass manager (pipeline.remove_unused), as for
+        # The initializers a fold left unused are dropped by the pass manager (ir.graph.remove_unused), as for
         # every pass.
         return result
 
@@ -533,7 +533,7 @@ def _declared_shape(vi: onnx.ValueInfoProto, default: tuple) -> tuple:
 
 def why_control_flow_stays(index: GraphIndex, node: onnx.NodeProto, *, spent: int = 0) -> str | None:
     """Why this pass leaves an If / Loop / Scan of the main graph alone, or None when it would fold it
-    (constraints.py asks this for its ``control-flow`` finding). ``spent``: nodes the pass unrolled already."""
+    (constraints/ asks this for its ``control-flow`` finding). ``spent``: nodes the pass unrolled already."""
     if node.op_type == "If":
         return _plan_if(index, node)[1] or None
     if node.op_type == "Loop":
@@ -652,7 +652,7 @@ def _not_constant(what: str, name: str, index: GraphIndex) -> str:
 
 def control_flow_fix(index: GraphIndex, node: onnx.NodeProto) -> tuple[str | None, str]:
     """(what would fold this If / Loop / Scan — "fold-constants", "--freeze-input sr=<value>", … or None, why)
-    for the ``control-flow`` finding of constraints.py."""
+    for the ``control-flow`` finding of constraints/."""
     reason = why_control_flow_stays(index, node)
     if reason is None:
         return "fold-constants", "its condition is constant: fold-constants inlines it"

@@ -16,7 +16,8 @@ from typing import Any
 from onnx_npu_fix.io.save import sha256_file
 from onnx_npu_fix.ir.graph import format_bytes
 from onnx_npu_fix.passes.base import Change, Rejection
-from onnx_npu_fix.pipeline.validate import Comparison, quant_summary, sets_summary
+from onnx_npu_fix.pipeline.validation.comparison import Comparison, sets_summary
+from onnx_npu_fix.pipeline.validation.quantized import quant_summary
 
 REPORT_VERSION = 1
 CHECK_VERSION = 1
@@ -39,7 +40,7 @@ def schema(name: str) -> dict[str, Any]:
 
 class PassStatus(str, Enum):
     """A pass's verdict in the build record (``PassRecord.status``); the values are the record's strings, and a
-    status compares equal to its string. The pass manager sets it from the pass's outcome (pipeline.Outcome)."""
+    status compares equal to its string. The pass manager sets it from the pass's outcome (scheduler.Outcome)."""
 
     UNCHANGED = "unchanged"
     """The pass changed nothing."""

@@ -15,7 +15,7 @@ Then, with ``validate="each"`` (the default):
 Consecutive exact passes are validated as one group (one session after the last of them); an approximate pass
 is always measured alone; a failing group is replayed pass by pass so the failing pass is named (see _Run).
 How a candidate is judged (the inputs, the original's outputs computed once in the background, the outputs of
-the last validated model carried forward, the criteria) is validate.Validator's; this module is the scheduler:
+the last validated model carried forward, the criteria) is validator.Validator's; this module is the scheduler:
 order, grouping, replay, rollback, timing, and each pass's Outcome, from which its PassStatus follows.
 Finally the output model is compared with the original (reusing the last outputs: no extra session). A failing
 pass stops the run (nothing is written) unless ``keep_going`` is set, which restores the model as it was before
@@ -41,6 +41,7 @@ import onnx
 from onnx_npu_fix import progress
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError, StrictRefused, first_line
+from onnx_npu_fix.host.heap import release_freed_memory
 from onnx_npu_fix.io import load
 from onnx_npu_fix.io.save import serialized_parts
 from onnx_npu_fix.ir.graph import (
@@ -55,16 +56,12 @@ from onnx_npu_fix.ir.graph import (
 from onnx_npu_fix.ir.qdq import QUANTIZERS
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
 from onnx_npu_fix.pipeline.conditions import AFTER_CLEANUP, AFTER_RUN, Conditions
+from onnx_npu_fix.pipeline.inputs import Feeds
 from onnx_npu_fix.pipeline.report import EXACT_ALTERNATIVE, FixReport, PassRecord, PassStatus
-from onnx_npu_fix.pipeline.validate import (  # noqa: F401 - check_structure: public here before it moved to validate.py
-    Comparison,
-    Feeds,
-    Reference,
-    Validator,
-    check_structure,
-    release_freed_memory,
-    segmented,
-)
+from onnx_npu_fix.pipeline.validation.comparison import Comparison
+from onnx_npu_fix.pipeline.validation.reference import Reference
+from onnx_npu_fix.pipeline.validation.runs import segmented
+from onnx_npu_fix.pipeline.validation.validator import Validator, check_structure
 
 log = logging.getLogger("onnx_npu_fix")
 
@@ -109,7 +106,7 @@ class FixResult:
 
     def graph_index(self) -> GraphIndex:
         """The one index of ``model`` as the run left it, built on first request: the cost table and the final
-        constraint check read it instead of each building its own (0.75 s at 100k nodes). Valid while nobody
+        constraint check read it instead of each building its own (a walk over the whole graph). Valid while nobody
         edits ``model``, which nothing does after the run."""
         if self._index is None or self._index.model is not self.model:
             self._index = GraphIndex(self.model)
@@ -327,7 +324,7 @@ def parse_model(data: bytes) -> onnx.ModelProto:
 KEEP_ON_DISK = 1 << 20
 """A validated model of this many serialized bytes or more is kept as the next restore point in the run's scratch
 directory (RestoreKind.FILE), not in memory: it would sit there through the next group's passes, serialization,
-checker and session (U-Net, 110 MB: one model size off the peak), and is read back only for a replay or a
+checker and session (one model size more on the peak), and is read back only for a replay or a
 rollback."""
 
 
@@ -578,7 +575,7 @@ class _Run:
                       and self._refused())):
             # (refusal is asked here, before the pass, only in a run that keeps no restore point otherwise, and
             # only before a pass that can make an approximate change and may change this model: it costs a
-            # constraint check of the model, a fifth of a --no-validate run on a 10k-node chain)
+            # constraint check of the model, a large share of a --no-validate run)
             kind, model = RestoreKind.NONE, None
         elif here.kind is RestoreKind.REREAD:
             kind, model = here.kind, None
@@ -626,7 +623,7 @@ class _Run:
         parts = serialized_parts(self.model)
         self.model = None  # type: ignore[assignment]
         # glibc keeps what the old proto freed in its heap, and the bytes and the checker's copy of them are
-        # too large to reuse it: handed back now, or they come on top of it (U-Net, 110 MB: 0.2 GB).
+        # too large to reuse it: handed back now, or they come on top of it.
         release_freed_memory()
         data = b"".join(parts)
         del parts

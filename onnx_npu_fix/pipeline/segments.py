@@ -27,7 +27,7 @@ from onnx_npu_fix.errors import PassFailed
 from onnx_npu_fix.io.paths import check_split_dir
 from onnx_npu_fix.io.save import Transaction, save_model, write_json
 from onnx_npu_fix.ir.graph import GraphIndex
-from onnx_npu_fix.pipeline.validate import CannotRun, validate_chain
+from onnx_npu_fix.pipeline.validation.chain import CannotRun, validate_chain
 
 
 @dataclass
@@ -37,7 +37,7 @@ class SplitOutcome:
     plan: SplitPlan
     directory: str | None = None
     """Where the segments and manifest.json were written (None: nothing written, the plan does not fit)."""
-    validation: object | None = None  # validate.Comparison, None when validation is off
+    validation: object | None = None  # validation.comparison.Comparison, None when validation is off
     hint: ResolutionHint | None = None
     """When a single layer does not fit: which input size would."""
     manifest: dict | None = None

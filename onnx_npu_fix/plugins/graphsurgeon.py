@@ -14,7 +14,7 @@ The function may return the :class:`~.passes.base.Change` records it wants repor
 reports the nodes that were removed and added (a node whose attributes changed counts as both), and the
 initializers whose values changed. A function that changes nothing leaves the model untouched ("no change").
 
-Cost: an import/export round trip costs ~120–200 µs per node (shared/docs/performance.md), which is why the
+Cost: an import/export round trip costs many times a load and save (docs/contributing.md), which is why the
 built-in passes edit the protobuf directly; for a plugin that runs once per build it is a fair price.
 onnx-graphsurgeon is an optional extra (``graphsurgeon``; from a checkout: ``pip install '.[graphsurgeon]'``).
 """
