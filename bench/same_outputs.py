@@ -6,7 +6,9 @@ record without its timings and paths); ``--compare A B`` diffs two manifests.
     PYTHONPATH=.              .venv/bin/python bench/same_outputs.py --out /tmp/after
     .venv/bin/python bench/same_outputs.py --compare /tmp/before/manifest.json /tmp/after/manifest.json
 
-The checkout on PYTHONPATH is the one measured (the script runs ``python -m onnx_npu_fix`` in each run's own
+Every run's validation sessions take two threads (``NPUFIX_VALIDATION_THREADS``): the count npufix would pick
+follows the machine's load and can move an output's last bit, and so the error figures of a record. The checkout on
+PYTHONPATH is the one measured (the script runs ``python -m onnx_npu_fix`` in each run's own
 directory, so the working directory's checkout does not shadow it). A quantized U-Net is
 made with onnxruntime's own quantizer from fixtures/unet.onnx, seeded, so the QDQ paths are covered too.
 """
@@ -96,7 +98,7 @@ def one_run(model: Path, label: str, out: Path) -> tuple[str, dict]:
     if "--check" not in args:
         cmd += ["-o", str(work / "out.onnx")]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=work,
-                          env={**os.environ, "PYTHONHASHSEED": "0"})
+                          env={**os.environ, "PYTHONHASHSEED": "0", "NPUFIX_VALIDATION_THREADS": "2"})
     files = {str(p.relative_to(work)): digest(p) for p in sorted(work.rglob("*")) if p.is_file()
              and p.name != "record.json"}
     record = json.loads(report.read_text()) if report.exists() else None

@@ -49,3 +49,14 @@ def test_processes_spinning_next_to_npufix_take_a_thread_and_the_run_keeps_its_c
     time.sleep(0.4)
     assert cores.session_threads() == 1, "the run's first session decided: every later one runs alike"
     cores.mark()  # (a new run measures again; outside a run the sessions get two)
+
+
+@pytest.mark.parametrize("value, expected", [("1", 1), ("2", 2), ("7", None), ("", None), ("one", None)])
+def test_the_environment_fixes_the_count_whatever_the_load(monkeypatch, value, expected):
+    """NPUFIX_VALIDATION_THREADS: the count of a run whose records must reproduce (the count can move an output's
+    last bit); a value that is not a count npufix uses is ignored."""
+    monkeypatch.setenv(cores.FIXED, value)
+    monkeypatch.setattr(cores, "threads_between", lambda start, end: 1)  # a machine that looks busy
+    cores.mark()
+    assert cores.session_threads() == min(expected or 1, os.cpu_count() or 1)
+    cores.mark()

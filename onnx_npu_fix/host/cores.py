@@ -9,9 +9,10 @@ there.
 What "busy" means is measured, not guessed: between :func:`mark` (the start of a run) and the run's first session,
 the busy time of the cores this process may run on (``/proc/stat``) less this process's own CPU time is what
 others used; the sessions get as many threads as that leaves cores idle (rounded; at least one, at most two).
-The count is decided once per run, so the original and every candidate run with the same one (onnxruntime's Conv
-and Gemm kernels partition their outputs, not their sums, among threads: measured bit-identical outputs with one
-and two threads on the bench's models).
+The count is decided once per run, so the original and every candidate run with the same one: the count can move
+an output's last bit (onnxruntime's Sigmoid computes the end of each thread's share of the elements another way),
+so two models are only ever compared under one count. ``NPUFIX_VALIDATION_THREADS`` (1 or 2) fixes it, for
+records that must reproduce whatever the machine's load.
 Without ``/proc/stat`` (not Linux), or a window too short to tell, the sessions get two.
 """
 
@@ -79,8 +80,18 @@ def session_threads() -> int:
     global _decided
     with _lock:
         if _decided is None:
-            _decided = (threads_between(_started, sample()) if _started is not None else None) or MAX_THREADS
+            _decided = (_fixed() or (threads_between(_started, sample()) if _started is not None else None)
+                        or MAX_THREADS)
         return min(_decided, os.cpu_count() or 1)
+
+
+FIXED = "NPUFIX_VALIDATION_THREADS"
+"""The environment variable that fixes the count (1 or 2; anything else is ignored)."""
+
+
+def _fixed() -> int | None:
+    value = os.environ.get(FIXED, "").strip()
+    return int(value) if value in {str(n) for n in range(1, MAX_THREADS + 1)} else None
 
 
 def _busy_seconds() -> tuple[float, int]:
