@@ -21,6 +21,7 @@ where it came from; vendor/acceptance_matrix.py reads it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -181,7 +182,8 @@ def quantize(out: str, manifest: dict) -> None:
                 for dim, size in zip(vi.type.tensor_type.shape.dim, shapes[vi.name]):
                     dim.Clear()
                     dim.dim_value = size
-        with tempfile.TemporaryDirectory() as tmp:
+        # onnxruntime's symbolic shape inference writes temporary files into the working directory
+        with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
             static, pre = os.path.join(tmp, "static.onnx"), os.path.join(tmp, "pre.onnx")
             onnx.save(model, static)
             try:
