@@ -32,9 +32,10 @@ from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.constraints import CheckReport, Violation
 from onnx_npu_fix.errors import EXIT_OK, EXIT_PASS_FAILED, EXIT_VIOLATIONS, InputError, PassFailed, first_line
 from onnx_npu_fix.host import cores
+from onnx_npu_fix.io.atomic import Transaction
 from onnx_npu_fix.io.load import LoadedModel, load_model, read_model  # noqa: F401 - load_model: part of the API
 from onnx_npu_fix.io.paths import WritePlan, check_output_path, check_run_paths, check_split_dir
-from onnx_npu_fix.io.save import EarlyWrite, Transaction, save_model, sha256_file, write_json
+from onnx_npu_fix.io.save import EarlyWrite, save_model, sha256_file, write_json
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, copy_model, infer_shapes
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
@@ -730,7 +731,7 @@ def reduce(input_path: str | os.PathLike, output: str | os.PathLike, judge: Judg
     (``options.input_shapes``) and its constants folded (the fold-constants pass, unvalidated: it is exact);
     ``options`` (a target's, say) also decide which constraints the record names as likely causes.
 
-    Every path is checked before any work and every file is staged and committed together (io.save.Transaction).
+    Every path is checked before any work and every file is staged and committed together (io.atomic.Transaction).
     Raises InputError (exit 2) for unusable input, paths or a judge that cannot be used (judge.command.JudgeError),
     that passes the model (judge.reduce.NothingToReduce) or times out on it. ``on_event``: gets a
     ``progress.JudgeCall`` per judge call, as :func:`run`'s does."""

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable
 
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.io.save import signals_held
+from onnx_npu_fix.io.atomic import signals_held
 
 
 def check_output_path(output: str | os.PathLike, input_path: str | os.PathLike | None = None, *,

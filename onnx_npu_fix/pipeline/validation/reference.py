@@ -13,8 +13,8 @@ import onnx
 
 from onnx_npu_fix import progress
 from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.io.external import MappedWeights
 from onnx_npu_fix.io.load import FileIdentity, file_identity
-from onnx_npu_fix.io.save import MappedWeights
 from onnx_npu_fix.pipeline.inputs import Feeds
 from onnx_npu_fix.pipeline.validation.runs import run_model
 from onnx_npu_fix.pipeline.validation.session import Outputs, Runner, runtime_errors, write_scratch
@@ -27,7 +27,7 @@ class Reference:
     runs start when :meth:`run` hands over the inputs. onnxruntime releases the GIL while it works, and its idle
     workers do not spin (see Runner), so the passes keep a core. ``source``: serialized bytes, or a file path.
 
-    Bytes are parsed and written to :attr:`weights` (io.save.MappedWeights, a run-owned scratch directory), so
+    Bytes are parsed and written to :attr:`weights` (io.external.MappedWeights, a run-owned scratch directory), so
     that onnxruntime maps the weights instead of copying them (given bytes it copies them twice, given the input
     file once, into its heap); the candidates' sessions share the weights a pass left alone. The pass manager's
     Validator takes the store over (:meth:`take_weights`); else :meth:`close` removes it.
