@@ -16,7 +16,7 @@ import onnx
 import onnx.external_data_helper
 from google.protobuf.message import DecodeError
 
-from onnx_npu_fix.errors import InputError, first_line
+from onnx_npu_fix.errors import InputChanged, InputError, first_line
 from onnx_npu_fix.host.heap import release_freed_memory
 from onnx_npu_fix.ir.graph import (
     TWO_GB,
@@ -122,7 +122,7 @@ def read_unchanged(path: str | os.PathLike, digest: bytes | None, *, keep_bytes:
     (``digest``: :attr:`LoadedModel.digest`); InputError when it does not: a run never mixes two inputs."""
     loaded = read_model(path, keep_bytes=keep_bytes)
     if digest is not None and loaded.digest != digest:
-        raise InputError(f"{os.fspath(path)} changed while npufix ran (it no longer holds the bytes that were "
+        raise InputChanged(f"{os.fspath(path)} changed while npufix ran (it no longer holds the bytes that were "
                          f"read); nothing written: rerun on a file that stays put")
     return loaded
 
