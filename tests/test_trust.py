@@ -199,3 +199,19 @@ def test_a_model_over_the_one_file_limit_is_refused_with_one_line(tmp_path, monk
             else [model, "-o", tmp_path / "o.onnx", *judge])
     assert "one ONNX file" in _one_line_error(_invoke(*args), after_work=True)
     assert _files(tmp_path) == before
+
+
+@pytest.mark.xfail(strict=True, reason="judge/command.py quotes {model} with shlex.quote even inside the "
+                                       "template's own quotes; the substitution must quote for where it stands")
+def test_a_quoted_model_placeholder_with_a_space_in_tmpdir_names_the_real_file(tmp_path):
+    """TMPDIR holds a space and the template quotes "{model}" itself: the judge must get the path of the file
+    written, so that a grep-style judge (passes unless the model holds a Conv) rejects tcn.onnx."""
+    scratch = tmp_path / "a b"
+    scratch.mkdir()
+    out = tmp_path / "min.onnx"
+    judge = "sh -c '! grep -q Conv \"$1\"' judge \"{model}\""
+    proc = subprocess.run([sys.executable, "-m", "onnx_npu_fix", "reduce", str(TCN), "-o", str(out), "--judge",
+                           judge], capture_output=True, text=True, env={**os.environ, "TMPDIR": str(scratch)},
+                          timeout=300)
+    assert proc.returncode == EXIT_OK, proc.stderr
+    assert out.exists()
