@@ -32,9 +32,15 @@ from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.constraints import CheckReport, Violation
 from onnx_npu_fix.errors import EXIT_OK, EXIT_PASS_FAILED, EXIT_VIOLATIONS, InputError, PassFailed, first_line
 from onnx_npu_fix.host import cores
-from onnx_npu_fix.io.load import LoadedModel, load_model, read_model  # noqa: F401 - load_model: part of the API
-from onnx_npu_fix.io.paths import WritePlan, check_output_path, check_run_paths, check_split_dir
-from onnx_npu_fix.io.save import EarlyWrite, Transaction, save_model, sha256_file, write_json
+from onnx_npu_fix.io.atomic import Transaction
+from onnx_npu_fix.io.load import (  # noqa: F401 - load_model: part of the API
+    LoadedModel,
+    load_model,
+    read_model,
+    read_unchanged,
+)
+from onnx_npu_fix.io.paths import WritePlan
+from onnx_npu_fix.io.save import EarlyWrite, save_model, sha256_file, write_json
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, copy_model, infer_shapes
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
@@ -120,7 +126,8 @@ def start_reference(source: LoadedModel | str | os.PathLike, options: FixOptions
         path.encode("utf-8")
     except UnicodeEncodeError:  # onnxruntime only opens UTF-8 paths: it gets the bytes read instead
         return Reference(data, long_graph=long_graph, start=start)
-    return Reference(data, read_from=path, identity=source.identity, long_graph=long_graph, start=start)
+    return Reference(data, read_from=path, identity=source.identity, long_graph=long_graph, start=start,
+                     digest=source.digest)
 
 
 def fix(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None = None,
@@ -152,17 +159,20 @@ def fix(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None =
 def _fix_in_place(owned: OwnedModel, options: FixOptions | None = None,
                   passes: Sequence[Pass] | None = None, *, reference: Reference | None = None,
                   on_serialized: Callable[[bytes], None] | None = None,
-                  source: str | os.PathLike | None = None, keep_inputs: bool = False) -> FixResult:
+                  source: str | os.PathLike | None = None, keep_inputs: bool = False,
+                  digest: bytes | None = None) -> FixResult:
     """:func:`fix` on a model nobody else holds (e.g. just read), handed over: the pass manager may replace it
     (scheduler.OwnedModel), so the result is FixResult.model. ``keep_inputs``: FixResult.inputs holds the
-    validation inputs (``--save-inputs``)."""
+    validation inputs (``--save-inputs``). ``digest``: the SHA-256 of ``source`` as read, which a rollback that
+    reads it again must find (else that of the bytes the reference read)."""
     from onnx_npu_fix.analysis.cost import model_cost, needs_index
 
     options = options or FixOptions()
     assert owned.model is not None
     prepare(owned.model, options)
     before = _input_cost(owned.model, options)  # the model is edited in place: its cost is taken now
-    reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options, reference)
+    reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options,
+                                                           digest, reference)
     frozen, own_reference = _freeze(owned.model, options, reference)
     try:
         if own_reference is not None:
@@ -239,14 +249,13 @@ def _freeze(model: onnx.ModelProto, options: FixOptions,
     return frozen, Reference(original, long_graph=segmented(model, len(original)), start=False)
 
 
-def _read_prepared(path: str, options: FixOptions, reference: Reference | None = None) -> onnx.ModelProto:
-    """The input read again (a rollback to it), proven to be the bytes the reference was built from."""
-    loaded = read_model(path, keep_bytes=True)
-    expected = reference.digest() if reference is not None else None
-    if expected is not None and (loaded.data is None or hashlib.sha256(loaded.data).digest() != expected):
-        raise InputError(f"{path} changed while npufix ran (it no longer holds the bytes that were read); "
-                         f"nothing written: rerun on a file that stays put")
-    model = loaded.model
+def _read_prepared(path: str, options: FixOptions, digest: bytes | None = None,
+                   reference: Reference | None = None) -> onnx.ModelProto:
+    """The input read again (a rollback to it), proven to be the bytes read first (``digest``, else those the
+    reference was built from)."""
+    if digest is None and reference is not None:
+        digest = reference.digest()
+    model = read_unchanged(path, digest).model
     prepare(model, options)
     if options.freeze_inputs:
         freeze_inputs(model, options.freeze_inputs)
@@ -300,7 +309,9 @@ class RunOutcome:
 
 @dataclass
 class _RunState:
-    """One call of :func:`run`: its arguments, normalised, and what its steps learn for the record."""
+    """One call of :func:`run`: its arguments, normalised, and what its steps learn for the record. Every path
+    is absolute (made so before any work: a plugin that changes the working directory moves nothing);
+    ``given`` keeps the input and output paths as given, for the messages and the record."""
 
     input_path: str
     output: str | None
@@ -324,6 +335,11 @@ class _RunState:
     """Every file of the run, staged beside its destination; committed together at the end (:func:`_commit`)."""
     split_origins: dict[str, SplitOrigin] = field(default_factory=dict)
     """The ``--split-at`` tensors as read, before the passes renamed any (:func:`split_origins`)."""
+    given: tuple[str, str | None] = ("", None)
+    """The input and output paths as given."""
+    fitted_options: FixOptions | None = None
+    """``--judge``: the options of the form the judge accepted (recorded); the output is checked against the
+    requested ones (:attr:`options`)."""
 
 
 def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
@@ -359,12 +375,12 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
                        shapes=shapes, record=record, command=command, split_dir=split_dir,
                        memory_plot=memory_plot, save_inputs=save_inputs, judge=judge)
     cores.mark()  # the window in which other processes' use of the cores is measured opens (host/cores.py)
-    job = _RunState(os.fspath(input_path), _fspath(output), options or FixOptions(), _fspath(report_path),
-               _fspath(split_dir), _fspath(memory_plot), shapes, bool(report_path) or record, command,
-               _fspath(save_inputs), judge)
+    job = _RunState(_absolute(input_path), _absolute(output), options or FixOptions(), _absolute(report_path),
+                    _absolute(split_dir), _absolute(memory_plot), shapes, bool(report_path) or record, command,
+                    _absolute(save_inputs), judge, given=(os.fspath(input_path), _fspath(output)))
     if judge is not None and check:
         raise InputError("--judge judges a fixing run's output: use it with -o, not with --check")
-    _check_fitting(job.options, job.input_path, check, job.split_dir, job.memory_plot)
+    _check_fitting(job.options, check, job.split_dir, job.memory_plot)
     _check_save_inputs(job, check)
     with job.files:  # any exception, KeyboardInterrupt and SIGTERM included, removes every staged file
         if check:
@@ -380,10 +396,9 @@ def run(input_path: str | os.PathLike, output: str | os.PathLike | None = None,
 
 def _write_plan(job: _RunState, external_files: Sequence[str] = ()) -> WritePlan:
     """Every path the run reads and will write, in commit order (the saved inputs, the split directory, the
-    plot and its sidecar, the output's external data and the output, the report): no two may be one file."""
-    plan = WritePlan().reads(job.input_path, "the input model")
-    for path in sorted(external_files):
-        plan.reads(path, "the input's external data")
+    plot and its sidecar, the output's external data and the output, the report): each must be writable, and no
+    two may be one file (io.paths.WritePlan)."""
+    plan = WritePlan(job.input_path, external_files)
     if job.options.validation_data:
         plan.reads(job.options.validation_data, "--validation-data")
     if job.save_inputs:
@@ -391,9 +406,10 @@ def _write_plan(job: _RunState, external_files: Sequence[str] = ()) -> WritePlan
     if job.split_dir:
         plan.writes(job.split_dir, "--split", directory=True)
     if job.memory_plot:
-        plan.writes(job.memory_plot, "--memory-plot").writes(job.memory_plot + ".json", "the plot's sidecar")
+        plan.writes(job.memory_plot, "--memory-plot").writes(job.memory_plot + ".json", "the plot's sidecar",
+                                                             probe=False)
     if job.output:
-        plan.writes(job.output + ".data", "the output's external data").writes(job.output, "-o")
+        plan.writes(job.output + ".data", "the output's external data", probe=False).writes(job.output, "-o")
     if job.report_path:
         plan.writes(job.report_path, "--report")
     return plan
@@ -403,17 +419,25 @@ def _fspath(path: str | os.PathLike | None) -> str | None:
     return None if path is None else os.fspath(path)
 
 
+def _absolute(path: str | os.PathLike | None) -> str | None:
+    """``path`` made absolute now, before any work (an empty path stays empty, a trailing separator stays: the
+    write plan refuses both)."""
+    path = _fspath(path)
+    if not path:
+        return path
+    return os.path.abspath(path) + (os.sep if path.endswith(("/", os.sep)) else "")
+
+
 def _check_input(job: _RunState) -> RunOutcome:
     """``--check``: read the input, list its violations (and draw ``--memory-plot``); nothing else is written."""
     from onnx_npu_fix.constraints import check_model, split_requested
 
     source = read_model(job.input_path)
-    if job.report_path:
-        check_run_paths(job.input_path, None, job.report_path, source.external_files)
     _write_plan(job, source.external_files).check()
+    job.read_digest = source.digest
     checked = check_model(source.model, job.options, shapes=job.shapes)
     counted, others = split_requested(checked.violations, job.options)
-    outcome = RunOutcome(EXIT_VIOLATIONS if counted else EXIT_OK, "check", job.input_path, checked=checked,
+    outcome = RunOutcome(EXIT_VIOLATIONS if counted else EXIT_OK, "check", job.given[0], checked=checked,
                          violations=counted, not_requested=others)
     if job.memory_plot:
         _plot(outcome, source.model, job, prepared=False)
@@ -426,9 +450,6 @@ def _plan_fix(job: _RunState, passes: Sequence[Pass] | None) -> list[Pass]:
     if job.output is None:
         raise InputError("missing the output path (where to write the fixed model)")
     chosen = list(passes) if passes is not None else select_passes()
-    check_output_path(job.output, job.input_path)
-    if job.report_path:
-        check_run_paths(job.input_path, job.output, job.report_path)
     _write_plan(job).check()
     return chosen
 
@@ -439,7 +460,7 @@ def _fix_and_write(job: _RunState, chosen: list[Pass]) -> RunOutcome:
     early = EarlyWrite(job.output)
     try:
         result = _load_and_fix(job, chosen, early)
-        outcome = RunOutcome(EXIT_OK, "fix", job.input_path, result=result)
+        outcome = RunOutcome(EXIT_OK, "fix", job.given[0], result=result)
         _save_inputs(job, outcome)  # a failing run too: its inputs are the case to replay
         if not result.ok:
             outcome.exit_code, outcome.error = EXIT_PASS_FAILED, _failure(result.report)
@@ -469,17 +490,13 @@ def _load_and_fix(job: _RunState, chosen: list[Pass], early: EarlyWrite) -> FixR
         reference = start_reference(loaded, job.options, start=False)
         if reference is not None:
             reference.start()  # now that the finally below closes it
-        check_output_path(job.output, job.input_path, protected=loaded.external_files)
-        if job.report_path:
-            check_run_paths(job.input_path, job.output, job.report_path, loaded.external_files)
         _write_plan(job, loaded.external_files).check()
-        job.external = bool(loaded.external_files)
+        job.external, job.read_digest = bool(loaded.external_files), loaded.digest
         job.split_origins = split_origins(loaded.model.graph, job.options.split_at) if job.split_dir else {}
         owned, loaded = OwnedModel(loaded.model), None  # handed over: nothing here holds the model any more
         result = _fix_in_place(owned, job.options, chosen, reference=reference,
                                on_serialized=None if job.external else early.start, source=job.input_path,
-                               keep_inputs=bool(job.save_inputs))
-        job.read_digest = reference.digest() if reference is not None else None
+                               keep_inputs=bool(job.save_inputs), digest=job.read_digest)
     finally:
         if reference is not None:
             reference.close()
@@ -492,19 +509,23 @@ def _fit_judge(job: _RunState, outcome: RunOutcome, chosen: list[Pass]) -> None:
 
     # A candidate's passes and the reduction's folding are the judge's work, not the run's: their pass events
     # would read as a second run in the middle of this one (its judge calls are the progress that counts).
-    def refix(options: FixOptions) -> FixResult:  # from the input again, validated as the run is
+    def refix(options: FixOptions) -> FixResult:  # from the input again (the bytes read), validated as the run is
         with progress.listening(None):
-            return fix(job.input_path, options, chosen)
+            owned = OwnedModel(read_unchanged(job.input_path, job.read_digest).model)
+            return _fix_in_place(owned, options, chosen, source=job.input_path, digest=job.read_digest)
 
     def prepare_for_reduction(model: onnx.ModelProto) -> onnx.ModelProto:
         # the output's shapes are static already (an --input-shape name may be a frozen input, gone from it)
         with progress.listening(None):
             return _prepared_for_reduction(copy_model(model), dataclasses.replace(job.options, input_shapes={}))
 
-    fit, result, options = fit_judge(outcome.result, job.options, job.judge, refix, prepare_for_reduction)
+    fit, result, options = _judged(lambda: fit_judge(outcome.result, job.options, job.judge, refix,
+                                                     prepare_for_reduction))
     outcome.judge = fit
     if result is not outcome.result:
-        outcome.result, job.options = result, options
+        # The accepted form's options are recorded; the output is still checked against the requested ones, so
+        # that a form that gave up a requested constraint (align 8 -> 0) is reported as violating it.
+        outcome.result, job.fitted_options = result, options
         _check_output(job, outcome)
 
 
@@ -574,7 +595,7 @@ def _decide(job: _RunState, outcome: RunOutcome, chosen: list[Pass]) -> None:
     """Written: which violations count, and the exit code they make."""
     from onnx_npu_fix.constraints import split_requested
 
-    outcome.written = job.output
+    outcome.written = job.given[1]
     outcome.violations, outcome.not_requested = split_requested(
         outcome.checked.violations, job.options, [p.name for p in chosen])
     if outcome.judge is not None and not outcome.judge.accepted:  # asked for by --judge itself
@@ -594,8 +615,9 @@ def _record(job: _RunState, outcome: RunOutcome) -> None:
             if outcome.written and not job.external and result.serialized is not None else None
         if outcome.written and written_digest is None:  # hashed where it is staged: committed after the record
             written_digest = sha256_file(job.files.staged_at(job.output))
-        outcome.record = build_record(job.input_path, outcome.written, job.options, outcome.report,
-                                      time.perf_counter() - job.started, outcome.exit_code, outcome.checked,
+        outcome.record = build_record(job.given[0], outcome.written, job.fitted_options or job.options,
+                                      outcome.report, time.perf_counter() - job.started, outcome.exit_code,
+                                      outcome.checked,
                                       job.command, outcome.violations if outcome.checked is not None else None,
                                       outcome.not_requested, job.read_digest.hex() if job.read_digest else None,
                                       written_digest)
@@ -610,10 +632,9 @@ def _record(job: _RunState, outcome: RunOutcome) -> None:
                              f"nothing written") from None
 
 
-def _check_fitting(options: FixOptions, input_path: str, check: bool, split_dir: str | None,
-                   memory_plot: str | None) -> None:
-    """--split / --split-at / --memory-plot make sense together and their paths can be written: checked before
-    any work (InputError, exit 2)."""
+def _check_fitting(options: FixOptions, check: bool, split_dir: str | None, memory_plot: str | None) -> None:
+    """--split / --split-at / --memory-plot make sense together: checked before any work (InputError, exit 2);
+    their paths are the write plan's (:func:`_write_plan`)."""
     if options.split_at and not split_dir:
         raise InputError("--split-at needs --split DIR (where the segments go)")
     if split_dir:
@@ -621,12 +642,10 @@ def _check_fitting(options: FixOptions, input_path: str, check: bool, split_dir:
             raise InputError("--split writes segments: use it in a fixing run (-o), not with --check")
         if options.sram_bytes is None and not options.split_at:
             raise InputError("--split needs --sram SIZE (the budget each segment must fit) or --split-at")
-        check_split_dir(split_dir)
     if memory_plot:
         from onnx_npu_fix.analysis.plot import check_plot_path
 
         check_plot_path(memory_plot)
-        check_output_path(memory_plot, input_path, what="--memory-plot")
 
 
 def _check_save_inputs(job: _RunState, check: bool) -> None:
@@ -640,7 +659,6 @@ def _check_save_inputs(job: _RunState, check: bool) -> None:
         raise InputError("--save-inputs writes the validation inputs; with --validate none there are none")
     if not path.lower().endswith(".json"):
         raise InputError(f"--save-inputs {path}: give a .json file name (Polygraphy's JSON input format)")
-    check_output_path(path, job.input_path, what="--save-inputs")
 
 
 def _save_inputs(job: _RunState, outcome: RunOutcome) -> None:
@@ -730,7 +748,7 @@ def reduce(input_path: str | os.PathLike, output: str | os.PathLike, judge: Judg
     (``options.input_shapes``) and its constants folded (the fold-constants pass, unvalidated: it is exact);
     ``options`` (a target's, say) also decide which constraints the record names as likely causes.
 
-    Every path is checked before any work and every file is staged and committed together (io.save.Transaction).
+    Every path is checked before any work and every file is staged and committed together (io.atomic.Transaction).
     Raises InputError (exit 2) for unusable input, paths or a judge that cannot be used (judge.command.JudgeError),
     that passes the model (judge.reduce.NothingToReduce) or times out on it. ``on_event``: gets a
     ``progress.JudgeCall`` per judge call, as :func:`run`'s does."""
@@ -743,26 +761,30 @@ def reduce(input_path: str | os.PathLike, output: str | os.PathLike, judge: Judg
                           shrink=shrink)
     started = time.perf_counter()
     options = options or FixOptions()
-    input_path, output = os.fspath(input_path), os.fspath(output)
-    min_good, report_path = _fspath(min_good), _fspath(report_path)
-    plan = WritePlan().reads(input_path, "the input model")
-    for path, what in ((min_good, "--min-good"), (output, "-o"), (report_path, "--report")):
-        if path is not None:
-            check_output_path(path, input_path, what=what)
-            plan.writes(path, what)
-    plan.check()
+    given = (os.fspath(input_path), os.fspath(output), _fspath(min_good))
+    input_path, output, min_good, report_path = map(_absolute, (input_path, output, min_good, report_path))
+
+    def plan(external_files: Sequence[str] = ()) -> WritePlan:
+        paths = WritePlan(input_path, external_files)
+        for path, what in ((min_good, "--min-good"), (output, "-o")):
+            if path is not None:
+                paths.writes(path + ".data", f"the external data of {what}", probe=False).writes(path, what)
+        return paths.writes(report_path, "--report") if report_path is not None else paths
+
+    plan().check()
     loaded = read_model(input_path)
+    plan(loaded.external_files).check()
     model = _prepared_for_reduction(loaded.model, options)
-    reduction = reduce_model(model, judge, shrink=shrink)
-    outcome = ReduceOutcome(EXIT_OK, input_path, reduction, output)
-    outcome.record = reduction_record(reduction, options, command=judge.template, input_path=input_path,
-                                      output=output, min_good=min_good if reduction.min_good is not None else None,
+    reduction = _judged(lambda: reduce_model(model, judge, shrink=shrink))
+    outcome = ReduceOutcome(EXIT_OK, given[0], reduction, given[1])
+    outcome.record = reduction_record(reduction, options, command=judge.template, input_path=given[0],
+                                      output=given[1], min_good=given[2] if reduction.min_good is not None else None,
                                       seconds=time.perf_counter() - started)
     try:
         with Transaction() as files:
             if min_good is not None and reduction.min_good is not None:
                 save_model(reduction.min_good, min_good, transaction=files)
-                outcome.min_good = min_good
+                outcome.min_good = given[2]
             save_model(reduction.model, output, transaction=files)
             if report_path is not None:
                 write_json(report_path, outcome.record, transaction=files)
@@ -770,6 +792,19 @@ def reduce(input_path: str | os.PathLike, output: str | os.PathLike, judge: Judg
     except OSError as exc:
         raise InputError(f"cannot write {exc.filename or output}: {exc.strerror or exc}; nothing written") from None
     return outcome
+
+
+def _judged(loop: Callable[[], Any]) -> Any:
+    """``loop()``, a judge loop (reduce, --judge's form search): a file system error on the way is the judge's copy
+    of a candidate failing to be written (its scratch directory is in TMPDIR; npufix writes nothing else before
+    its commit), an InputError (exit 2) saying so, not a crash."""
+    import tempfile
+
+    try:
+        return loop()
+    except OSError as exc:
+        raise InputError(f"cannot write the judge's copy of the model in {tempfile.gettempdir()} "
+                         f"({exc.strerror or exc}); nothing written: free space there or set TMPDIR") from None
 
 
 def _prepared_for_reduction(model: onnx.ModelProto, options: FixOptions) -> onnx.ModelProto:

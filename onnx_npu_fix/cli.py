@@ -379,7 +379,7 @@ def _guarded(ctx: click.Context, verbose: int, body: Any) -> None:
 
 def _written(exc: BaseException) -> str:
     """What a signal left on disk: nothing, unless it came while the run's files were renamed into place (held
-    until the commit was complete: io.save.Transaction), and then all of them."""
+    until the commit was complete: io.atomic.Transaction), and then all of them."""
     written = getattr(exc, "npufix_written", None)
     if not written:
         return "nothing written"

@@ -35,6 +35,11 @@ class InputError(NpufixError):
     exit_code = EXIT_USAGE
 
 
+class InputChanged(InputError):
+    """The input file no longer holds the bytes read at the start (replaced or rewritten while the run read it
+    again): nothing written (exit 2). Never a candidate's own failure, which a judge loop would skip."""
+
+
 class OptionError(InputError, ValueError):
     """An option value of the wrong type or out of range (FixOptions, a target profile or the command line).
     ``field`` is the FixOptions field it was given for."""

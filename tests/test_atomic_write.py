@@ -1,4 +1,4 @@
-"""The one atomic write (io/save.py): every file npufix writes goes through a temporary sibling that is fsynced,
+"""The one atomic write (io/atomic.py): every file npufix writes goes through a temporary sibling that is fsynced,
 given the mode the umask says, renamed into place, and its directory fsynced; any failure leaves nothing behind.
 """
 
@@ -12,7 +12,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnx_npu_fix.io import save
-from onnx_npu_fix.io.save import EarlyWrite, atomic_dir, atomic_write, save_model, write_json
+from onnx_npu_fix.io.atomic import atomic_dir, atomic_write
+from onnx_npu_fix.io.save import EarlyWrite, save_model, write_json
 
 
 @pytest.fixture

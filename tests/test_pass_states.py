@@ -363,7 +363,7 @@ def test_a_restore_point_leaves_out_the_weights_its_session_s_data_file_holds(mo
 
 
 def test_kept_bytes_come_back_whole_from_their_scratch_model_or_without_one(tmp_path, monkeypatch):
-    from onnx_npu_fix.io.save import MappedWeights
+    from onnx_npu_fix.io.external import MappedWeights
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     model = _with_large_weight(small_model())
@@ -383,7 +383,7 @@ def test_kept_bytes_come_back_whole_from_their_scratch_model_or_without_one(tmp_
 
 
 def test_the_file_system_refusing_the_restore_point_keeps_it_in_memory(monkeypatch, restores):
-    from onnx_npu_fix.io.save import MappedWeights
+    from onnx_npu_fix.io.external import MappedWeights
 
     monkeypatch.setattr(pipeline, "KEEP_ON_DISK", 0)
 

@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 from onnx_npu_fix import api
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.io.save import current_umask
+from onnx_npu_fix.io.atomic import current_umask
 from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Change, Pass, PassResult

@@ -25,8 +25,9 @@ from test_split import skip_unet
 
 from onnx_npu_fix.analysis.memory import estimate
 from onnx_npu_fix.cli import main
-from onnx_npu_fix.io import save
-from onnx_npu_fix.io.save import EarlyWrite, Transaction
+from onnx_npu_fix.io import atomic
+from onnx_npu_fix.io.atomic import Transaction
+from onnx_npu_fix.io.save import EarlyWrite
 
 pytest.importorskip("matplotlib")
 
@@ -88,20 +89,20 @@ class Faults:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     def install(self, monkeypatch) -> Faults:
-        create_unique = save._create_unique
+        create_unique = atomic.create_unique
 
         def created(*args, **kwargs):
             result = create_unique(*args, **kwargs)
             self.point()  # the entry exists; the caller has not seen its name yet (the mkstemp race)
             return result
 
-        flushes = {cls: cls.flush for cls in (save.AtomicFile, save.AtomicDir)}
+        flushes = {cls: cls.flush for cls in (atomic.AtomicFile, atomic.AtomicDir)}
 
         def flush(target):
             flushes[type(target)](target)
             self.point()  # about to be renamed: the last instant before the commit
 
-        monkeypatch.setattr(save, "_create_unique", created)
+        monkeypatch.setattr(atomic, "create_unique", created)
         for cls in flushes:
             monkeypatch.setattr(cls, "flush", flush)
         return self
@@ -136,13 +137,13 @@ def test_a_fault_at_every_registered_point_leaves_the_directory_as_it_was(kind, 
 
 def test_a_signal_during_the_renames_waits_until_every_file_is_in_place(tmp_path, model_bytes, monkeypatch):
     work = _work(tmp_path, model_bytes)
-    rename = save.AtomicDir.rename
+    rename = atomic.AtomicDir.rename
 
     def rename_then_signal(target):
         signal.raise_signal(signal.SIGTERM)  # the first rename of the commit (the split directory)
         rename(target)
 
-    monkeypatch.setattr(save.AtomicDir, "rename", rename_then_signal)
+    monkeypatch.setattr(atomic.AtomicDir, "rename", rename_then_signal)
     result = _run(work)
     assert result.exit_code == 143, result.output
     assert "written" in result.output and "nothing written" not in result.output
@@ -206,7 +207,7 @@ def test_every_exit_path_leaves_only_its_committed_files(tmp_path, model_bytes, 
 
     for name, number, code in (("int", signal.SIGINT, 130), ("term", signal.SIGTERM, 143)):
         work = _work(tmp_path, model_bytes, name)
-        monkeypatch.setattr(save.Transaction, "commit", lambda self, n=number: signal.raise_signal(n))
+        monkeypatch.setattr(atomic.Transaction, "commit", lambda self, n=number: signal.raise_signal(n))
         result = _run(work)
         monkeypatch.undo()
         assert result.exit_code == code and sorted(os.listdir(work)) == ["in.onnx"], result.output
@@ -215,13 +216,13 @@ def test_every_exit_path_leaves_only_its_committed_files(tmp_path, model_bytes, 
 def test_the_early_write_owns_its_temporary_file_before_it_exists(tmp_path, monkeypatch):
     """A signal between the creation of the early write's temporary file and the moment its name is known
     (mkstemp's return) must not orphan it: discard() removes it."""
-    create_unique = save._create_unique
+    create_unique = atomic.create_unique
 
     def created_then_interrupted(*args, **kwargs):
         create_unique(*args, **kwargs)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(save, "_create_unique", created_then_interrupted)
+    monkeypatch.setattr(atomic, "create_unique", created_then_interrupted)
     early = EarlyWrite(tmp_path / "out.onnx")
     with pytest.raises(KeyboardInterrupt):
         early.start(b"model bytes")
@@ -238,17 +239,17 @@ def test_a_transaction_renames_in_the_staged_order_and_discards_on_any_failure(t
             else:
                 Path(files.file(tmp_path / name)).write_text(name)
         assert sorted(os.listdir(tmp_path)) != ["a", "b", "seg"]  # staged only
-        original = save.AtomicFile.rename
+        original = atomic.AtomicFile.rename
 
         def rename(target):
             order.append(os.path.basename(target.path))
             original(target)
 
-        save.AtomicFile.rename = rename
+        atomic.AtomicFile.rename = rename
         try:
             files.commit()
         finally:
-            save.AtomicFile.rename = original
+            atomic.AtomicFile.rename = original
     assert order == ["a", "b"] and sorted(os.listdir(tmp_path)) == ["a", "b", "seg"]
 
     with pytest.raises(OSError), Transaction() as files:
@@ -270,7 +271,7 @@ def test_a_rename_that_fails_mid_commit_puts_the_earlier_ones_back(tmp_path, mod
     are put back as they were (an earlier run's bytes, its empty split directory), and the exit code says nothing
     was written. Before, the first files stayed renamed under exit 2 ("only ... written"), which means nothing
     written. (Failures before the commit: the ENOSPC faults above.)"""
-    replace, rename_all = os.replace, save.Transaction._rename_all
+    replace, rename_all = os.replace, atomic.Transaction._rename_all
     calls = {"n": 0, "fail_at": None, "committing": False}
 
     def failing_replace(src, dst, **kwargs):
@@ -290,7 +291,7 @@ def test_a_rename_that_fails_mid_commit_puts_the_earlier_ones_back(tmp_path, mod
             calls["committing"] = False
 
     monkeypatch.setattr(os, "replace", failing_replace)
-    monkeypatch.setattr(save.Transaction, "_rename_all", committing)
+    monkeypatch.setattr(atomic.Transaction, "_rename_all", committing)
     assert _run(_work(tmp_path, model_bytes, "count")).exit_code == 0
     renames = calls["n"]
     assert renames == 5  # the split directory, plot, sidecar, output, report
@@ -310,7 +311,7 @@ def test_a_rename_that_cannot_be_undone_is_named(tmp_path):
     with Transaction() as files:
         for name in ("a", "b"):
             Path(files.file(tmp_path / name)).write_text(name)
-        replace, restore = os.replace, save.AtomicFile.restore
+        replace, restore = os.replace, atomic.AtomicFile.restore
         targets = list(files._staged)
 
         def second_fails(src, dst, **kwargs):
@@ -319,12 +320,12 @@ def test_a_rename_that_cannot_be_undone_is_named(tmp_path):
             return replace(src, dst, **kwargs)
 
         os.replace = second_fails
-        save.AtomicFile.restore = lambda target: False
+        atomic.AtomicFile.restore = lambda target: False
         try:
             with pytest.raises(OSError) as caught:
                 files.commit()
         finally:
-            os.replace, save.AtomicFile.restore = replace, restore
+            os.replace, atomic.AtomicFile.restore = replace, restore
     assert caught.value.npufix_written == [targets[0].path]
     assert sorted(os.listdir(tmp_path)) == ["a"]  # no temporary or kept file left behind
 

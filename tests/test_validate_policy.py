@@ -770,7 +770,7 @@ def test_a_file_changed_a_moment_ago_has_no_identity(tmp_path):
 def test_mapped_weights_write_each_weight_once_at_page_offsets(tmp_path, monkeypatch):
     import onnxruntime as ort
 
-    from onnx_npu_fix.io.save import PAGE, MappedWeights
+    from onnx_npu_fix.io.external import PAGE, MappedWeights
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     model = _conv_model(weight_shape=(8, 4, 3, 3), bias=8)  # w: 1152 bytes (mapped), b: 32 bytes (inline)
@@ -798,8 +798,8 @@ def test_mapped_weights_write_each_weight_once_at_page_offsets(tmp_path, monkeyp
 
 
 def _unet_like() -> onnx.ModelProto:
-    """Convs whose weights straddle io.save's chunk and mapping thresholds (set small by the tests), a name and a
-    doc string on the graph, and a value_info after the initializers in field order."""
+    """Convs whose weights straddle io.serialize's chunk and io.external's mapping thresholds (set small by the
+    tests), a name and a doc string on the graph, and a value_info after the initializers in field order."""
     gen = np.random.default_rng(3)
     inits, nodes, x = [], [], "x"
     for i, (cout, cin) in enumerate([(8, 3), (16, 8), (4, 16)]):
@@ -829,27 +829,27 @@ def test_serialized_parts_join_to_the_bytes_protobuf_writes(monkeypatch, fixture
     """The pieces an owned run serializes a model in (a transient of one run of weights, not protobuf's ~2.4 model
     sizes) are byte for byte SerializeToString, with runs of any size and large raw tensors written field by field
     (RAW_ENTRY); a model with unknown fields of its own is serialized whole."""
-    from onnx_npu_fix.io import save
+    from onnx_npu_fix.io import serialize
 
-    monkeypatch.setattr(save, "SERIALIZE_CHUNK", chunk)
-    monkeypatch.setattr(save, "RAW_ENTRY", raw_entry)
+    monkeypatch.setattr(serialize, "SERIALIZE_CHUNK", chunk)
+    monkeypatch.setattr(serialize, "RAW_ENTRY", raw_entry)
     fields = _unet_like()
     fields.graph.initializer.append(_raw_tensor_with_every_kind_of_field())
     for model in (_unet_like(), fields, api.load_model(fixture_path("tcn.onnx")),
                   api.load_model(fixture_path("unet.onnx"))):
-        parts = save.serialized_parts(model)
+        parts = serialize.serialized_parts(model)
         assert b"".join(parts) == model.SerializeToString()
         assert len(parts) > 4  # really in pieces: shell head, graph tag, initializer runs, tail
     unknown = _unet_like()
     unknown.ParseFromString(unknown.SerializeToString() + b"\xb8\x06\x01")  # field 103: unknown to onnx
-    assert save.serialized_parts(unknown) == [unknown.SerializeToString()]
+    assert serialize.serialized_parts(unknown) == [unknown.SerializeToString()]
 
 
 def test_mapped_weights_written_from_bytes_are_those_written_from_the_proto(tmp_path, monkeypatch):
     """A candidate's session maps weights written straight from its bytes (no proto beside them): the same
     scratch model and data file as from the proto; a layout it does not take apart (a graph given twice, which
     protobuf merges) is parsed instead, with the same result."""
-    from onnx_npu_fix.io.save import MappedWeights
+    from onnx_npu_fix.io.external import MappedWeights
     from onnx_npu_fix.pipeline.validation.session import write_scratch
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))

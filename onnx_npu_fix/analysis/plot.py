@@ -21,7 +21,8 @@ from onnx_npu_fix.analysis.memory import analysis_copy, estimate_index
 from onnx_npu_fix.analysis.schedule import DEFAULT_SEARCH_BUDGET, best_schedule, liveness
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.io.save import Transaction, write_json
+from onnx_npu_fix.io.atomic import Transaction
+from onnx_npu_fix.io.save import write_json
 from onnx_npu_fix.ir.graph import GraphIndex, format_bytes
 
 FORMATS = (".png", ".svg")
@@ -47,7 +48,7 @@ def write_memory_plot(model: onnx.ModelProto, path: str | os.PathLike, options: 
                       segments: Sequence[onnx.ModelProto] = (), cuts: Sequence[int] = (),
                       prepared: bool = True, transaction: Transaction | None = None) -> dict:
     """Draw the activation profile of ``model`` to ``path`` (.png / .svg) and its numbers to ``path + '.json'``,
-    both atomically (io.save.atomic_write). ``prepared``: ``model`` has fresh inferred shapes (FixResult.model);
+    both atomically (io.atomic.atomic_write). ``prepared``: ``model`` has fresh inferred shapes (FixResult.model);
     otherwise a light analysis copy is made. ``segments`` / ``cuts``: a split's segment models and where each
     after the first starts (SplitOutcome.segments, its plan's cuts), drawn too. Returns the numbers.
     Raises InputError (exit 2) when matplotlib is missing. ``transaction``: both files are staged there (renamed

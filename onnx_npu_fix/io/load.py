@@ -5,6 +5,7 @@ shapes) for the pass manager and the analyses alike. Every problem is an InputEr
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -15,7 +16,7 @@ import onnx
 import onnx.external_data_helper
 from google.protobuf.message import DecodeError
 
-from onnx_npu_fix.errors import InputError, first_line
+from onnx_npu_fix.errors import InputChanged, InputError, first_line
 from onnx_npu_fix.host.heap import release_freed_memory
 from onnx_npu_fix.ir.graph import (
     TWO_GB,
@@ -40,6 +41,9 @@ class LoadedModel:
     :func:`start_reference` took them)."""
     identity: FileIdentity | None = None
     """The file as it was when read (see :class:`FileIdentity`); None when that cannot prove it unchanged."""
+    digest: bytes | None = None
+    """The SHA-256 of the file's bytes as read: what every later read of the input is compared with
+    (:func:`read_unchanged`), and what the record names."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,18 @@ def read_model(path: str | os.PathLike, *, keep_bytes: bool = False) -> LoadedMo
     if problem:
         raise InputError(f"{path}: invalid model: {problem}")
     kept = keep_bytes and not external and not sparse
-    return LoadedModel(model, path, external, raw if kept else None, identity if kept else None)
+    return LoadedModel(model, path, external, raw if kept else None, identity if kept else None,
+                       hashlib.sha256(raw).digest())
+
+
+def read_unchanged(path: str | os.PathLike, digest: bytes | None, *, keep_bytes: bool = False) -> LoadedModel:
+    """The input read again (a candidate of the judge loop, a rollback), proven to hold the bytes read first
+    (``digest``: :attr:`LoadedModel.digest`); InputError when it does not: a run never mixes two inputs."""
+    loaded = read_model(path, keep_bytes=keep_bytes)
+    if digest is not None and loaded.digest != digest:
+        raise InputChanged(f"{os.fspath(path)} changed while npufix ran (it no longer holds the bytes that were "
+                         f"read); nothing written: rerun on a file that stays put")
+    return loaded
 
 
 def _read_file(path: str) -> tuple[bytes, FileIdentity | None]:

@@ -1,5 +1,6 @@
 """The paths a run writes, checked before any work: never the input or a file it reads, never a directory, a
-device or an unwritable place."""
+device or an unwritable place. :class:`WritePlan` is the one place every mode (a fixing run, ``--check``,
+``--judge``, ``reduce``, ``--split``) checks them in."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 from collections.abc import Iterable
 
 from onnx_npu_fix.errors import InputError
-from onnx_npu_fix.io.save import signals_held
+from onnx_npu_fix.io.atomic import signals_held
 
 
 def check_output_path(output: str | os.PathLike, input_path: str | os.PathLike | None = None, *,
@@ -93,8 +94,12 @@ def check_run_paths(input_path: str, output: str | None, report_path: str,
 
 
 def check_split_dir(directory: str | os.PathLike) -> None:
-    """--split DIR must be a new or empty directory whose parent exists (checked before any work)."""
+    """--split DIR must be a new or empty directory whose parent exists (checked before any work); a symbolic
+    link that loops or points nowhere is neither."""
     directory = os.fspath(directory)
+    if os.path.islink(directory) and not os.path.exists(directory):
+        raise InputError(f"--split {directory}: is a symbolic link that loops or points nowhere; remove it or "
+                         f"choose a new directory")
     if os.path.exists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
         raise InputError(f"--split {directory}: exists and is not an empty directory; npufix does not overwrite "
                          f"segments, choose a new directory or remove it")
@@ -109,34 +114,55 @@ def check_split_dir(directory: str | os.PathLike) -> None:
 class WritePlan:
     """Every path a run reads and every path it will write, known before any work, so that no file of the run
     can be another (a report that replaces the split's manifest, a plot sidecar that overwrites the
-    input, an output inside the split directory). Two paths are the same file when they resolve to one (symlinks,
-    ``..``), are hard links of one inode, or differ only in case on a file system that ignores case; a path
-    inside a directory the run writes (``--split``) is in it.
+    input, an output inside the split directory, a reduced model written over the input's weights). Two paths
+    are the same file when they resolve to one (symlinks, ``..``), are hard links of one inode, or differ only in
+    case on a file system that ignores case; a path inside a directory the run writes (``--split``) is in it.
 
-    :meth:`reads` / :meth:`writes` add entries (``what``: the option or role, for the message); :meth:`check`
-    raises InputError naming both paths of the first clash."""
+    ``input_path`` and ``external_files`` (its external data, from :func:`read_model`; empty before it is read:
+    check again once it is) are read. :meth:`reads` / :meth:`writes` add entries (``what``: the option or role,
+    for the message). :meth:`check` checks each destination on its own (:func:`check_output_path`,
+    :func:`check_split_dir`; ``probe`` False: a file named after another destination, checked with it), the
+    report against the files of the run (:func:`check_run_paths`), then every pair, raising InputError naming
+    both paths of the first clash."""
 
-    def __init__(self) -> None:
+    def __init__(self, input_path: str | os.PathLike | None = None, external_files: Iterable[str] = ()) -> None:
+        self._input = None if input_path is None else os.fspath(input_path)
+        self._external = sorted(external_files)
         self._reads: list[tuple[str, str]] = []
-        self._writes: list[tuple[str, str, bool]] = []
+        self._writes: list[tuple[str, str, bool, bool]] = []
+        if self._input is not None:
+            self.reads(self._input, "the input model")
+        for path in self._external:
+            self.reads(path, "the input's external data")
 
     def reads(self, path: str | os.PathLike, what: str) -> WritePlan:
         self._reads.append((os.fspath(path), what))
         return self
 
-    def writes(self, path: str | os.PathLike, what: str, *, directory: bool = False) -> WritePlan:
-        self._writes.append((os.fspath(path), what, directory))
+    def writes(self, path: str | os.PathLike, what: str, *, directory: bool = False, probe: bool = True) -> WritePlan:
+        self._writes.append((os.fspath(path), what, directory, probe))
         return self
 
     @property
     def written(self) -> list[str]:
         """The planned destinations (files and directories), in the order they were planned."""
-        return [path for path, _, _ in self._writes]
+        return [path for path, _, _, _ in self._writes]
 
     def check(self) -> None:
-        for i, (path, what, is_dir) in enumerate(self._writes):
+        outputs = [path for path, what, _, _ in self._writes if what == "-o"]
+        for path, what, is_dir, probe in self._writes:
+            if is_dir:
+                check_split_dir(path)
+            elif what == "--report" and self._input is not None:
+                check_run_paths(self._input, outputs[0] if outputs else None, path, self._external)
+            elif probe:
+                check_output_path(path, self._input, protected=self._external, what=what)
+        self._check_pairs()
+
+    def _check_pairs(self) -> None:
+        for i, (path, what, is_dir, _) in enumerate(self._writes):
             others = [(p, w, False, "reads") for p, w in self._reads]
-            others += [(p, w, d, "writes") for p, w, d in self._writes[:i]]
+            others += [(p, w, d, "writes") for p, w, d, _ in self._writes[:i]]
             for other, other_what, other_dir, verb in others:
                 clash = _same_file(path, other) or (is_dir and _inside(other, path)) or (
                     other_dir and _inside(path, other))

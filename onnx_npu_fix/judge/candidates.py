@@ -20,8 +20,24 @@ import onnx
 
 from onnx_npu_fix.analysis.schedule import constant_names
 from onnx_npu_fix.analysis.split import SegmentPlan, SplitPlan, build_segments, node_reads, pure_nodes
-from onnx_npu_fix.errors import first_line
-from onnx_npu_fix.ir.graph import GraphIndex, dynamic_inputs, infer_shapes
+from onnx_npu_fix.errors import InputError, first_line
+from onnx_npu_fix.ir.graph import TWO_GB, GraphIndex, approx_model_bytes, dynamic_inputs, infer_shapes
+
+JUDGE_FILE_LIMIT = TWO_GB
+"""The largest model a judge is handed, as one serialized file (protobuf serializes no more)."""
+
+
+def judge_bytes(model: onnx.ModelProto, serialized: bytes | None = None) -> bytes:
+    """``model`` serialized for a judge (one file; ``serialized``: those bytes, when at hand). A model of
+    :data:`JUDGE_FILE_LIMIT` or more is refused with one line (exit 2): it would need its weights as external
+    data beside it, which the judge's copy does not carry."""
+    if serialized is not None and len(serialized) < JUDGE_FILE_LIMIT:
+        return serialized
+    size = len(serialized) if serialized is not None else approx_model_bytes(model)
+    if size >= JUDGE_FILE_LIMIT:
+        raise InputError(f"the model to judge is about {size / 2**30:.1f} GiB, over what one ONNX file holds "
+                         f"({JUDGE_FILE_LIMIT} bytes), and a judge gets one file; nothing written")
+    return model.SerializeToString()
 
 
 @dataclass(frozen=True)
@@ -75,7 +91,7 @@ class CandidateBuilder:
         problem = unbuildable(candidate)
         if problem is not None:
             return problem
-        return Candidate(frozenset(own), candidate, candidate.SerializeToString())
+        return Candidate(frozenset(own), candidate, judge_bytes(candidate))
 
     def _with_constant_producers(self, own: list[int]) -> set[int]:
         """``own`` and the constant-only nodes whose results they read (transitively)."""

@@ -37,8 +37,9 @@ import onnx
 
 from onnx_npu_fix import progress
 from onnx_npu_fix.config.options import CHOICES, FixOptions
-from onnx_npu_fix.errors import InputError, OptionError, StrictRefused
+from onnx_npu_fix.errors import InputChanged, InputError, OptionError, StrictRefused
 from onnx_npu_fix.ir.graph import GraphIndex
+from onnx_npu_fix.judge.candidates import judge_bytes
 from onnx_npu_fix.judge.command import FAIL, PASS, Judge, Verdict
 from onnx_npu_fix.judge.record import matching_facts, remaining_nodes
 from onnx_npu_fix.judge.reduce import Reduction, reduce_model
@@ -306,6 +307,8 @@ class _Search:
             result = self.refix(options)
         except StrictRefused:  # the candidate's form is approximate, which --strict refuses
             return None, STRICT
+        except InputChanged:  # the run's input, not this candidate: the run stops
+            raise
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot be fixed is skipped, like an unbuildable one
             return None, f"{type(exc).__name__}: {exc}"
         if result is None or not result.ok:
@@ -340,7 +343,7 @@ def _approximate(result: FixResult) -> bool:
 
 
 def _bytes(result: FixResult) -> bytes:
-    return result.serialized if result.serialized is not None else result.model.SerializeToString()
+    return judge_bytes(result.model, result.serialized)
 
 
 def _plain(value: Any) -> Any:

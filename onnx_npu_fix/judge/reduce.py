@@ -27,7 +27,7 @@ from typing import Any
 import onnx
 
 from onnx_npu_fix import progress
-from onnx_npu_fix.judge.candidates import Candidate, CandidateBuilder
+from onnx_npu_fix.judge.candidates import Candidate, CandidateBuilder, judge_bytes
 from onnx_npu_fix.judge.command import FAIL, PASS, TIMEOUT, Judge, JudgeError, Verdict
 
 
@@ -119,7 +119,7 @@ class _Search:
         self._start = (judge.calls, judge.cached, judge.seconds)
 
     def judge_whole(self) -> Verdict:
-        verdict = self.judge.judge(self.builder.model.SerializeToString())
+        verdict = self.judge.judge(judge_bytes(self.builder.model))
         self._say(len(self.builder.model.graph.node), verdict)
         if verdict.kind == PASS:
             raise NothingToReduce("the judge passes the model (static shapes, constants folded): nothing to reduce")

@@ -43,7 +43,7 @@ from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError, StrictRefused, first_line
 from onnx_npu_fix.host.heap import release_freed_memory
 from onnx_npu_fix.io import load
-from onnx_npu_fix.io.save import serialized_parts
+from onnx_npu_fix.io.serialize import serialized_parts
 from onnx_npu_fix.ir.graph import (
     TWO_GB,
     GraphIndex,
@@ -613,7 +613,7 @@ class _Run:
     def _serialize(self) -> bytes | None:
         """The model's bytes (None above 2 GB), for the checker and a session. A run that owns its model
         (OwnedModel) lets it go here, and every weight the passes replaced in it with it: the bytes are made in
-        pieces while it lives and joined once it is gone (io.save.serialized_parts), and :meth:`_fresh` parses
+        pieces while it lives and joined once it is gone (io.serialize.serialized_parts), and :meth:`_fresh` parses
         its successor from them once the checker's copies of them are gone too. Until then ``self.model`` is
         None."""
         if approx_model_bytes(self.model) >= TWO_GB:

@@ -1,6 +1,6 @@
 """``--split``: the segments the run writes. Plans the cut (analysis/split.py), builds the segments, checks each
 one's own estimate against the budget, validates that running them in order reproduces the model bit for bit, and
-stages the directory beside its destination (io.save.Transaction: renamed into place with the run's other
+stages the directory beside its destination (io.atomic.Transaction: renamed into place with the run's other
 files).
 """
 
@@ -24,8 +24,9 @@ from onnx_npu_fix.analysis.split import (
 )
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import PassFailed
+from onnx_npu_fix.io.atomic import Transaction
 from onnx_npu_fix.io.paths import check_split_dir
-from onnx_npu_fix.io.save import Transaction, save_model, write_json
+from onnx_npu_fix.io.save import save_model, write_json
 from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.pipeline.validation.chain import CannotRun, validate_chain
 
@@ -63,7 +64,7 @@ def split_model(model: onnx.ModelProto, directory: str | os.PathLike, options: F
     """Cut ``model`` (fixed, with fresh shapes: FixResult.model) into segments that each fit
     ``options.sram_bytes`` (:func:`plan_split`), check each segment's own estimate against the budget, validate
     that running them in order reproduces ``model``'s outputs bit for bit, and write DIR atomically
-    (io.save.atomic_dir): the segments and ``manifest.json`` appear together or not at all.
+    (io.atomic.atomic_dir): the segments and ``manifest.json`` appear together or not at all.
 
     When a single layer exceeds the budget nothing is written: the outcome has ``fits`` False, the plan names
     the layers and ``hint`` says which input size would fit. Raises PassFailed (pass name 'split') when the

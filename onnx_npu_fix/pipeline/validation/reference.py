@@ -13,8 +13,8 @@ import onnx
 
 from onnx_npu_fix import progress
 from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.io.external import MappedWeights
 from onnx_npu_fix.io.load import FileIdentity, file_identity
-from onnx_npu_fix.io.save import MappedWeights
 from onnx_npu_fix.pipeline.inputs import Feeds
 from onnx_npu_fix.pipeline.validation.runs import run_model
 from onnx_npu_fix.pipeline.validation.session import Outputs, Runner, runtime_errors, write_scratch
@@ -27,7 +27,7 @@ class Reference:
     runs start when :meth:`run` hands over the inputs. onnxruntime releases the GIL while it works, and its idle
     workers do not spin (see Runner), so the passes keep a core. ``source``: serialized bytes, or a file path.
 
-    Bytes are parsed and written to :attr:`weights` (io.save.MappedWeights, a run-owned scratch directory), so
+    Bytes are parsed and written to :attr:`weights` (io.external.MappedWeights, a run-owned scratch directory), so
     that onnxruntime maps the weights instead of copying them (given bytes it copies them twice, given the input
     file once, into its heap); the candidates' sessions share the weights a pass left alone. The pass manager's
     Validator takes the store over (:meth:`take_weights`); else :meth:`close` removes it.
@@ -44,8 +44,9 @@ class Reference:
     """
 
     def __init__(self, source: str | bytes, *, read_from: str | None = None, identity: FileIdentity | None = None,
-                 long_graph: bool = False, start: bool = True) -> None:
-        """``start``: start the worker now; False: at :meth:`start`, which a caller that will close this object
+                 long_graph: bool = False, start: bool = True, digest: bytes | None = None) -> None:
+        """``digest``: the SHA-256 of ``source`` (bytes read from ``read_from``), when the reader took it already.
+        ``start``: start the worker now; False: at :meth:`start`, which a caller that will close this object
         calls once it holds it where its ``finally`` closes it (a signal in between would leave the worker waiting
         for inputs forever, its scratch files with it, and the interpreter's exit waiting for the worker)."""
         self._feeds: concurrent.futures.Future = concurrent.futures.Future()
@@ -57,6 +58,7 @@ class Reference:
         self._source: str | bytes | None = source
         self._read_from = read_from
         self._identity = identity
+        self._known_digest = digest
         self._long_graph = long_graph
         self.keeps_copy = isinstance(source, bytes) and not long_graph
         """Whether the original's session runs from a scratch copy (:attr:`rerun_path`, once it ran): bytes are
@@ -80,7 +82,7 @@ class Reference:
     def _work(self) -> list[Outputs]:
         source, self._source = self._source, None
         from_file = isinstance(source, bytes) and self._read_from is not None
-        digest = hashlib.sha256(source).digest() if from_file else None
+        digest = (self._known_digest or hashlib.sha256(source).digest()) if from_file else None
         self._digest.set_result(digest)
         if self._long_graph:
             model = onnx.ModelProto()

@@ -13,7 +13,7 @@ import onnx
 
 from onnx_npu_fix import progress
 from onnx_npu_fix.host.heap import release_freed_memory
-from onnx_npu_fix.io.save import MappedWeights
+from onnx_npu_fix.io.external import MappedWeights
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, subgraphs
 from onnx_npu_fix.pipeline.inputs import Feeds
 from onnx_npu_fix.pipeline.validation.session import Outputs, Runner

@@ -17,7 +17,7 @@ import onnx
 from onnx_npu_fix import progress
 from onnx_npu_fix.host import cores
 from onnx_npu_fix.host.heap import release_freed_memory
-from onnx_npu_fix.io.save import MappedWeights
+from onnx_npu_fix.io.external import MappedWeights
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes
 from onnx_npu_fix.pipeline.inputs import Feeds
 
@@ -38,7 +38,7 @@ def runtime_errors() -> tuple[type[BaseException], ...]:
 class Runner:
     """One onnxruntime session for one model (given as a proto, a file or bytes); reused for every input set.
 
-    ``weights``: where a ``model`` given as a proto is written for onnxruntime to map its weights (io.save.
+    ``weights``: where a ``model`` given as a proto is written for onnxruntime to map its weights (io.external.
     MappedWeights) instead of handing it bytes, which it copies twice (its own message, then its tensors): the
     session's heap then holds no copy of the weights, whose pages are the data file's, shared with the page
     cache. Without it, a model below 2 GB is serialized. ``refused``: the model as the caller knows it (bytes or

@@ -31,7 +31,7 @@ import onnx
 from onnx_npu_fix.config.options import check_output_names
 from onnx_npu_fix.errors import InputError, first_line
 from onnx_npu_fix.host.heap import release_freed_memory
-from onnx_npu_fix.io.save import MappedWeights
+from onnx_npu_fix.io.external import MappedWeights
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, subgraphs
 from onnx_npu_fix.ir.ops import RANDOM_OPS, is_default_domain
 from onnx_npu_fix.ir.qdq import StepBound
@@ -78,7 +78,7 @@ def check_structure(model: onnx.ModelProto | Callable[[], onnx.ModelProto] | Non
                     data: bytes | None = None, *, path: str | None = None) -> str | None:
     """The onnx checker's complaint about ``model`` (one line), or None. ``data``: the model already
     serialized (checking bytes skips the checker's own re-serialization; ``model`` is then not read). ``path``:
-    a scratch copy of it (io.save.MappedWeights), checked instead: the checker reads the model file, and of the
+    a scratch copy of it (io.external.MappedWeights), checked instead: the checker reads the model file, and of the
     weights in the data file beside it that they are there, not their bytes (whose lengths the copy kept inline
     where they disagree with their dims, see MappedWeights), so that its copy of the model is kilobytes, not one
     more model size. Above 2 GB the checker cannot take the in-memory proto; strict shape inference and
@@ -142,7 +142,7 @@ class Verdict:
     data: bytes | None
     """The candidate serialized (None above 2 GB): reused by a later restore or by save_model."""
     scratch: str | None = None
-    """The model file onnxruntime ran it from (io.save.MappedWeights.write_bytes), when it did: :meth:`Validator.
+    """The model file onnxruntime ran it from (io.external.MappedWeights.write_bytes), when it did: :meth:`Validator.
     keep` writes a restore point of it without the weights that file's data holds already."""
 
     @property
@@ -335,7 +335,7 @@ class Validator:
         with the last accepted model's: by rtol/atol when ``exact`` (quantized outputs in quantization steps),
         else by the approximate bound. A passing candidate becomes the accepted model. ``data``: ``model``
         serialized already (else serialized here, below 2 GB); with ``data``, ``model`` may be a function
-        that makes it: onnxruntime then gets the bytes (written for it to map, io.save.MappedWeights.write_bytes)
+        that makes it: onnxruntime then gets the bytes (written for it to map, io.external.MappedWeights.write_bytes)
         and the proto is made only if a wider comparison needs it, so that neither the checker's two copies of
         the bytes nor the session's weights come on top of it (the caller makes it after this, from the bytes).
         Not for a graph run in segments (:func:`segmented`), which are cut from the proto. ``on_serialized``
