@@ -18,9 +18,10 @@ import pytest
 PACKAGE = "onnx_npu_fix"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
-# Lowest first: a layer may import from itself and from the layers before it, never from one after it.
-LAYERS = ("host", "ir", "config", "io", "analysis", "passes", "constraints", "pipeline", "judge", "plugins", "api",
-          "cli", "__main__")
+# Lowest first: a layer may import from itself and from the layers before it, never from one after it. The vendor
+# judges come first: they run under a vendor toolchain's Python, with numpy and onnx and nothing else of npufix's.
+LAYERS = ("judges", "host", "ir", "config", "io", "analysis", "passes", "constraints", "pipeline", "judge", "plugins",
+          "api", "cli", "__main__")
 # Usable from every layer: the exceptions and exit codes, the progress events, and the package root
 # (``__version__``; its public names are loaded on attribute access, so ``onnx_npu_fix/__init__.py`` imports
 # nothing at module level).

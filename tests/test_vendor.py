@@ -7,11 +7,11 @@ Optional (marker ``vendor``); each compiler's tests skip cleanly when it is not 
 - rknn-toolkit2: ``NPUFIX_RKNN_PYTHON`` names a Python that can ``import rknn.api`` (e.g.
   ``/work/vendor/rknn/bin/python`` of a Python 3.11 venv with ``rknn-toolkit2==2.5.0``). About 4 s a build.
 
-- nncase 1.9 (K210): ``NPUFIX_NNCASE_PYTHON`` (vendor/install_nncase.sh), run through vendor/judge_nncase.py.
+- nncase 1.9 (K210): ``NPUFIX_NNCASE_PYTHON`` (vendor/install_nncase.sh), run through onnx_npu_fix/judges/nncase.py.
 - onnxruntime-qnn 2.7.0 (Qualcomm HTP v73 context generation on x86_64): ``NPUFIX_QNN_PYTHON``
-  (vendor/install_qnn.sh), through vendor/judge_qnn.py.
+  (vendor/install_qnn.sh), through onnx_npu_fix/judges/qnn.py.
 - Arm Vela 5.2 + onnx2tf 1.29 (Ethos-U55): ``NPUFIX_VELA_PYTHON`` (vendor/install_vela.sh), through
-  vendor/judge_vela.py.
+  onnx_npu_fix/judges/vela.py.
 
 Install: vendor/install_*.sh (docs/vendor.md, docs/vendor-judge.md). With ``NPUFIX_VENDOR_RESULTS``
 set to a file path, every judged model appends one JSON line (compiler, version, target, model, verdict) to it:
@@ -450,18 +450,20 @@ def test_tpu_mlir_refuses_a_qdq_model_and_the_profile_says_so(fixture_path, tmp_
         assert bool(flagged) is quantized and np.all([v.fixed_by is None for v in flagged])
 
 
-# --- the judge scripts (vendor/judge_*.py): nncase, onnxruntime-qnn, Vela -------------------------------------
+# --- the judges (onnx_npu_fix/judges/): nncase, onnxruntime-qnn, Vela ------------------------------------------
 
 
 def judge(python: str, script: str, model: onnx.ModelProto | str, workdir, *args: str) -> dict:
-    """Run vendor/<script> with the toolchain's Python; its --json verdict plus the exit code."""
+    """Run the judge ``script`` (judge_NAME.py: onnx_npu_fix.judges.NAME, from this checkout) with the toolchain's
+    Python; its --json verdict plus the exit code."""
     os.makedirs(workdir, exist_ok=True)
     path = model if isinstance(model, str) else os.path.join(workdir, "model.onnx")
     if not isinstance(model, str):
         onnx.save(model, path)
     out = os.path.join(workdir, "verdict.json")
-    done = subprocess.run([python, os.path.join(VENDOR, script), path, "--json", out, "--workdir",
-                           os.path.join(workdir, "judge"), *args], capture_output=True, text=True, timeout=1800)
+    module = "onnx_npu_fix.judges." + script.removeprefix("judge_").removesuffix(".py")
+    done = subprocess.run([python, "-m", module, path, "--json", out, "--workdir", os.path.join(workdir, "judge"),
+                           *args], capture_output=True, text=True, timeout=1800, cwd=os.path.dirname(VENDOR))
     verdict = json.load(open(out, encoding="utf-8"))
     assert (done.returncode == 0) == (verdict["verdict"] == "accepted"), done.stdout + done.stderr
     assert done.stdout.strip().splitlines()[-1].startswith(f"JUDGE: {verdict['verdict']}"), done.stdout

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Arm Vela 5.2 (Ethos-U55 / U65 judge) and onnx2tf 1.29 (ONNX -> int8 TFLite, which Vela reads) into a Python 3.11
-# venv at DIR. onnx2tf runs onnxsim on its input *in place*: vendor/judge_vela.py always hands it a copy.
+# venv at DIR. onnx2tf runs onnxsim on its input *in place*: onnx_npu_fix/judges/vela.py always hands it a copy.
 # Usage: vendor/install_vela.sh DIR        then: NPUFIX_VELA_PYTHON=DIR/bin/python
 set -euo pipefail
 dir="${1:?usage: $0 DIR}"

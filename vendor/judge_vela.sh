@@ -1,5 +1,6 @@
 #!/bin/sh
-# Judge one ONNX model: vendor/judge_vela.sh MODEL [options of vendor/judge_vela.py --help]
+# Judge one ONNX model: vendor/judge_vela.sh MODEL [options of python -m onnx_npu_fix.judges.vela --help]
 # NPUFIX_VELA_PYTHON: the Python of the venv made by vendor/install_vela.sh.
 : "${NPUFIX_VELA_PYTHON:?set NPUFIX_VELA_PYTHON to the Python of the venv made by vendor/install_vela.sh}"
-exec "$NPUFIX_VELA_PYTHON" "$(dirname "$0")/judge_vela.py" "$@"
+. "$(dirname "$0")/_judge.sh"
+run_judge "$NPUFIX_VELA_PYTHON" vela "$@"

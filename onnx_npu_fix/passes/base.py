@@ -25,6 +25,8 @@ What a pass is for is declared in its own file, as data the rest of npufix deriv
   op types a key shapes, the alternatives worth trying and how costly a change of it is, and (:class:`Fact`) the
   op forms in a model that the key would write another way. ``--judge``'s form search and ``npufix reduce``'s
   record read these.
+* ``bound`` (an approximate pass): how far its rewrite may move the output of a node it changes approximately,
+  as a function of that node's input (:class:`Bound`), derived from the math of the rewrite.
 
 What a pass declares, the manager checks when it runs it (pipeline/scheduler.py): ``run`` returns a
 :class:`PassResult` and keeps the graph's input and output names; a ``keeps_shapes`` pass leaves every surviving
@@ -44,6 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import onnx
 
 from onnx_npu_fix.config.options import FixOptions
@@ -103,6 +106,24 @@ class Form:
     the other choices of a choice option, the other boolean (judge/forms.py)."""
     facts: tuple[Fact, ...] = ()
     """Op forms in a model the pass did not emit that this key would write another way."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """How far an approximate pass may move the output of a node it rewrites approximately (a node its result
+    lists in ``metrics["approximate_nodes"]`` or in a change with ``detail["exact"]`` False): ``max |y' - y| <=
+    limit(index, node, x)``, with ``y`` the node's first output before the pass, ``y'`` the tensor of that name
+    after it, and ``x`` the value its first input took on the same inputs (``index``: the model before the pass,
+    ``node`` in it). ``limit`` returns None when it cannot bound this node (its shapes are not static).
+
+    It is a fact about one node, where the math of the rewrite holds, not about the graph outputs: the layers after
+    the node may amplify a deviation. The pass manager judges a run at the outputs (``--max-approx-error``);
+    tests/test_fuzz.py checks this bound on every node the fuzz rewrites approximately, and that the rest of the
+    rewrite is exact."""
+
+    text: str
+    """The bound in words (its derivation is in the pass's module docstring)."""
+    limit: Callable[[GraphIndex, onnx.NodeProto, np.ndarray], float | None]
 
 
 @dataclass
@@ -228,6 +249,9 @@ class Pass:
     """The constraints this pass fixes (the module docstring)."""
     forms: ClassVar[tuple[Form, ...]] = ()
     """The options that choose how it writes what it emits (the module docstring)."""
+    bound: ClassVar[Bound | None] = None
+    """An approximate pass's bound on the nodes it rewrites approximately (:class:`Bound`); None for an exact pass
+    (its bound is the exact tolerance) and for a plugin that declares none."""
     find_reads_stubs: ClassVar[bool] = False
     """True when :meth:`find` reads initializer values only through ``GraphIndex.const_value``: ``--check`` may
     then hand it its shape-only analysis copy under ``graph.values_from`` instead of a full copy of the weights."""

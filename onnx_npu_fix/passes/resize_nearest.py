@@ -46,6 +46,18 @@ above, so that is what is written. When every sampling point of the original is 
 cubic weights are (1, 0, ...) and the conversion is exact; the run reports it so. "Integer" is decided on the
 coordinates evaluated in float32 step by step, as onnxruntime computes them.
 
+**Its bound** (``ResizeNearestPass.bound``, checked by the fuzz test on every node it approximates). Along one
+resized axis the original computes ``y = M x`` (``M`` the interpolation matrix of exact mode below) and the
+nearest form ``y'[i] = x[n(i)]``, ``n(i)`` the clamped nearest index of the sampling point (rounding half down;
+floor before opset 11). With ``D`` the largest difference between neighbouring elements of ``x`` along the axis,
+``|x[j] - x[n]| <= |j - n| D``, so ``|y[i] - y'[i]| <= sum_j |M_ij| |j - n(i)| D <= C D`` with ``C = max_i
+sum_j |M_ij| |j - n(i)|``: ``min(t, 1 - t) <= 1/2`` for linear, up to 1 with floor, more for cubic (its negative
+taps count). The axes are resized one after another, and ``M_1 M_2 - N_1 N_2 = M_1 (M_2 - N_2) + (M_1 - N_1) N_2``
+(``N`` the nearest selections, which keep neighbouring differences), so over the resized axes ``max |y - y'| <=
+sum_a S_1 .. S_(a-1) C_a D_a`` with ``S = max_i sum_j |M_ij|`` (1 for linear). The bound is in units of the input's
+local variation: on white noise ``D`` is several times the input's spread and the deviation is large (the relative
+L2 above); on a smooth field both are small.
+
 **Exact mode.** Resize is linear in X and separable: along one axis ``y = M x`` with ``M`` the
 ``[L_out, L_in]`` interpolation matrix (linear: weights ``1-t, t`` at ``floor(x), floor(x)+1`` with indices
 clamped to the edge; cubic: Keys weights with ``cubic_coeff_a``, ``exclude_outside`` renormalising). The pass
@@ -115,7 +127,7 @@ from onnx_npu_fix.ir.qdq import (
     wrap_inserted,
     wrap_moves,
 )
-from onnx_npu_fix.passes.base import Change, Fact, Fixes, Form, Found, Pass, PassResult, Plan, Rejection
+from onnx_npu_fix.passes.base import Bound, Change, Fact, Fixes, Form, Found, Pass, PassResult, Plan, Rejection
 
 _RESIZE_OPS = ("Resize", "Upsample")
 
@@ -610,6 +622,32 @@ def _stride_limits(current: int | None, region: Sequence[onnx.NodeProto]) -> lis
     halved = [current // 2] if current is not None and current > 1 else []
     return list(dict.fromkeys([*below, *halved]))
 
+def nearest_deviation_limit(index: GraphIndex, node: onnx.NodeProto, x: np.ndarray) -> float | None:
+    """The limit of :attr:`ResizeNearestPass.bound` for ``node`` (a linear / cubic Resize or Upsample of the model
+    ``index`` reads) on input ``x``: ``sum_a S_1 .. S_(a-1) C_a D_a(x)`` over the resized axes (module docstring).
+    None when the node's factors are not static or no interpolation matrix describes it here."""
+    site = _read_site(index, node, opset_version(index.model))
+    mode = "linear" if site.mode == "bilinear" else site.mode
+    if not site.known or mode not in ("linear", "cubic") or site.coord not in _MATRIX_COORDS:
+        return None
+    assert site.in_shape is not None and site.out_shape is not None
+    if site.antialias and any(o < i for o, i in zip(site.out_shape, site.in_shape)):
+        return None
+    site.mode = mode
+    limit, spread = 0.0, 1.0
+    for axis in site.resized_axes():
+        rows, cols, weights = site.matrix(axis)
+        l_in, l_out = site.in_shape[axis], site.out_shape[axis]
+        coords = _float32_coordinates(site.coord, l_in, l_out, site.factors[axis])
+        picked = np.floor(coords) if site.opset < 11 else np.ceil(coords - np.float32(0.5))
+        nearest = np.clip(picked, 0, l_in - 1).astype(np.int64)
+        step = float(np.abs(np.diff(x, axis=axis)).max()) if x.shape[axis] > 1 else 0.0
+        away = np.bincount(rows, np.abs(weights) * np.abs(cols - nearest[rows]), minlength=l_out).max()
+        limit += spread * float(away) * step
+        spread *= float(np.bincount(rows, np.abs(weights), minlength=l_out).max())
+    return limit
+
+
 class ResizeNearestPass(Pass):
     """Linear / cubic Resize -> nearest (or exact ConvTranspose / MatMul forms); nearest -> canonical form.
 
@@ -620,6 +658,9 @@ class ResizeNearestPass(Pass):
     name = "resize-nearest"
     summary = "every Resize/Upsample nearest: linear/cubic -> nearest (or exact forms), one canonical form"
     exact = False
+    bound = Bound("max |y' - y| <= sum over the resized axes a of S_1 .. S_(a-1) C_a D_a, D_a the input's largest "
+                  "neighbouring step along a (linear: half of it per axis; the module docstring)",
+                  nearest_deviation_limit)
     fixes = (Fixes("resize-mode"),
              Fixes("resize-factor", note="when the nearest form keeps the rule (a half-pixel linear x8 on ethos-u55)"))
     forms = (

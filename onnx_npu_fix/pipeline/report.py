@@ -79,6 +79,12 @@ class PassRecord:
     quantized_tolerance: bool = False
     """The pass removed a rounding step of a quantized model: exact within quantization steps (PassResult)."""
 
+    def approximate_nodes(self) -> list[str]:
+        """The nodes this run of the pass changed approximately: as its result listed them
+        (``metrics["approximate_nodes"]``), else those of its changes marked ``detail["exact"]`` False."""
+        listed = self.metrics.get("approximate_nodes")
+        return list(listed) if listed else [c.node for c in self.changes if c.detail.get("exact") is False]
+
     def change_summary(self) -> str:
         """'3 removed, 1 folded to constant' — counts per kind of change (dropped initializers counted apart)."""
         counts: dict[str, int] = {}

@@ -84,8 +84,7 @@ def failure_text(exc: BaseException) -> str:
 
 def strict_message(record: PassRecord) -> str:
     """The one-line --strict refusal of an approximate change by ``record``'s pass."""
-    nodes = record.metrics.get("approximate_nodes") or [c.node for c in record.changes
-                                                        if c.detail.get("exact") is False]
+    nodes = record.approximate_nodes()
     shown = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
     alternative = EXACT_ALTERNATIVE.get(record.name)
     hint = f"use {alternative}, or drop --strict" if alternative else f"--skip {record.name}, or drop --strict"

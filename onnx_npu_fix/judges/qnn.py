@@ -15,7 +15,8 @@ import re
 import time
 
 import onnx
-from _judge_common import Verdict, error_line, finish, input_shapes, parser, run_captured, workdir
+
+from onnx_npu_fix.judges.common import Verdict, error_line, finish, input_shapes, parser, run_captured, workdir
 
 # "[W:onnxruntime:, qnn_model_wrapper.cc:565 CreateQnnNode] QNN.backendValidateOpConfig() failed for node `Concat5`
 #  of type `Concat` with error code 3110"

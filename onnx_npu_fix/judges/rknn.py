@@ -13,7 +13,18 @@ import time
 
 import numpy as np
 import onnx
-from _judge_common import Verdict, error_line, finish, input_shapes, is_qdq, parser, run_captured, sample, workdir
+
+from onnx_npu_fix.judges.common import (
+    Verdict,
+    error_line,
+    finish,
+    input_shapes,
+    is_qdq,
+    parser,
+    run_captured,
+    sample,
+    workdir,
+)
 
 # "D RKNN: [12:19:04.368] 39   Gather   INT8   CPU   (1,64,1,1000),(2997)   (1,64,1,2997)   0/0/0   85   Gather:name"
 _LAYER_ROW = re.compile(r"\]\s+(\d+)\s+(\w+)\s+\w+\s+(CPU|NPU)\s.*\s(\S+)\s*$")

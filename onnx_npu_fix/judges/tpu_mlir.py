@@ -12,7 +12,8 @@ import sys
 import time
 
 import onnx
-from _judge_common import Verdict, error_line, finish, input_shapes, parser, workdir
+
+from onnx_npu_fix.judges.common import Verdict, error_line, finish, input_shapes, parser, workdir
 
 
 def main() -> None:

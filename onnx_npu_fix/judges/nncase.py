@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 import onnx
-from _judge_common import Verdict, finish, input_shapes, parser, run_captured, sample, workdir
+
+from onnx_npu_fix.judges.common import Verdict, finish, input_shapes, parser, run_captured, sample, workdir
 
 # a buffer line of nncase's codegen/*.sched dump: "%3(/pool/MaxPool.reduce_max(Pool))\t : <f32 [1,20,32,32] ..."
 _BUFFER = re.compile(r"^%\d+\((.*)\((\w+)\)\)\s+:")

@@ -17,7 +17,8 @@ import time
 
 import numpy as np
 import onnx
-from _judge_common import Verdict, error_line, finish, input_shapes, parser, sample, workdir
+
+from onnx_npu_fix.judges.common import Verdict, error_line, finish, input_shapes, parser, sample, workdir
 
 # Vela 5.2's network summary: "   CPU: ResizeBilinear = name (outputs [1, 32, 32, 8])" under "CPU operators = N"
 _CPU_LINE = re.compile(r"^\s+CPU: (\w+) = (.*?)(?: \(outputs .*)?$")
