@@ -147,3 +147,95 @@ def test_a_judge_that_colours_its_output_gives_a_profile_snippet_that_loads_as_a
     assert load_target(str(profile)).constraints == constraints
     check = CliRunner().invoke(main, [model, "--check", "--target", str(profile), "--input-shape", "mix:1,1600"])
     assert check.exit_code in (0, 1), check.output  # 2 would be a profile that does not load
+
+
+# --- user data files ---------------------------------------------------------------------------------------------
+
+CLAIMED_ELEMENTS = 1 << 40
+"""What a hostile .npy header claims: far more than any machine can allocate, in a file of a few hundred bytes."""
+
+
+def _lying_npy() -> bytes:
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": "<f4", "fortran_order": False,
+                                                  "shape": (CLAIMED_ELEMENTS,)})
+    buffer.write(b"\0" * 64)
+    return buffer.getvalue()
+
+
+def _npz(path, members: dict[str, bytes]):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+def _polygraphy_json(path, npy: bytes):
+    import base64
+
+    path.write_text(json.dumps([{"mix": {"array": base64.b64encode(npy).decode("ascii"),
+                                         "polygraphy_class": "ndarray"}}]))
+    return path
+
+
+def _folder(path, npy: bytes):
+    path.mkdir()
+    (path / "mix.npy").write_bytes(npy)
+    return path
+
+
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+def _fifo(path):
+    os.mkfifo(path)
+    return path
+
+
+DATA_CASES = {
+    # case: (option, how the file is made, what the one line says)
+    "json-nested-200000-deep": ("--validation-data", lambda d: _write(d / "deep.json", b"[" * 200_000 + b"]" * 200_000),
+                                "nested 200000 levels deep"),
+    "json-array-claims-2^40": ("--validation-data", lambda d: _polygraphy_json(d / "inputs.json", _lying_npy()),
+                               f"claims {CLAIMED_ELEMENTS} elements"),
+    "npz-member-claims-2^40": ("--validation-data", lambda d: _npz(d / "inputs.npz", {"mix.npy": _lying_npy()}),
+                               f"claims {CLAIMED_ELEMENTS} elements"),
+    "npy-folder-claims-2^40": ("--validation-data", lambda d: _folder(d / "sets", _lying_npy()),
+                               f"claims {CLAIMED_ELEMENTS} elements"),
+    "freeze-npy-claims-2^40": ("--freeze-input", lambda d: _write(d / "mix.npy", _lying_npy()),
+                               f"claims {CLAIMED_ELEMENTS} elements"),
+    "freeze-fifo": ("--freeze-input", lambda d: _fifo(d / "mix.npy"), "not a regular file"),
+    "validation-data-fifo": ("--validation-data", lambda d: _fifo(d / "inputs.npz"), "not a regular file"),
+    "freeze-device": ("--freeze-input", lambda d: "/dev/zero", "not a regular file"),
+}
+
+
+@pytest.mark.parametrize("case", list(DATA_CASES))
+def test_hostile_data_files_are_a_one_line_usage_error(tmp_path, case):
+    """Exit 2 with one line naming the file and what to do: no traceback, no internal error, no hang, nothing
+    written."""
+    if "fifo" in case and not hasattr(os, "mkfifo") or case == "freeze-device" and not os.path.exists("/dev/zero"):
+        pytest.skip("needs FIFOs and /dev/zero")
+    option, make, says = DATA_CASES[case]
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    data = str(make(data_dir))
+    value = f"mix={data}" if option == "--freeze-input" else data
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "onnx_npu_fix", os.path.join(FIXTURES, "tcn.onnx"), "-o",
+                           str(out_dir / "fixed.onnx"), "--report", str(out_dir / "r.json"), option, value],
+                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT, stdin=subprocess.DEVNULL)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert len(lines) == 1 and data in lines[0] and says in lines[0], lines
+    assert "Traceback" not in proc.stderr and "internal error" not in lines[0]
+    assert os.listdir(out_dir) == []
