@@ -58,7 +58,7 @@ def test_older_polygraphy_encodings_are_read():
     ('[{"x": 1}]', "item 0 is not a feed dict of arrays"),
     ('[{"x": {"polygraphy_class": "RunResults", "lst": []}}]', "holds a Polygraphy RunResults, not an array"),
     (json.dumps([{"x": {"array": _npy_b64(np.array([{"a": 1}], dtype=object), allow_pickle=True),
-                        "polygraphy_class": "ndarray"}}]), "an array that cannot be read"),
+                        "polygraphy_class": "ndarray"}}]), "holds Python objects"),
 ])
 def test_what_is_not_input_sets_is_refused_in_one_line(document, says):
     with pytest.raises(InputError) as info:

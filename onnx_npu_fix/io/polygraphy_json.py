@@ -4,8 +4,8 @@ without Polygraphy.
 The file is a JSON list of feed dicts (input name -> array), or one feed dict. Polygraphy encodes each array as
 an object ``{"array": <base64 of the array's .npy bytes (np.save)>, "polygraphy_class": "ndarray"}``; files of
 older Polygraphy versions mark it ``{"ndarray": "polygraphy_serialized_json_type", ...}`` and may hold the .npy
-bytes as latin-1 text instead of base64. Arrays are read with ``allow_pickle=False``: a file can hold numbers only,
-never code.
+bytes as latin-1 text instead of base64. The document and its arrays are read by io.data_files (nesting depth and
+each array's claimed size checked before anything is allocated; numbers only, never code).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from onnx_npu_fix.errors import InputError, first_line
+from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.io import data_files
 
 TYPE_MARKER = "polygraphy_class"
 LEGACY_MARKER = "polygraphy_serialized_json_type"
@@ -39,10 +39,8 @@ def _encode(array: np.ndarray) -> dict[str, str]:
 def read_feeds(path: str, text: str) -> list[dict[str, np.ndarray]]:
     """The input sets of a Polygraphy JSON file (``text``, read from ``path``): InputError with one line naming
     ``path`` when it is not JSON, not feed dicts, or holds something other than arrays."""
-    try:
-        document = json.loads(text, object_pairs_hook=lambda pairs: _decode_object(path, pairs))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"--validation-data {path}: not JSON ({first_line(exc)})") from None
+    document = data_files.load_json(text, f"--validation-data {path}",
+                                    object_pairs_hook=lambda pairs: _decode_object(path, pairs))
     sets = document if isinstance(document, list) else [document]
     for k, feed in enumerate(sets):
         if not isinstance(feed, dict) or not all(isinstance(v, np.ndarray) for v in feed.values()):
@@ -69,14 +67,4 @@ def _decode_array(path: str, payload: str) -> np.ndarray:
         data = base64.b64decode(payload.encode("ascii"), validate=True)
     except (binascii.Error, UnicodeEncodeError):
         data = payload.encode("latin-1", errors="replace")  # older Polygraphy: the .npy bytes as latin-1 text
-    try:
-        value = np.load(io.BytesIO(data), allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise InputError(f"--validation-data {path}: an array that cannot be read ({first_line(exc)})") from None
-    if isinstance(value, np.lib.npyio.NpzFile):  # older Polygraphy wrapped one array in an .npz
-        with value:
-            arrays = [value[key] for key in value.files]
-        if not arrays:
-            raise InputError(f"--validation-data {path}: an empty array archive")
-        value = arrays[0]
-    return value
+    return data_files.array_from_bytes(data, f"--validation-data {path}: an array")

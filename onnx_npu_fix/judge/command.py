@@ -7,8 +7,13 @@ candidate is written there as ``model.onnx``; the directory is removed after the
   interleaved) matches one of ``fail_regex``;
 - with ``pass_regex`` (for tools whose exit status says nothing): it *passes* only when its output matches one of
   them and none of ``fail_regex``; the exit status is ignored;
-- a call that outlives ``timeout`` seconds is a *timeout*: its own kind, neither a pass nor a fail (the whole
-  process group is killed).
+- a call that outlives ``timeout`` seconds is a *timeout*: its own kind, neither a pass nor a fail. The command
+  runs in a process group of its own, killed when the command exits or at the deadline, whichever comes first; a
+  command that exits in time has its exit status judged, whatever helpers it leaves behind (its output goes to a
+  file, so nothing waits for a helper that keeps it open).
+
+The output is read without terminal control sequences (colours, cursor moves, titles) or other control characters
+before anything is taken from it.
 
 A failure's *signature* says which failure it is, so that a reduction never drifts to another one: by default the
 first output line that matches ``Assertion``, ``Error``, ``error:`` or ``FAIL`` (a Python traceback counts by its
@@ -34,6 +39,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import IO
 
 from onnx_npu_fix.errors import InputError
 
@@ -49,6 +55,13 @@ _NUMBER = re.compile(r"\d+")
 _SIGNATURE_LENGTH = 300
 _OUTPUT_TAIL = 4000
 """Characters of a call's output kept in its verdict (compilers are chatty; the signature is taken first)."""
+MAX_OUTPUT_BYTES = 1 << 24
+"""Bytes of a call's output read at most (its first and last halves)."""
+_CONTROL = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves, erasing
+    r"|(?:\x1b\]|\x9d)[^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?"  # OSC: window titles, hyperlinks
+    r"|\x1b[ -/]*[0-~]"  # the other escape sequences (character sets, keypad modes)
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # the other C0 controls (not tab, newline), DEL, C1 controls
 
 
 class JudgeError(InputError):
@@ -221,22 +234,69 @@ def _check_template(template: str) -> None:
 
 
 def _execute(command: str, timeout: float | None) -> tuple[int | None, str]:
-    """Run ``command`` in a shell, in its own process group; (exit status or None after ``timeout``, output).
-    Any exception (a timeout, KeyboardInterrupt, SIGTERM) kills the whole group first: a compiler's children
-    must not outlive the call."""
-    process = subprocess.Popen(command, shell=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(process)
-        out, _ = process.communicate()
-        return None, out.decode("utf-8", "replace")
-    except BaseException:
-        _kill_group(process)
-        process.wait()
-        raise
-    return process.returncode, out.decode("utf-8", "replace")
+    """Run ``command`` in a shell, in a session and process group of its own; (exit status, or None when it
+    outlived ``timeout``; its output, control sequences removed).
+
+    The output goes to an anonymous temporary file, not a pipe: a helper the command leaves behind, even one in a
+    session of its own that the group kill cannot reach, may keep its output open, and the call must neither wait
+    for it nor take the shell's own exit for a timeout. Once the shell has exited or the deadline has passed, and
+    on any exception (KeyboardInterrupt, SIGTERM), the whole group is killed: a compiler's children must not
+    outlive the call."""
+    with tempfile.TemporaryFile(prefix="npufix-judge-output-") as sink:
+        process = subprocess.Popen(command, shell=True, stdin=subprocess.DEVNULL, stdout=sink,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            exited = _exited_by(process, timeout)
+        finally:
+            _kill_group(process)
+            process.wait()
+        return (process.returncode if exited else None), plain_text(_read_output(sink))
+
+
+def _exited_by(process: subprocess.Popen, timeout: float | None) -> bool:
+    """Whether ``process`` exits within ``timeout`` seconds (None: waits for it). The exited process is left
+    unreaped where the system allows it (``waitid`` with ``WNOWAIT``): its id then still names its process group
+    when the group is killed, and cannot have been given to an unrelated process."""
+    if not hasattr(os, "waitid"):
+        try:
+            process.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    flags = os.WEXITED | os.WNOWAIT
+    if timeout is None:
+        os.waitid(os.P_PID, process.pid, flags)
+        return True
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while os.waitid(os.P_PID, process.pid, flags | os.WNOHANG) is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        time.sleep(min(delay, remaining))
+        delay = min(2 * delay, 0.05)
+    return True
+
+
+def _read_output(sink: IO[bytes]) -> str:
+    """The output written to ``sink``; of a longer one its first and last ``MAX_OUTPUT_BYTES // 2`` bytes (the
+    signature is read from the first lines, the verdict keeps the last)."""
+    size = sink.seek(0, os.SEEK_END)
+    sink.seek(0)
+    if size <= MAX_OUTPUT_BYTES:
+        data = sink.read(size)
+    else:
+        half = MAX_OUTPUT_BYTES // 2
+        head = sink.read(half)
+        sink.seek(size - half)
+        data = head + b"\n...\n" + sink.read(half)
+    return data.decode("utf-8", "replace")
+
+
+def plain_text(output: str) -> str:
+    """``output`` without terminal control sequences (colours, cursor moves, titles, hyperlinks) and other control
+    characters, line ends as ``\\n``: what a signature, a verdict and a profile comment may hold."""
+    return _CONTROL.sub("", output.replace("\r\n", "\n").replace("\r", "\n"))
 
 
 def _kill_group(process: subprocess.Popen) -> None:

@@ -6,9 +6,9 @@ branch from its ``sr`` input, and with ``sr`` frozen fold-constants inlines the 
 the frozen model with the original fed the same value for that input (api.fix, pipeline ``reference_feeds``).
 
 A value is a number (``16000``, ``0.5``, ``true``), a list (``1,2,3`` or ``[[1,2],[3,4]]``) or the path of an
-``.npy`` file. It takes the input's declared element type — refused when it does not fit (``1.5`` for an int64
-input, ``300`` for uint8) — and must have the declared shape where dims are declared (a symbolic dim takes any
-size). Every problem is an InputError (a one-line usage error).
+``.npy`` file (read by io.data_files). It takes the input's declared element type — refused when it does not fit
+(``1.5`` for an int64 input, ``300`` for uint8) — and must have the declared shape where dims are declared (a
+symbolic dim takes any size). Every problem is an InputError (a one-line usage error).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.io import data_files
 from onnx_npu_fix.ir.graph import format_shape, shape_of_value_info
 
 _SHOWN_ELEMENTS = 16  # values up to this many elements go into the record as they are; larger ones as a SHA-256
@@ -72,11 +73,8 @@ def parse_freeze_specs(specs: Sequence[str]) -> dict[str, str]:
 
 def read_value(name: str, text: str) -> np.ndarray:
     """The array a ``--freeze-input`` value text stands for (element type not yet applied)."""
-    if text.endswith(".npy") or os.path.isfile(text):
-        try:
-            return np.asarray(np.load(text, allow_pickle=False))
-        except (OSError, ValueError) as exc:
-            raise InputError(f"--freeze-input {name}: cannot read {text} as an .npy file ({exc})") from None
+    if text.endswith(".npy") or os.path.exists(text):
+        return data_files.read_npy(text, f"--freeze-input {name}={text}")
     literal = text.replace("true", "True").replace("false", "False")
     try:
         parsed = ast.literal_eval(literal)

@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import math
 import os
-import stat
-import zipfile
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
 
-from onnx_npu_fix.errors import InputError, first_line
-from onnx_npu_fix.io import polygraphy_json
+from onnx_npu_fix.errors import InputError
+from onnx_npu_fix.io import data_files, polygraphy_json
 from onnx_npu_fix.ir.graph import dynamic_inputs, format_shape, shape_of_value_info
 from onnx_npu_fix.ir.ops import is_default_domain
 
@@ -272,7 +270,9 @@ def load_validation_data(model: onnx.ModelProto, path: str) -> list[Feeds]:
                 sets.extend(_read_polygraphy(os.path.join(path, name)))
         npy = [n for n in names if n.endswith(".npy")]
         if npy:
-            sets.append((path, {_input_of_npy(model, n): _read_npy(os.path.join(path, n)) for n in npy}))
+            files = [os.path.join(path, n) for n in npy]
+            sets.append((path, {_input_of_npy(model, n): data_files.read_npy(f, f"--validation-data {f}")
+                                for n, f in zip(npy, files)}))
         if not sets:
             raise InputError(f"--validation-data {path}: the folder holds no .npz, .json or .npy files")
     elif path.lower().endswith(".json"):
@@ -284,28 +284,10 @@ def load_validation_data(model: onnx.ModelProto, path: str) -> list[Feeds]:
 
 def _read_polygraphy(path: str) -> list[tuple[str, dict[str, np.ndarray]]]:
     """The input sets of a Polygraphy ``--save-inputs`` file, each named ``path[k]`` in messages."""
-    _regular_file(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"--validation-data {path}: cannot read it ({first_line(exc)})") from None
-    sets = polygraphy_json.read_feeds(path, text)
+    sets = polygraphy_json.read_feeds(path, data_files.read_text(path, f"--validation-data {path}"))
     if not sets:
         raise InputError(f"--validation-data {path}: holds no input set (an empty list)")
     return [(f"{path}[{k}]" if len(sets) > 1 else path, feed) for k, feed in enumerate(sets)]
-
-
-def _regular_file(path: str) -> None:
-    """InputError unless ``path`` is a regular file: reading a FIFO (or a device) would wait for a writer that
-    may never come."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        raise InputError(f"--validation-data {path}: cannot read it ({first_line(exc)})") from None
-    if not stat.S_ISREG(mode):
-        raise InputError(f"--validation-data {path}: not a regular file (a FIFO, a device or a socket); give an "
-                         f".npz, .json or .npy file")
 
 
 NPY_HEADER_BYTES = 1 << 16
@@ -315,29 +297,19 @@ NPY_HEADER_BYTES = 1 << 16
 def _read_npz(model: onnx.ModelProto, path: str) -> tuple[str, dict[str, np.ndarray]]:
     """The arrays of one .npz, after its directory was checked: every key a graph input and no member larger
     than its input's static shape needs, so an unknown or oversized member is refused before it is read."""
-    _regular_file(path)
-    try:
-        archive = np.load(path, allow_pickle=False)
-        if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise InputError(f"--validation-data {path}: a single array; expected an .npz keyed by input name")
-        with archive:
-            _check_directory(model, path, archive)
-            return path, {key: archive[key] for key in archive.files}
-    except InputError:
-        raise
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise InputError(f"--validation-data {path}: cannot read it as .npz ({type(exc).__name__}: "
-                         f"{first_line(exc)})") from None
+    where = f"--validation-data {path}"
+    with data_files.NpzArchive(path, where) as archive:
+        _check_directory(model, path, archive)
+        return path, {key: archive.array(key) for key in archive.members}
 
 
-def _check_directory(model: onnx.ModelProto, path: str, archive: np.lib.npyio.NpzFile) -> None:
+def _check_directory(model: onnx.ModelProto, path: str, archive: data_files.NpzArchive) -> None:
     inputs = {vi.name: vi for vi in model.graph.input}
-    for key in archive.files:
+    for key in archive.members:
         if key not in inputs:
             raise InputError(f"--validation-data {path}: '{key}' is not a graph input "
                              f"(inputs: {', '.join(inputs) or 'none'})")
-    for info in archive.zip.infolist():
-        key = info.filename[:-len(".npy")] if info.filename.endswith(".npy") else info.filename
+    for key, info in archive.members.items():
         vi = inputs.get(key)
         shape = shape_of_value_info(vi) if vi is not None else None
         dtype = numpy_dtype(vi.type.tensor_type.elem_type) if vi is not None else None
@@ -347,17 +319,6 @@ def _check_directory(model: onnx.ModelProto, path: str, archive: np.lib.npyio.Np
         if info.file_size > needed + NPY_HEADER_BYTES:
             raise InputError(f"--validation-data {path}: '{key}' holds {info.file_size} bytes, more than input "
                              f"'{key}' {format_shape(shape)} {np.dtype(dtype).name} can take ({needed} bytes)")
-
-
-def _read_npy(path: str) -> np.ndarray:
-    _regular_file(path)
-    try:
-        value = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise InputError(f"--validation-data {path}: cannot read it as .npy ({type(exc).__name__})") from None
-    if not isinstance(value, np.ndarray):
-        raise InputError(f"--validation-data {path}: expected one array (.npy), found an archive")
-    return value
 
 
 def _input_of_npy(model: onnx.ModelProto, file_name: str) -> str:
