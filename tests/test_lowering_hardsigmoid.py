@@ -54,3 +54,7 @@ def test_every_form_forbidden_is_refused_with_the_reason_and_check_says_so():
 
 def test_check_names_lower_ops_for_a_hardsigmoid_it_can_lower():
     assert_check_names_lower_ops(_model(), ["HardSigmoid"])
+
+
+def test_before_opset_8_where_max_and_min_do_not_broadcast_it_is_left_alone():
+    assert_refused(_model(opset=7), ["HardSigmoid"])

@@ -12,6 +12,10 @@ from onnx import helper
 
 from onnx_npu_fix.passes.rules import Emit, Match, View
 
+BROADCAST_OPSET = 8
+"""The opset from which Add, Mul, Div, Sub (7) and Max, Min (8) broadcast a scalar constant: where lowering rules
+begin (``min_opset``)."""
+
 
 def float_type(view: View, name: str) -> np.dtype | None:
     """The numpy dtype of float tensor ``name`` (float32 / float16 / float64), or None (another or unknown type:

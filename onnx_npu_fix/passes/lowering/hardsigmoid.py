@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import onnx
 
-from onnx_npu_fix.passes.lowering.emit import affine, attribute, clip, float_match, min_max
+from onnx_npu_fix.passes.lowering.emit import BROADCAST_OPSET, affine, attribute, clip, float_match, min_max
 from onnx_npu_fix.passes.rules import Emit, Match, Rule, View
 
 
 class _HardSigmoid(Rule):
     op = "HardSigmoid"
-    min_opset = 6
+    min_opset = BROADCAST_OPSET
 
     def match(self, node: onnx.NodeProto, view: View) -> Match | str | None:
         return float_match(node, view, alpha=attribute(node, "alpha", 0.2), beta=attribute(node, "beta", 0.5))

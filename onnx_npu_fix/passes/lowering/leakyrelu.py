@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import onnx
 
-from onnx_npu_fix.passes.lowering.emit import attribute, float_match, scalar
+from onnx_npu_fix.passes.lowering.emit import BROADCAST_OPSET, attribute, float_match, scalar
 from onnx_npu_fix.passes.rules import Emit, Match, Rule, View
 
 
@@ -27,6 +27,7 @@ def relu_difference(out: Emit, x: str, slope: str, outputs: list[str]) -> None:
 
 class _LeakyRelu(Rule):
     op = "LeakyRelu"
+    min_opset = BROADCAST_OPSET
     low, high = float("-inf"), float("inf")
 
     def match(self, node: onnx.NodeProto, view: View) -> Match | str | None:

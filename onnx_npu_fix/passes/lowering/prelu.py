@@ -13,13 +13,14 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from onnx_npu_fix.passes.lowering.emit import float_match
+from onnx_npu_fix.passes.lowering.emit import BROADCAST_OPSET, float_match
 from onnx_npu_fix.passes.lowering.leakyrelu import relu_difference
 from onnx_npu_fix.passes.rules import Emit, Match, Rule, View
 
 
 class ViaMax(Rule):
     op = "PRelu"
+    min_opset = BROADCAST_OPSET
     name = "prelu-max"
     emits = ("Mul", "Max")
 
@@ -36,6 +37,7 @@ class ViaMax(Rule):
 
 class ViaRelu(Rule):
     op = "PRelu"
+    min_opset = BROADCAST_OPSET
     name = "prelu-relu"
     emits = ("Relu", "Neg", "Mul", "Sub")
 

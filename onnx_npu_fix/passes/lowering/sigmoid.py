@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import onnx
 
-from onnx_npu_fix.passes.lowering.emit import float_match, scalar
+from onnx_npu_fix.passes.lowering.emit import BROADCAST_OPSET, float_match, scalar
 from onnx_npu_fix.passes.rules import Emit, Match, Rule, View
 
 
@@ -33,6 +33,7 @@ def sigmoid_tanh(out: Emit, match: Match, x: str, outputs: list[str] | None = No
 
 class _Sigmoid(Rule):
     op = "Sigmoid"
+    min_opset = BROADCAST_OPSET
 
     def match(self, node: onnx.NodeProto, view: View) -> Match | str | None:
         return float_match(node, view)
