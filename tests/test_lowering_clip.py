@@ -4,17 +4,9 @@ onnxruntime's quantizer made, and refused with its reason when every form needs 
 
 from __future__ import annotations
 
+import helpers
 import numpy as np
 import pytest
-from helpers import (
-    assert_check_names_lower_ops,
-    assert_lowered,
-    assert_lowered_quantized,
-    assert_refused,
-    between_convs,
-    lowered_error,
-    ops,
-)
 from onnx import helper, numpy_helper
 
 
@@ -30,7 +22,7 @@ def _node(low, high, opset=17):
 
 
 def _model(low, high, opset=17):
-    return between_convs(_node(low, high, opset), opset=opset)
+    return helpers.between_convs(_node(low, high, opset), opset=opset)
 
 
 def _tensor_bounds(x, y):
@@ -56,13 +48,14 @@ CASES = [  # low, high, opset, forbidden, emitted
 
 @pytest.mark.parametrize("low, high, opset, forbidden, emitted", CASES)
 def test_each_form_is_bit_exact(low, high, opset, forbidden, emitted):
-    result = assert_lowered(_model(low, high, opset), forbidden, bitwise=True)
-    assert [op for op in ops(result.model) if op != "Constant"] == ["Conv", *emitted, "Conv"]
-    assert lowered_error(_node(low, high, opset), forbidden, opset=opset) == 0.0
+    result = helpers.assert_lowered(_model(low, high, opset), forbidden, bitwise=True)
+    assert [op for op in helpers.ops(result.model) if op != "Constant"] == ["Conv", *emitted, "Conv"]
+    assert helpers.lowered_error(_node(low, high, opset), forbidden, opset=opset) == 0.0
 
 
 def test_bounds_that_are_tensors_are_read_as_they_are():
-    result = assert_lowered(between_convs(_tensor_bounds, extra_inits=[_half()]), ["Clip"], bitwise=True)
+    model = helpers.between_convs(_tensor_bounds, extra_inits=[_half()])
+    result = helpers.assert_lowered(model, ["Clip"], bitwise=True)
     (low,) = [n for n in result.model.graph.node if n.op_type == "Max" and "low" in n.input]
     assert low.input[0] == "a"
 
@@ -73,13 +66,13 @@ def _half():
 
 def test_inside_the_qdq_unit_of_a_quantized_model(tmp_path):
     # onnxruntime's quantizer folds a Clip with constant bounds into the Q before it; computed bounds keep it
-    assert_lowered_quantized(between_convs(_tensor_bounds, extra_inits=[_half()]), ["Clip"], tmp_path)
+    helpers.assert_lowered_quantized(helpers.between_convs(_tensor_bounds, extra_inits=[_half()]), ["Clip"], tmp_path)
 
 
 def test_every_form_forbidden_is_refused_with_the_reason_and_check_says_so():
-    assert_refused(_model(-1.0, 2.0), ["Clip", "Min"], "clip-relu needs a constant low bound of 0",
-                   "clip-min-max would emit Min")
+    helpers.assert_refused(_model(-1.0, 2.0), ["Clip", "Min"], "clip-relu needs a constant low bound of 0",
+                           "clip-min-max would emit Min")
 
 
 def test_check_names_lower_ops_for_a_relu6_it_can_lower():
-    assert_check_names_lower_ops(_model(0.0, 6.0), ["Clip"])
+    helpers.assert_check_names_lower_ops(_model(0.0, 6.0), ["Clip"])

@@ -7,19 +7,10 @@ from __future__ import annotations
 
 import math
 
+import helpers
 import numpy as np
 import onnx
 import pytest
-from helpers import (
-    assert_check_names_lower_ops,
-    assert_lowered,
-    assert_lowered_quantized,
-    assert_refused,
-    between_convs,
-    op_model,
-    run_model,
-    wide_values,
-)
 from onnx import helper, numpy_helper
 
 from onnx_npu_fix.api import fix
@@ -41,25 +32,25 @@ def _gelu(x, y, *, scale="inv_sqrt2"):
 
 
 def _model(**kwargs):
-    return between_convs(lambda x, y: _gelu(x, y, **kwargs), extra_inits=CONSTS)
+    return helpers.between_convs(lambda x, y: _gelu(x, y, **kwargs), extra_inits=CONSTS)
 
 
 def _erf_error(forbidden) -> float:
     """The largest difference on Erf's output ``e`` between the Gelu and its fix, on the wide grid."""
-    values = wide_values() / 4  # z = x / sqrt 2 spans where erf moves
-    model = op_model(_gelu("x", "y"), [("x", list(values.shape))], [("y", list(values.shape))], CONSTS)
+    values = helpers.wide_values() / 4  # z = x / sqrt 2 spans where erf moves
+    model = helpers.op_model(_gelu("x", "y"), [("x", list(values.shape))], [("y", list(values.shape))], CONSTS)
     result = fix(model, FixOptions(forbidden_ops=tuple(forbidden), align=0))
     assert result.ok, result.report.to_json()
     outputs = []
     for m in (model, result.model):
         m.graph.output.append(helper.make_tensor_value_info("e", onnx.TensorProto.FLOAT, list(values.shape)))
-        outputs.append(run_model(m, [{"x": values}])[0]["e"].astype(np.float64))
+        outputs.append(helpers.run_model(m, [{"x": values}])[0]["e"].astype(np.float64))
     return float(np.abs(outputs[0] - outputs[1]).max())
 
 
 @pytest.mark.parametrize("forbidden, rule", [(["Erf"], erf.ViaPolynomial), (["Erf", "Sign"], erf.ViaTanh)])
 def test_each_approximation_is_within_its_bound_and_recorded_as_not_exact(forbidden, rule):
-    result = assert_lowered(_model(), forbidden, exact=False)
+    result = helpers.assert_lowered(_model(), forbidden, exact=False)
     (change,) = next(r for r in result.report.passes if r.name == "lower-ops").changes
     assert change.action == rule.name and change.detail["bound"] == rule.bound
     assert _erf_error(forbidden) <= rule.bound
@@ -71,16 +62,16 @@ def test_strict_refuses_the_approximation():
 
 
 def test_inside_the_qdq_unit_of_a_quantized_model(tmp_path):
-    assert_lowered_quantized(_model(), ["Erf"], tmp_path)
+    helpers.assert_lowered_quantized(_model(), ["Erf"], tmp_path)
 
 
 def test_an_erf_that_feeds_no_gelu_is_left_with_the_reason():
-    assert_refused(between_convs(lambda x, y: [helper.make_node("Erf", [x], [y], name="erf")]), ["Erf"],
-                   "erf-polynomial: this Erf feeds no Gelu")
+    helpers.assert_refused(helpers.between_convs(lambda x, y: [helper.make_node("Erf", [x], [y], name="erf")]), ["Erf"],
+                           "erf-polynomial: this Erf feeds no Gelu")
     wrong = numpy_helper.from_array(np.array(0.5, np.float32), "not_sqrt2")
-    assert_refused(between_convs(lambda x, y: _gelu(x, y, scale="not_sqrt2"), extra_inits=[*CONSTS, wrong]),
-                   ["Erf"], "this Erf feeds no Gelu")
+    model = helpers.between_convs(lambda x, y: _gelu(x, y, scale="not_sqrt2"), extra_inits=[*CONSTS, wrong])
+    helpers.assert_refused(model, ["Erf"], "this Erf feeds no Gelu")
 
 
 def test_check_names_lower_ops_for_an_erf_it_can_lower():
-    assert_check_names_lower_ops(_model(), ["Erf"])
+    helpers.assert_check_names_lower_ops(_model(), ["Erf"])

@@ -4,16 +4,8 @@ refused with its reason when every form needs another forbidden op."""
 
 from __future__ import annotations
 
+import helpers
 import pytest
-from helpers import (
-    assert_check_names_lower_ops,
-    assert_lowered,
-    assert_lowered_quantized,
-    assert_refused,
-    between_convs,
-    lowered_error,
-    ops,
-)
 from onnx import helper
 
 
@@ -23,7 +15,7 @@ def _node(alpha=None, beta=None):
 
 
 def _model(alpha=None, beta=None, opset=17):
-    return between_convs(_node(alpha, beta), opset=opset)
+    return helpers.between_convs(_node(alpha, beta), opset=opset)
 
 
 @pytest.mark.parametrize("forbidden, emitted", [
@@ -32,29 +24,29 @@ def _model(alpha=None, beta=None, opset=17):
 ])
 @pytest.mark.parametrize("alpha, beta", [(None, None), (1 / 6, 0.5), (0.7, -0.1)])
 def test_each_form_is_bit_exact(forbidden, emitted, alpha, beta):
-    result = assert_lowered(_model(alpha, beta), forbidden, bitwise=True)
-    assert ops(result.model) == ["Conv", *emitted, "Conv"]
-    assert lowered_error(_node(alpha, beta), forbidden) == 0.0
+    result = helpers.assert_lowered(_model(alpha, beta), forbidden, bitwise=True)
+    assert helpers.ops(result.model) == ["Conv", *emitted, "Conv"]
+    assert helpers.lowered_error(_node(alpha, beta), forbidden) == 0.0
 
 
 def test_opset_10_clip_takes_its_bounds_as_attributes():
-    result = assert_lowered(_model(opset=10), ["HardSigmoid"], bitwise=True)
+    result = helpers.assert_lowered(_model(opset=10), ["HardSigmoid"], bitwise=True)
     (clip,) = [n for n in result.model.graph.node if n.op_type == "Clip"]
     assert len(clip.input) == 1 and {a.name for a in clip.attribute} == {"min", "max"}
 
 
 def test_inside_the_qdq_unit_of_a_quantized_model(tmp_path):
-    assert_lowered_quantized(_model(), ["HardSigmoid"], tmp_path)
+    helpers.assert_lowered_quantized(_model(), ["HardSigmoid"], tmp_path)
 
 
 def test_every_form_forbidden_is_refused_with_the_reason_and_check_says_so():
-    assert_refused(_model(), ["HardSigmoid", "Clip", "Max"], "hardsigmoid-clip would emit Clip",
-                   "hardsigmoid-min-max would emit Max")
+    helpers.assert_refused(_model(), ["HardSigmoid", "Clip", "Max"], "hardsigmoid-clip would emit Clip",
+                           "hardsigmoid-min-max would emit Max")
 
 
 def test_check_names_lower_ops_for_a_hardsigmoid_it_can_lower():
-    assert_check_names_lower_ops(_model(), ["HardSigmoid"])
+    helpers.assert_check_names_lower_ops(_model(), ["HardSigmoid"])
 
 
 def test_before_opset_8_where_max_and_min_do_not_broadcast_it_is_left_alone():
-    assert_refused(_model(opset=7), ["HardSigmoid"])
+    helpers.assert_refused(_model(opset=7), ["HardSigmoid"])

@@ -4,16 +4,8 @@ onnxruntime's quantizer made, and refused with its reason when every form needs 
 
 from __future__ import annotations
 
+import helpers
 import pytest
-from helpers import (
-    assert_check_names_lower_ops,
-    assert_lowered,
-    assert_lowered_quantized,
-    assert_refused,
-    between_convs,
-    lowered_error,
-    ops,
-)
 from onnx import helper
 
 
@@ -23,7 +15,7 @@ def _node(alpha=None):
 
 
 def _model(alpha=None):
-    return between_convs(_node(alpha))
+    return helpers.between_convs(_node(alpha))
 
 
 @pytest.mark.parametrize("alpha, forbidden, emitted", [
@@ -33,19 +25,19 @@ def _model(alpha=None):
     (-0.5, ["LeakyRelu"], ["Neg", "Relu", "Mul", "Relu", "Sub"]),
 ])
 def test_each_form_is_bit_exact(alpha, forbidden, emitted):
-    result = assert_lowered(_model(alpha), forbidden, bitwise=True)
-    assert ops(result.model) == ["Conv", *emitted, "Conv"]
-    assert lowered_error(_node(alpha), forbidden) == 0.0
+    result = helpers.assert_lowered(_model(alpha), forbidden, bitwise=True)
+    assert helpers.ops(result.model) == ["Conv", *emitted, "Conv"]
+    assert helpers.lowered_error(_node(alpha), forbidden) == 0.0
 
 
 def test_inside_the_qdq_unit_of_a_quantized_model(tmp_path):
-    assert_lowered_quantized(_model(0.1), ["LeakyRelu"], tmp_path)
+    helpers.assert_lowered_quantized(_model(0.1), ["LeakyRelu"], tmp_path)
 
 
 def test_every_form_forbidden_is_refused_with_the_reason_and_check_says_so():
-    assert_refused(_model(), ["LeakyRelu", "Max", "Sub"], "leakyrelu-max would emit Max",
-                   "leakyrelu-min needs alpha in [1, inf], not 0.01", "leakyrelu-relu would emit Sub")
+    helpers.assert_refused(_model(), ["LeakyRelu", "Max", "Sub"], "leakyrelu-max would emit Max",
+                           "leakyrelu-min needs alpha in [1, inf], not 0.01", "leakyrelu-relu would emit Sub")
 
 
 def test_check_names_lower_ops_for_a_leakyrelu_it_can_lower():
-    assert_check_names_lower_ops(_model(), ["LeakyRelu"])
+    helpers.assert_check_names_lower_ops(_model(), ["LeakyRelu"])

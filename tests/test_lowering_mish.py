@@ -4,17 +4,9 @@ onnxruntime's quantizer made, and refused with its reason when every form needs 
 
 from __future__ import annotations
 
+import helpers
 import numpy as np
 import pytest
-from helpers import (
-    assert_check_names_lower_ops,
-    assert_lowered,
-    assert_lowered_quantized,
-    assert_refused,
-    between_convs,
-    lowered_error,
-    ops,
-)
 from onnx import helper
 
 ROUNDING = 4 * np.finfo(np.float32).eps
@@ -29,7 +21,7 @@ def _node(x, y):
 
 
 def _model():
-    return between_convs(_node, opset=18)
+    return helpers.between_convs(_node, opset=18)
 
 
 @pytest.mark.parametrize("forbidden, emitted, rounding", [
@@ -37,19 +29,19 @@ def _model():
     (["Mish", "Softplus"], ["Abs", "Neg", "Exp", "Add", "Log", "Relu", "Add", "Tanh", "Mul"], SOFTPLUS_FORM),
 ])
 def test_each_form_matches_to_float_rounding(forbidden, emitted, rounding):
-    result = assert_lowered(_model(), forbidden)
-    assert ops(result.model) == ["Conv", *emitted, "Conv"]
-    assert lowered_error(_node, forbidden, opset=18) <= rounding
+    result = helpers.assert_lowered(_model(), forbidden)
+    assert helpers.ops(result.model) == ["Conv", *emitted, "Conv"]
+    assert helpers.lowered_error(_node, forbidden, opset=18) <= rounding
 
 
 def test_inside_the_qdq_unit_of_a_quantized_model(tmp_path):
-    assert_lowered_quantized(_model(), ["Mish", "Softplus"], tmp_path)
+    helpers.assert_lowered_quantized(_model(), ["Mish", "Softplus"], tmp_path)
 
 
 def test_every_form_forbidden_is_refused_with_the_reason_and_check_says_so():
-    assert_refused(_model(), ["Mish", "Softplus", "Log"], "mish-softplus would emit Softplus",
-                   "mish-relu-log would emit Log")
+    helpers.assert_refused(_model(), ["Mish", "Softplus", "Log"], "mish-softplus would emit Softplus",
+                           "mish-relu-log would emit Log")
 
 
 def test_check_names_lower_ops_for_a_mish_it_can_lower():
-    assert_check_names_lower_ops(_model(), ["Mish"])
+    helpers.assert_check_names_lower_ops(_model(), ["Mish"])

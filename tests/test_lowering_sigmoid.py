@@ -4,17 +4,9 @@ quantizer made, and refused with its reason when every form needs another forbid
 
 from __future__ import annotations
 
+import helpers
 import numpy as np
 import pytest
-from helpers import (
-    assert_check_names_lower_ops,
-    assert_lowered,
-    assert_lowered_quantized,
-    assert_refused,
-    between_convs,
-    lowered_error,
-    ops,
-)
 from onnx import helper
 
 ROUNDING = 4 * np.finfo(np.float32).eps  # a few float32 steps of the output's largest value, 1
@@ -25,7 +17,7 @@ def _node(x, y):
 
 
 def _model():
-    return between_convs(_node)
+    return helpers.between_convs(_node)
 
 
 @pytest.mark.parametrize("forbidden, emitted", [
@@ -33,19 +25,20 @@ def _model():
     (["Sigmoid", "Exp"], ["Mul", "Tanh", "Mul", "Add"]),
 ])
 def test_each_form_matches_to_float_rounding(forbidden, emitted):
-    result = assert_lowered(_model(), forbidden)
-    assert ops(result.model) == ["Conv", *emitted, "Conv"]
-    assert lowered_error(_node, forbidden) <= ROUNDING
+    result = helpers.assert_lowered(_model(), forbidden)
+    assert helpers.ops(result.model) == ["Conv", *emitted, "Conv"]
+    assert helpers.lowered_error(_node, forbidden) <= ROUNDING
 
 
 @pytest.mark.parametrize("forbidden", [["Sigmoid"], ["Sigmoid", "Exp"]])
 def test_inside_the_qdq_unit_of_a_quantized_model(forbidden, tmp_path):
-    assert_lowered_quantized(_model(), forbidden, tmp_path)
+    helpers.assert_lowered_quantized(_model(), forbidden, tmp_path)
 
 
 def test_every_form_forbidden_is_refused_with_the_reason_and_check_says_so():
-    assert_refused(_model(), ["Sigmoid", "Exp", "Tanh"], "sigmoid-exp would emit Exp", "sigmoid-tanh would emit Tanh")
+    helpers.assert_refused(_model(), ["Sigmoid", "Exp", "Tanh"], "sigmoid-exp would emit Exp",
+                           "sigmoid-tanh would emit Tanh")
 
 
 def test_check_names_lower_ops_for_a_sigmoid_it_can_lower():
-    assert_check_names_lower_ops(_model(), ["Sigmoid"])
+    helpers.assert_check_names_lower_ops(_model(), ["Sigmoid"])

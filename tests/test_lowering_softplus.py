@@ -5,16 +5,8 @@ another forbidden op."""
 
 from __future__ import annotations
 
+import helpers
 import numpy as np
-from helpers import (
-    assert_check_names_lower_ops,
-    assert_lowered,
-    assert_lowered_quantized,
-    assert_refused,
-    between_convs,
-    lowered_error,
-    ops,
-)
 from onnx import helper
 
 ROUNDING = 4 * np.finfo(np.float32).eps
@@ -25,18 +17,18 @@ def _node(x, y):
 
 
 def test_matches_to_float_rounding_without_overflow():
-    result = assert_lowered(between_convs(_node), ["Softplus"])
-    assert ops(result.model) == ["Conv", "Abs", "Neg", "Exp", "Add", "Log", "Relu", "Add", "Conv"]
-    assert lowered_error(_node, ["Softplus"]) <= ROUNDING
+    result = helpers.assert_lowered(helpers.between_convs(_node), ["Softplus"])
+    assert helpers.ops(result.model) == ["Conv", "Abs", "Neg", "Exp", "Add", "Log", "Relu", "Add", "Conv"]
+    assert helpers.lowered_error(_node, ["Softplus"]) <= ROUNDING
 
 
 def test_inside_the_qdq_unit_of_a_quantized_model(tmp_path):
-    assert_lowered_quantized(between_convs(_node), ["Softplus"], tmp_path)
+    helpers.assert_lowered_quantized(helpers.between_convs(_node), ["Softplus"], tmp_path)
 
 
 def test_its_form_forbidden_is_refused_with_the_reason_and_check_says_so():
-    assert_refused(between_convs(_node), ["Softplus", "Log"], "softplus-relu-log would emit Log")
+    helpers.assert_refused(helpers.between_convs(_node), ["Softplus", "Log"], "softplus-relu-log would emit Log")
 
 
 def test_check_names_lower_ops_for_a_softplus_it_can_lower():
-    assert_check_names_lower_ops(between_convs(_node), ["Softplus"])
+    helpers.assert_check_names_lower_ops(helpers.between_convs(_node), ["Softplus"])

@@ -5,16 +5,8 @@ made, refused with its reason when every form needs another forbidden op; and th
 
 from __future__ import annotations
 
+import helpers
 import pytest
-from helpers import (
-    assert_check_names_lower_ops,
-    assert_lowered,
-    assert_lowered_quantized,
-    assert_refused,
-    between_convs,
-    lowered_error,
-    ops,
-)
 from onnx import helper
 
 # onnxruntime's Swish is an approximation of its own that leaves x * Sigmoid(x) by up to 2.3e-6 near x = -16 (it
@@ -28,7 +20,7 @@ def _node(alpha=None):
 
 
 def _model(alpha=None):
-    return between_convs(_node(alpha), opset=24)
+    return helpers.between_convs(_node(alpha), opset=24)
 
 
 def _silu(x, y):
@@ -43,26 +35,26 @@ def _silu(x, y):
 ])
 @pytest.mark.parametrize("alpha", [None, 1.7])
 def test_each_form_matches_to_float_rounding(forbidden, emitted, alpha):
-    result = assert_lowered(_model(alpha), forbidden)
-    assert ops(result.model) == ["Conv", *([] if alpha is None else ["Mul"]), *emitted, "Conv"]
-    assert lowered_error(_node(alpha), forbidden, opset=24) <= ROUNDING
+    result = helpers.assert_lowered(_model(alpha), forbidden)
+    assert helpers.ops(result.model) == ["Conv", *([] if alpha is None else ["Mul"]), *emitted, "Conv"]
+    assert helpers.lowered_error(_node(alpha), forbidden, opset=24) <= ROUNDING
 
 
 def test_inside_the_qdq_unit_of_a_quantized_model(tmp_path):
-    assert_lowered_quantized(_model(), ["Swish", "Sigmoid"], tmp_path)
+    helpers.assert_lowered_quantized(_model(), ["Swish", "Sigmoid"], tmp_path)
 
 
 def test_silu_of_older_exports_lowers_its_sigmoid_and_keeps_the_mul(tmp_path):
-    result = assert_lowered(between_convs(_silu), ["Sigmoid"])
-    assert ops(result.model) == ["Conv", "Neg", "Exp", "Add", "Div", "Mul", "Conv"]
+    result = helpers.assert_lowered(helpers.between_convs(_silu), ["Sigmoid"])
+    assert helpers.ops(result.model) == ["Conv", "Neg", "Exp", "Add", "Div", "Mul", "Conv"]
     assert next(n for n in result.model.graph.node if n.op_type == "Mul").name == "silu"
-    assert_lowered_quantized(between_convs(_silu), ["Sigmoid"], tmp_path)
+    helpers.assert_lowered_quantized(helpers.between_convs(_silu), ["Sigmoid"], tmp_path)
 
 
 def test_every_form_forbidden_is_refused_with_the_reason_and_check_says_so():
-    assert_refused(_model(), ["Swish", "Sigmoid", "Exp", "Tanh"], "swish-sigmoid would emit Sigmoid",
-                   "swish-exp would emit Exp", "swish-tanh would emit Tanh")
+    helpers.assert_refused(_model(), ["Swish", "Sigmoid", "Exp", "Tanh"], "swish-sigmoid would emit Sigmoid",
+                           "swish-exp would emit Exp", "swish-tanh would emit Tanh")
 
 
 def test_check_names_lower_ops_for_a_swish_it_can_lower():
-    assert_check_names_lower_ops(_model(), ["Swish"])
+    helpers.assert_check_names_lower_ops(_model(), ["Swish"])
