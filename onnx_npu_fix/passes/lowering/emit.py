@@ -1,9 +1,8 @@
 """What lowering rules share to write their replacements: the match of a float op, constants in the anchor's
-element type, and Clip / Min-Max / ReduceMean in the form the model's opset reads."""
+element type, and Clip / Min-Max in the form the model's opset reads."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -68,9 +67,3 @@ def min_max(out: Emit, match: Match, x: str, low: float | None, high: float | No
         x = out.node(op, [x, scalar(out, match, bound, suffix)], outputs=outputs if k == len(steps) - 1 else None)
     return x
 
-
-def reduce_mean(out: Emit, match: Match, x: str, axes: Sequence[int]) -> str:
-    """ReduceMean over ``axes``, keeping them: axes as an input from opset 18, as an attribute before."""
-    if match.opset >= 18:
-        return out.node("ReduceMean", [x, out.const(np.array(list(axes), np.int64), "axes")], keepdims=1)
-    return out.node("ReduceMean", [x], axes=list(axes), keepdims=1)
