@@ -1,0 +1,111 @@
+"""One tracked figure of the asv suite over the commits measured, as a PNG plot and a Markdown table.
+
+    python bench/asv_plot.py                                   # b/a, every model, docs/img/asv-b-over-a.png
+    python bench/asv_plot.py --ratio c/a --png /tmp/c.png      # another ratio of track_ratio
+    python bench/asv_plot.py --benchmark track_b_minus_h_per_node --png /tmp/per-node.png
+
+It reads asv's own results (``.asv/results/<machine>/<commit>-<env>.json``, written by ``asv run``), orders the
+commits by their commit date, draws one line per model and prints the same figures as a table (commits as
+rows) for bench/results.md. ``asv publish`` draws every figure in HTML; this is the one the docs show as an image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import glob
+import itertools
+import json
+import math
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PREFIX = "whole_process.WholeProcess."
+
+
+def load_series(results_dir: str, machine: str, benchmark: str, ratio: str | None) -> list[tuple[int, str, dict]]:
+    """(commit date, short hash, {model: value}) per results file of ``machine``, oldest commit first; the
+    ratio picks ``track_ratio``'s second parameter, and a benchmark of one parameter ignores it."""
+    rows = []
+    for path in glob.glob(os.path.join(results_dir, machine, "*.json")):
+        if os.path.basename(path) == "machine.json":
+            continue
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        found = data["results"].get(PREFIX + benchmark)
+        if found is None:
+            continue
+        column = dict(zip(data["result_columns"], found))
+        params = [[ast.literal_eval(p) for p in axis] for axis in column["params"]]
+        values = {}
+        for combo, value in zip(itertools.product(*params), column["result"]):
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                continue
+            if len(combo) == 1 or combo[1] == ratio:
+                values[combo[0]] = value
+        rows.append((data["date"], data["commit_hash"][:7], values))
+    return sorted(rows)
+
+
+def _models(rows: list[tuple[int, str, dict]]) -> list[str]:
+    """The models in the suite's own order (its parameters'), each once."""
+    return list(dict.fromkeys(model for _, _, values in rows for model in values))
+
+
+def table(rows: list[tuple[int, str, dict]], label: str) -> str:
+    models = _models(rows)
+    lines = [f"| commit | {' | '.join(models)} |", "|---|" + "---|" * len(models)]
+    for _, commit, values in rows:
+        cells = [f"{values[m]:.2f}" if m in values else "–" for m in models]
+        lines.append(f"| {commit} | {' | '.join(cells)} |")
+    return f"{label}\n\n" + "\n".join(lines)
+
+
+def plot(rows: list[tuple[int, str, dict]], label: str, png: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    commits = [commit for _, commit, _ in rows]
+    models = _models(rows)
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
+    for model in models:
+        xs = [i for i, (_, _, values) in enumerate(rows) if model in values]
+        ax.plot(xs, [rows[i][2][model] for i in xs], marker="o", label=model)
+    ax.set_xticks(range(len(commits)), commits)
+    ax.set_xlabel("commit (oldest first)")
+    ax.set_ylabel(label)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    ax.set_title(f"npufix, asv: {label} per commit")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
+    fig.savefig(png)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default=os.path.join(ROOT, ".asv", "results"), help="asv's results_dir")
+    parser.add_argument("--machine", default=None, help="the machine's name in asv (default: the only one)")
+    parser.add_argument("--benchmark", default="track_ratio", help="a track_* method of WholeProcess")
+    parser.add_argument("--ratio", default="b/a", help="track_ratio's ratio: b/a, c/a, c/d or check/a")
+    parser.add_argument("--png", default=os.path.join(ROOT, "docs", "img", "asv-b-over-a.png"))
+    args = parser.parse_args(argv)
+    machines = [d for d in sorted(os.listdir(args.results)) if os.path.isdir(os.path.join(args.results, d))]
+    machine = args.machine or (machines[0] if len(machines) == 1 else None)
+    if machine is None:
+        parser.error(f"--machine: choose one of {', '.join(machines) or '(none: run asv first)'}")
+    rows = load_series(args.results, machine, args.benchmark, args.ratio)
+    if not rows:
+        print(f"no results of {args.benchmark} for {machine} in {args.results}", file=sys.stderr)
+        return 1
+    label = args.ratio if args.benchmark == "track_ratio" else args.benchmark.removeprefix("track_")
+    plot(rows, label, args.png)
+    print(table(rows, f"{label} (asv, {machine}; {args.png})"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
