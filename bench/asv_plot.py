@@ -1,7 +1,8 @@
 """One tracked figure of the asv suite over the commits measured, as a PNG plot and a Markdown table.
 
     python bench/asv_plot.py                                   # b/a, every model, docs/img/asv-b-over-a.png
-    python bench/asv_plot.py --ratio c/a --png /tmp/c.png      # another ratio of track_ratio
+    python bench/asv_plot.py --of c/a --png /tmp/c.png         # another ratio of track_ratio
+    python bench/asv_plot.py --benchmark track_peak_mb --of b --png /tmp/b.png   # a step's peak
     python bench/asv_plot.py --benchmark track_b_minus_h_per_node --png /tmp/per-node.png
 
 It reads asv's own results (``.asv/results/<machine>/<commit>-<env>.json``, written by ``asv run``), orders the
@@ -24,9 +25,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREFIX = "whole_process.WholeProcess."
 
 
-def load_series(results_dir: str, machine: str, benchmark: str, ratio: str | None) -> list[tuple[int, str, dict]]:
-    """(commit date, short hash, {model: value}) per results file of ``machine``, oldest commit first; the
-    ratio picks ``track_ratio``'s second parameter, and a benchmark of one parameter ignores it."""
+def load_series(results_dir: str, machine: str, benchmark: str, of: str | None) -> list[tuple[int, str, dict]]:
+    """(commit date, short hash, {model: value}) per results file of ``machine``, oldest commit first; ``of``
+    picks the second parameter (a ratio of ``track_ratio``, a step of ``track_seconds``), and a benchmark of one
+    parameter ignores it."""
     rows = []
     for path in glob.glob(os.path.join(results_dir, machine, "*.json")):
         if os.path.basename(path) == "machine.json":
@@ -42,7 +44,7 @@ def load_series(results_dir: str, machine: str, benchmark: str, ratio: str | Non
         for combo, value in zip(itertools.product(*params), column["result"]):
             if value is None or (isinstance(value, float) and math.isnan(value)):
                 continue
-            if len(combo) == 1 or combo[1] == ratio:
+            if len(combo) == 1 or combo[1] == of:
                 values[combo[0]] = value
         rows.append((data["date"], data["commit_hash"][:7], values))
     return sorted(rows)
@@ -90,18 +92,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=os.path.join(ROOT, ".asv", "results"), help="asv's results_dir")
     parser.add_argument("--machine", default=None, help="the machine's name in asv (default: the only one)")
     parser.add_argument("--benchmark", default="track_ratio", help="a track_* method of WholeProcess")
-    parser.add_argument("--ratio", default="b/a", help="track_ratio's ratio: b/a, c/a, c/d or check/a")
+    parser.add_argument("--of", default="b/a", help="the second parameter: track_ratio's b/a, c/a, c/d or "
+                        "check/a; a step (a, h, g, g_out, b, c, check, d) of track_seconds or track_peak_mb")
     parser.add_argument("--png", default=os.path.join(ROOT, "docs", "img", "asv-b-over-a.png"))
     args = parser.parse_args(argv)
     machines = [d for d in sorted(os.listdir(args.results)) if os.path.isdir(os.path.join(args.results, d))]
     machine = args.machine or (machines[0] if len(machines) == 1 else None)
     if machine is None:
         parser.error(f"--machine: choose one of {', '.join(machines) or '(none: run asv first)'}")
-    rows = load_series(args.results, machine, args.benchmark, args.ratio)
+    rows = load_series(args.results, machine, args.benchmark, args.of)
     if not rows:
         print(f"no results of {args.benchmark} for {machine} in {args.results}", file=sys.stderr)
         return 1
-    label = args.ratio if args.benchmark == "track_ratio" else args.benchmark.removeprefix("track_")
+    label = args.benchmark.removeprefix("track_")
+    label = args.of if label == "ratio" else label if label == "b_minus_h_per_node" else f"{label} ({args.of})"
     plot(rows, label, args.png)
     print(table(rows, f"{label} (asv, {machine}; {args.png})"))
     return 0
