@@ -4,6 +4,7 @@
     python bench/asv_plot.py --of c/a --png /tmp/c.png         # another ratio of track_ratio
     python bench/asv_plot.py --benchmark track_peak_mb --of b --png /tmp/b.png   # a step's peak
     python bench/asv_plot.py --benchmark track_b_minus_h_per_node --png /tmp/per-node.png
+    python bench/asv_plot.py --benchmark track_cpu_seconds --of b --over a   # b/a in CPU time, from the steps
 
 It reads asv's own results (``.asv/results/<machine>/<commit>-<env>.json``, written by ``asv run``), orders the
 commits by their commit date, draws one line per model and prints the same figures as a table (commits as
@@ -25,10 +26,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREFIX = "whole_process.WholeProcess."
 
 
-def load_series(results_dir: str, machine: str, benchmark: str, of: str | None) -> list[tuple[int, str, dict]]:
+def load_series(results_dir: str, machine: str, benchmark: str, of: str | None,
+                over: str | None = None) -> list[tuple[int, str, dict]]:
     """(commit date, short hash, {model: value}) per results file of ``machine``, oldest commit first; ``of``
     picks the second parameter (a ratio of ``track_ratio``, a step of ``track_seconds``), and a benchmark of one
-    parameter ignores it."""
+    parameter ignores it. With ``over``, each value is divided by the same model's value of that parameter."""
     rows = []
     for path in glob.glob(os.path.join(results_dir, machine, "*.json")):
         if os.path.basename(path) == "machine.json":
@@ -40,12 +42,14 @@ def load_series(results_dir: str, machine: str, benchmark: str, of: str | None) 
             continue
         column = dict(zip(data["result_columns"], found))
         params = [[ast.literal_eval(p) for p in axis] for axis in column["params"]]
+        found = {combo: value for combo, value in zip(itertools.product(*params), column["result"])
+                 if value is not None and not (isinstance(value, float) and math.isnan(value))}
         values = {}
-        for combo, value in zip(itertools.product(*params), column["result"]):
-            if value is None or (isinstance(value, float) and math.isnan(value)):
-                continue
+        for combo, value in found.items():
             if len(combo) == 1 or combo[1] == of:
                 values[combo[0]] = value
+        if over is not None:
+            values = {model: value / found[(model, over)] for model, value in values.items() if (model, over) in found}
         rows.append((data["date"], data["commit_hash"][:7], values))
     return sorted(rows)
 
@@ -94,18 +98,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--benchmark", default="track_ratio", help="a track_* method of WholeProcess")
     parser.add_argument("--of", default="b/a", help="the second parameter: track_ratio's b/a, c/a, c/d or "
                         "check/a; a step (a, h, g, g_out, b, c, check, d) of track_seconds or track_peak_mb")
+    parser.add_argument("--over", default=None, help="divide by this step's figure (with --of a step): "
+                        "--benchmark track_cpu_seconds --of b --over a is b/a in CPU time")
     parser.add_argument("--png", default=os.path.join(ROOT, "docs", "img", "asv-b-over-a.png"))
     args = parser.parse_args(argv)
     machines = [d for d in sorted(os.listdir(args.results)) if os.path.isdir(os.path.join(args.results, d))]
     machine = args.machine or (machines[0] if len(machines) == 1 else None)
     if machine is None:
         parser.error(f"--machine: choose one of {', '.join(machines) or '(none: run asv first)'}")
-    rows = load_series(args.results, machine, args.benchmark, args.of)
+    rows = load_series(args.results, machine, args.benchmark, args.of, args.over)
     if not rows:
         print(f"no results of {args.benchmark} for {machine} in {args.results}", file=sys.stderr)
         return 1
     label = args.benchmark.removeprefix("track_")
     label = args.of if label == "ratio" else label if label == "b_minus_h_per_node" else f"{label} ({args.of})"
+    if args.over:
+        label = f"{args.of}/{args.over}" + (" in CPU time" if args.benchmark == "track_cpu_seconds" else "")
     plot(rows, label, args.png)
     print(table(rows, f"{label} (asv, {machine}; {args.png})"))
     return 0

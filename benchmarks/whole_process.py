@@ -180,6 +180,15 @@ class WholeProcess:
     track_ratio.param_names = ["model", "ratio"]
     track_ratio.unit = "ratio"
 
+    def track_ratio_cpu(self, figures: dict[str, Any], model: str, ratio: str) -> float:
+        """The same ratios of median CPU times (user + system): steadier than wall time on a shared machine."""
+        num, den = RATIOS[ratio]
+        return _figure(figures, model, num, "cpu_seconds") / _figure(figures, model, den, "cpu_seconds")
+
+    track_ratio_cpu.params = [MODELS, list(RATIOS)]
+    track_ratio_cpu.param_names = ["model", "ratio"]
+    track_ratio_cpu.unit = "ratio"
+
     def track_b_minus_h_per_node(self, figures: dict[str, Any], model: str) -> float:
         """npufix's own cost per node: (b - h) over the node count, in microseconds (h is everything a tool
         that checks as npufix does pays besides its own work)."""
