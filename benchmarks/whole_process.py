@@ -119,6 +119,12 @@ def measure(case: Any, workdir: str) -> dict[str, Any]:
     return figures
 
 
+def _ratio(figures: dict[str, Any], model: str, ratio: str, field: str) -> float:
+    """One of RATIOS of ``model``'s steps, in ``field`` (wall or CPU seconds)."""
+    num, den = RATIOS[ratio]
+    return _figure(figures, model, num, field) / _figure(figures, model, den, field)
+
+
 def _figure(figures: dict[str, Any], model: str, step: str, field: str) -> float:
     """One step's figure; a step that failed on this model fails the benchmark."""
     found = figures[model]["steps"][step]
@@ -173,8 +179,7 @@ class WholeProcess:
 
     def track_ratio(self, figures: dict[str, Any], model: str, ratio: str) -> float:
         """A ratio of two steps' median wall times in the same run: b/a, c/a, c/d, check/a."""
-        num, den = RATIOS[ratio]
-        return _figure(figures, model, num, "seconds") / _figure(figures, model, den, "seconds")
+        return _ratio(figures, model, ratio, "seconds")
 
     track_ratio.params = [MODELS, list(RATIOS)]
     track_ratio.param_names = ["model", "ratio"]
@@ -182,8 +187,7 @@ class WholeProcess:
 
     def track_ratio_cpu(self, figures: dict[str, Any], model: str, ratio: str) -> float:
         """The same ratios of median CPU times (user + system): steadier than wall time on a shared machine."""
-        num, den = RATIOS[ratio]
-        return _figure(figures, model, num, "cpu_seconds") / _figure(figures, model, den, "cpu_seconds")
+        return _ratio(figures, model, ratio, "cpu_seconds")
 
     track_ratio_cpu.params = [MODELS, list(RATIOS)]
     track_ratio_cpu.param_names = ["model", "ratio"]
