@@ -7,7 +7,7 @@
     python bench/asv_plot.py --benchmark track_cpu_seconds --of b --over a   # b/a in CPU time, from the steps
 
 It reads asv's own results (``.asv/results/<machine>/<commit>-<env>.json``, written by ``asv run``), orders the
-commits by their commit date, draws one line per model and prints the same figures as a table (commits as
+commits as the history does, draws one line per model and prints the same figures as a table (commits as
 rows) for bench/results.md. ``asv publish`` draws every figure in HTML; this is the one the docs show as an image.
 """
 
@@ -20,6 +20,7 @@ import itertools
 import json
 import math
 import os
+import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,8 +51,23 @@ def load_series(results_dir: str, machine: str, benchmark: str, of: str | None,
                 values[combo[0]] = value
         if over is not None:
             values = {model: value / found[(model, over)] for model, value in values.items() if (model, over) in found}
-        rows.append((data["date"], data["commit_hash"][:7], values))
-    return sorted(rows)
+        rows.append((data["date"], data["commit_hash"], values))
+    order = _history_order([commit for _, commit, _ in rows])
+    rows.sort(key=lambda row: (order.get(row[1], len(order)), row[0]))
+    return [(date, commit[:7], values) for date, commit, values in rows]
+
+
+def _history_order(commits: list[str]) -> dict[str, int]:
+    """Each commit's place in the repository's history, oldest first. asv's own date is the author date, which a
+    cherry-pick or a rebase keeps: ordered by it, a commit would be drawn before its parent. Commits this clone
+    does not have fall back to that date, after the ones it has."""
+    try:
+        history = subprocess.run(["git", "-C", ROOT, "rev-list", "--topo-order", "--reverse", "--all"],
+                                 capture_output=True, text=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    wanted = set(commits)
+    return {commit: i for i, commit in enumerate(c for c in history if c in wanted)}
 
 
 def _models(rows: list[tuple[int, str, dict]]) -> list[str]:
