@@ -37,6 +37,16 @@ class Asked:
 
 
 @dataclass
+class _Facts:
+    """One find's answers by node: :meth:`Found.planned`, :meth:`Found.left_violated`, the first reason per node
+    (:meth:`Found.reason`)."""
+
+    planned: set[str]
+    left_violated: set[tuple[str, str]]
+    reasons: dict[str, str]
+
+
+@dataclass
 class _Answers:
     """What each asked pass said, each asked once: its plans, its find (None: it failed, ``failure`` says why)."""
 
@@ -48,6 +58,13 @@ class _Answers:
     finds: dict[str, tuple[Found | None, str]] = field(default_factory=dict)
     remaining: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
     full: onnx.ModelProto | None = None
+    facts: dict[str, _Facts] = field(default_factory=dict)
+
+    def facts_of(self, name: str, found: Found) -> _Facts:
+        """``found``'s plans and reasons as sets and maps, made once per pass: every violation asks them."""
+        if name not in self.facts:
+            self.facts[name] = _Facts(found.planned(), found.left_violated(), found.reasons())
+        return self.facts[name]
 
     def found(self, name: str) -> tuple[Found | None, str]:
         if name not in self.finds:
@@ -138,13 +155,14 @@ def _reason_not_fixed(answers: _Answers, name: str, violation: Violation) -> str
         if (violation.node, violation.constraint) not in answers.left_after(name):
             return None
         return "rewrites it, but the violation remains"
-    if violation.node in found.planned():
+    facts = answers.facts_of(name, found)
+    if violation.node in facts.planned:
         # A plan may touch a node without fixing every constraint on it (a Concat the padding crosses): the find
         # says so in the plan (Plan.leaves).
-        if (violation.node, violation.constraint) not in found.left_violated():
+        if (violation.node, violation.constraint) not in facts.left_violated:
             return None
         return "rewrites it, but the violation remains"
-    return found.reason(violation.node) or "finds no rewrite for it"
+    return facts.reasons.get(violation.node) or "finds no rewrite for it"
 
 
 def _behind_control_flow(light: onnx.ModelProto, index: GraphIndex, violation: Violation) -> None:

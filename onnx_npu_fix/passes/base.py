@@ -221,8 +221,15 @@ class Found:
                 for constraint in plan.leaves}
 
     def reason(self, node: str) -> str | None:
-        """Why the pass leaves ``node`` alone, if it said."""
-        return next((r.reason for r in self.rejections if r.node == node), None)
+        """Why the pass leaves ``node`` alone, if it said (its first reason)."""
+        return self.reasons().get(node)
+
+    def reasons(self) -> dict[str, str]:
+        """The first reason of every node the pass gave one for, in one walk over the rejections."""
+        by_node: dict[str, str] = {}
+        for rejection in self.rejections:
+            by_node.setdefault(rejection.node, rejection.reason)
+        return by_node
 
     @classmethod
     def unknown(cls) -> Found:
