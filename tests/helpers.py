@@ -227,12 +227,12 @@ def wide_values() -> np.ndarray:
 
 
 def lowered_error(make_op, forbidden: Sequence[str], values: np.ndarray | None = None, opset: int = 17,
-                  **options) -> float:
+                  absolute: bool = False, **options) -> float:
     """The largest difference, under onnxruntime, between ``x -> make_op(x, y) -> y`` and its fix with
     ``forbidden_ops`` (the whole pipeline, which must lower every forbidden op), on ``values`` (:func:`wide_values`
     by default) as the input's elements: absolute where the output is within [-1, 1], relative beyond (an
-    activation that grows like x is as exact as its float rounding at every magnitude). Infinite outputs must be
-    the same."""
+    activation that grows like x is as exact as its float rounding at every magnitude; ``absolute``: absolute
+    everywhere, as an approximation's bound is stated). Infinite outputs must be the same."""
     from onnx_npu_fix.api import fix
 
     values = wide_values() if values is None else values
@@ -244,7 +244,7 @@ def lowered_error(make_op, forbidden: Sequence[str], values: np.ndarray | None =
     finite = np.isfinite(ref)
     assert np.array_equal(finite, np.isfinite(got)) and np.array_equal(ref[~finite], got[~finite], equal_nan=True)
     ref, got = ref[finite].astype(np.float64), got[finite].astype(np.float64)
-    return float((np.abs(ref - got) / np.maximum(1.0, np.abs(ref))).max())
+    return float((np.abs(ref - got) / (1.0 if absolute else np.maximum(1.0, np.abs(ref)))).max())
 
 
 def assert_refused(model: onnx.ModelProto, forbidden: Sequence[str], *reasons: str) -> None:
