@@ -3,6 +3,7 @@ element type, and Clip / Min-Max in the form the model's opset reads."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -67,3 +68,46 @@ def min_max(out: Emit, match: Match, x: str, low: float | None, high: float | No
         x = out.node(op, [x, scalar(out, match, bound, suffix)], outputs=outputs if k == len(steps) - 1 else None)
     return x
 
+
+
+def reduce_mean(out: Emit, match: Match, x: str, axes: list[int]) -> str:
+    """ReduceMean(x) over ``axes``, dims kept: axes as an input from opset 18, as an attribute before."""
+    if match.opset >= 18:
+        return out.node("ReduceMean", [x, out.const(np.array(axes, np.int64), "axes")], keepdims=1)
+    return out.node("ReduceMean", [x], axes=list(axes), keepdims=1)
+
+
+@dataclass(frozen=True)
+class ChannelConstant:
+    """A per-channel parameter ([C]) to broadcast against [N, C, ...] as [C, 1, ...]: a float constant, or the
+    quantized constant of a DequantizeLinear (a quantized model's), which is re-emitted reshaped behind a
+    DequantizeLinear of the same scale and zero point, so that it rounds as the original did."""
+
+    value: np.ndarray
+    dequantize: onnx.NodeProto | None = None
+
+
+def channel_constant(view: View, name: str) -> ChannelConstant | None:
+    """``name`` as a :class:`ChannelConstant`, or None (neither a constant nor a constant's DequantizeLinear)."""
+    value = view.index.const_value(name)
+    if value is not None:
+        return ChannelConstant(value.reshape(-1))
+    node = view.index.producer.get(name)
+    if node is None or node.op_type != "DequantizeLinear":
+        return None
+    quantized, scale = (view.index.const_value(n) for n in node.input[:2])
+    if quantized is None or scale is None or (len(node.input) > 2 and node.input[2]
+                                              and view.index.const_value(node.input[2]) is None):
+        return None
+    if scale.size != 1 and (quantized.ndim != 1 or attribute(node, "axis", 1) not in (0, -1)):
+        return None  # per-axis over another axis than the channels': not a [C] parameter
+    return ChannelConstant(quantized.reshape(-1), node)
+
+
+def channel_input(out: Emit, constant: ChannelConstant, rank: int, suffix: str) -> str:
+    """``constant`` as a [C, 1, ...] tensor of ``rank`` dims, read by the replacement."""
+    shaped = out.const(constant.value.reshape((-1,) + (1,) * (rank - 2)), suffix)
+    node = constant.dequantize
+    if node is None:
+        return shaped
+    return out.node("DequantizeLinear", [shaped, *node.input[1:]], axis=0)
