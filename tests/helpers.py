@@ -267,3 +267,22 @@ def assert_check_names_lower_ops(model: onnx.ModelProto, forbidden: Sequence[str
     violations = [v for v in find_violations(model, FixOptions(forbidden_ops=tuple(forbidden), align=0))
                   if v.constraint == "forbidden-op"]
     assert violations and all(v.fixed_by == "lower-ops" for v in violations), [v.text() for v in violations]
+
+
+def assert_lowered_export(path: str, forbidden: Sequence[str], input_shapes: dict[str, tuple[int, ...]]):
+    """A real export (a fixture the project did not write) fixed with ``forbidden_ops``: every forbidden op is
+    lowered away, the run validates, and independently of it the outputs match the original's. Returns the
+    FixResult."""
+    from onnx_npu_fix.api import fix
+
+    model = onnx.load(path)
+    options = FixOptions(forbidden_ops=tuple(forbidden), input_shapes=input_shapes)
+    result = fix(model, options)
+    assert result.ok, result.report.to_json()
+    assert set(forbidden) & set(ops(model)) and not set(forbidden) & set(ops(result.model)), ops(result.model)
+    record = next(r for r in result.report.passes if r.name == "lower-ops")
+    assert record.changes and record.status == "validated", record.to_json()
+    reference = onnx.load(path)
+    prepare(reference, input_shapes)
+    assert_equivalent(reference, result.model)
+    return result

@@ -57,3 +57,9 @@ def test_a_scale_that_is_no_constant_or_every_form_forbidden_is_refused_with_the
 
 def test_check_names_lower_ops_for_an_instancenorm_it_can_lower():
     helpers.assert_check_names_lower_ops(_model(), ["InstanceNormalization"])
+
+
+def test_torchaudio_convtasnet_keeps_its_values(fixture_path):
+    """torchaudio's ConvTasNet export: its 17 InstanceNormalization nodes (GroupNorm(1) as torch exports it)."""
+    helpers.assert_lowered_export(fixture_path("torchaudio_convtasnet.onnx"), ["InstanceNormalization"],
+                                  {"mix": (1, 1, 16000)})

@@ -63,3 +63,8 @@ def test_a_hand_written_layernorm_keeps_its_values():
 
 def test_check_names_lower_ops_for_a_reducemean_it_can_lower():
     helpers.assert_check_names_lower_ops(_model([2, 3]), ["ReduceMean"])
+
+
+def test_a_torch_convtasnet_export_keeps_its_values(fixture_path):
+    """A torch ConvTasNet export, whose global layer norms are written with ReduceMean."""
+    helpers.assert_lowered_export(fixture_path("torch_convtasnet.onnx"), ["ReduceMean"], {"mix": (1, 16000)})
