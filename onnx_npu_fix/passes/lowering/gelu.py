@@ -27,10 +27,11 @@ as float32 computes them, so the forms agree with onnxruntime's Gelu to float ro
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import onnx
 
-from onnx_npu_fix.passes.lowering import erf
+from onnx_npu_fix.passes.lowering import erf as erf_rules
 from onnx_npu_fix.passes.lowering.emit import attribute, float_match, scalar
 from onnx_npu_fix.passes.lowering.erf import erf_polynomial, erf_tanh
 from onnx_npu_fix.passes.lowering.sigmoid import sigmoid_exp
@@ -52,43 +53,41 @@ class _Gelu(Rule):
         return float_match(node, view)
 
 
+def _erf(out: Emit, match: Match, z: str) -> str:
+    return out.node("Erf", [z])
+
+
 class _ErfGelu(_Gelu):
-    def erf(self, out: Emit, match: Match, z: str) -> str:  # pragma: no cover - abstract
-        raise NotImplementedError
+    erf: Callable[[Emit, Match, str], str]
+    """The builder of erf(z): Erf itself or one of its approximations (passes/lowering/erf.py)."""
 
     def build(self, match: Match, out: Emit) -> None:
         x = match.input(0)
         z = out.node("Mul", [x, scalar(out, match, 1 / math.sqrt(2), "inv_sqrt2")])
-        grown = out.node("Add", [self.erf(out, match, z), scalar(out, match, 1.0, "one")])
+        grown = out.node("Add", [type(self).erf(out, match, z), scalar(out, match, 1.0, "one")])
         out.node("Mul", [out.node("Mul", [x, grown]), scalar(out, match, 0.5, "half")], outputs=match.outputs())
 
 
 class ViaErf(_ErfGelu):
     name = "gelu-erf"
     emits = ("Mul", "Erf", "Add")
-
-    def erf(self, out: Emit, match: Match, z: str) -> str:
-        return out.node("Erf", [z])
+    erf = _erf
 
 
 class ViaErfPolynomial(_ErfGelu):
     name = "gelu-erf-polynomial"
     emits = ("Mul", "Add", "Abs", "Div", "Exp", "Neg", "Sub", "Sign")
     exact = False
-    bound = 3 * erf.ViaPolynomial.bound
-
-    def erf(self, out: Emit, match: Match, z: str) -> str:
-        return erf_polynomial(out, match, z)
+    bound = 3 * erf_rules.ViaPolynomial.bound
+    erf = erf_polynomial
 
 
 class ViaErfTanh(_ErfGelu):
     name = "gelu-erf-tanh"
     emits = ("Mul", "Add", "Tanh")
     exact = False
-    bound = 3 * erf.ViaTanh.bound
-
-    def erf(self, out: Emit, match: Match, z: str) -> str:
-        return erf_tanh(out, match, z)
+    bound = 3 * erf_rules.ViaTanh.bound
+    erf = erf_tanh
 
 
 class _TanhGelu(_Gelu):
