@@ -125,10 +125,11 @@ class GraphIndex:
     def _map_edges(self, graph: onnx.GraphProto) -> None:
         producer, consumers = self.producer, self.consumers
         get = consumers.get
+        # Slices read each repeated field in one call: iterating one builds a Python object per element.
         for node in graph.node:
-            for out in node.output:
+            for out in node.output[:]:
                 producer[out] = node
-            for inp in node.input:
+            for inp in node.input[:]:
                 users = get(inp)
                 if users is None:
                     consumers[inp] = [node]
@@ -510,7 +511,7 @@ def remove_unused_initializers(graph: onnx.GraphProto) -> list[str]:
     used: set[str] = {o.name for o in graph.output} | {i.name for i in graph.input}
     update = used.update
     for node in graph.node:
-        update(node.input)
+        update(node.input[:])  # a slice: one read of the repeated field
         if may_hold_subgraphs(node):
             update(subgraph_outer_inputs(node))
     return _drop_initializers(graph, used)
@@ -596,14 +597,14 @@ def _find_dead(graph: onnx.GraphProto, gone: Container[int] = frozenset(),
         key = id(node)
         if key in gone:
             continue
-        if needed.isdisjoint(node.output):  # "" is never in needed: an absent output reaches nothing
+        if needed.isdisjoint(node.output[:]):  # "" is never in needed: an absent output reaches nothing
             if key not in bypassed:
                 dead.add(key)
             continue
         if key in bypassed:
             needed.add(node.input[0])
             continue
-        update(node.input)
+        update(node.input[:])  # a slice: one read of the repeated field
         needed.discard("")  # an absent optional input
         if may_hold_subgraphs(node):
             update(subgraph_outer_inputs(node))
@@ -684,7 +685,7 @@ def keep_inferred_shapes(graph: onnx.GraphProto) -> bool:
     produced: set[str] = set()
     update = produced.update
     for node in graph.node:
-        update(node.output)
+        update(node.output[:])  # a slice: one read of the repeated field
     produced.discard("")
     if not produced <= described:
         return False
