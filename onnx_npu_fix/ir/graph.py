@@ -13,7 +13,7 @@ import gc
 import itertools
 import math
 import sys
-from collections.abc import Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -114,6 +114,16 @@ class GraphIndex:
         self._shape_cache: dict[str, Shape | None] = {}
         self._by_type: dict[bytes, Any] = {}  # a serialized TypeProto -> its shape
         self._names: set[str] | None = None
+        self._derived: dict[Callable[[GraphIndex], Any], Any] = {}
+
+    def derived(self, compute: Callable[[GraphIndex], Any]) -> Any:
+        """``compute(self)``, computed on the first request and kept: a figure of the whole graph that several
+        readers of this index ask for (the cost table and the constraint check both need the constant names).
+        Valid as long as the index is; what ``compute`` returns must not be modified by its readers."""
+        found = self._derived.get(compute, _UNREAD)
+        if found is _UNREAD:
+            found = self._derived[compute] = compute(self)
+        return found
 
     @classmethod
     def of(cls, model: onnx.ModelProto) -> GraphIndex:
