@@ -813,7 +813,7 @@ def payload_bytes(tensor: onnx.TensorProto) -> int:
             except (KeyError, TypeError, ValueError):
                 return len(tensor.raw_data)
             _ITEMSIZE[tensor.data_type] = itemsize
-        return math.prod(tensor.dims) * itemsize
+        return math.prod(tensor.dims[:]) * itemsize  # a slice: one read of the repeated field
     return tensor.ByteSize()
 
 
