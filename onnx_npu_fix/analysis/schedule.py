@@ -79,9 +79,13 @@ def _reads_subgraph(node: onnx.NodeProto) -> bool:
     return has_subgraphs(node)
 
 
-def constant_names(index: GraphIndex) -> set[str]:
+def constant_names(index: GraphIndex) -> frozenset[str]:
     """Names that are weights rather than activations: initializers, Constant/Shape/Size outputs, and every
-    output of a node that reads only such names (one pass in node order)."""
+    output of a node that reads only such names (one pass in node order, once per index)."""
+    return index.derived(_constant_names)
+
+
+def _constant_names(index: GraphIndex) -> frozenset[str]:
     const = {name for name in index.initializers if name not in index.graph_inputs}
     for node in index.graph.node:
         op = node.op_type  # each field read builds a Python object: read once (100k nodes)
@@ -92,7 +96,7 @@ def constant_names(index: GraphIndex) -> set[str]:
         if (any(inputs) and all_known(inputs, const) and op not in RANDOM_OPS
                 and not _reads_subgraph(node)):
             const.update(o for o in node.output if o)
-    return const
+    return frozenset(const)  # shared by every reader of the index: read-only
 
 
 def liveness(index: GraphIndex, act_bytes: int, const: set[str] | None = None) -> Liveness:

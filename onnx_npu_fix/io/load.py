@@ -103,9 +103,13 @@ def read_model(path: str | os.PathLike, *, keep_bytes: bool = False) -> LoadedMo
         if not external and not sparse:
             if not checked:
                 onnx.checker.check_model(raw)  # again, for its message
-        elif approx_model_bytes(model) < TWO_GB:
-            onnx.checker.check_model(model)
+        elif sparse and approx_model_bytes(model) < TWO_GB:
+            onnx.checker.check_model(model)  # the densified model is not the file's
         else:
+            # The file, with its data files beside it: the checker reads the model file (kilobytes) and checks the
+            # data files it names, instead of a serialized copy of every weight plus its own parse of that copy
+            # on top of the model just read. What only the weights' bytes tell (a truncated tensor) was checked
+            # as they were read (_check_external_sizes).
             onnx.checker.check_model(path)
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{path}: the model fails the onnx checker: {first_line(exc)}") from None

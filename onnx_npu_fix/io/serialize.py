@@ -94,9 +94,15 @@ def _raw_entry(tensor: onnx.TensorProto) -> Iterator[bytes]:
 
 
 def _entries(tensors: list[onnx.TensorProto]) -> bytes:
-    scratch = onnx.GraphProto()
-    scratch.initializer.extend(tensors)
-    return scratch.SerializeToString()
+    """The bytes a GraphProto holding just ``tensors`` as initializers serializes to: each entry's tag, length and
+    message. Each tensor serialized on its own: copying them into a scratch graph first copies every one of them
+    (tens of thousands of small ones in a deep chain)."""
+    pieces = []
+    for tensor in tensors:
+        data = tensor.SerializeToString()
+        pieces.append(_INITIALIZER_TAG + varint(len(data)))
+        pieces.append(data)
+    return b"".join(pieces)
 
 
 def _unknown_fields(message: Any) -> bool:

@@ -13,7 +13,7 @@ import gc
 import itertools
 import math
 import sys
-from collections.abc import Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -114,6 +114,16 @@ class GraphIndex:
         self._shape_cache: dict[str, Shape | None] = {}
         self._by_type: dict[bytes, Any] = {}  # a serialized TypeProto -> its shape
         self._names: set[str] | None = None
+        self._derived: dict[Callable[[GraphIndex], Any], Any] = {}
+
+    def derived(self, compute: Callable[[GraphIndex], Any]) -> Any:
+        """``compute(self)``, computed on the first request and kept: a figure of the whole graph that several
+        readers of this index ask for (the cost table and the constraint check both need the constant names).
+        Valid as long as the index is; what ``compute`` returns must not be modified by its readers."""
+        found = self._derived.get(compute, _UNREAD)
+        if found is _UNREAD:
+            found = self._derived[compute] = compute(self)
+        return found
 
     @classmethod
     def of(cls, model: onnx.ModelProto) -> GraphIndex:
@@ -125,10 +135,11 @@ class GraphIndex:
     def _map_edges(self, graph: onnx.GraphProto) -> None:
         producer, consumers = self.producer, self.consumers
         get = consumers.get
+        # Slices read each repeated field in one call: iterating one builds a Python object per element.
         for node in graph.node:
-            for out in node.output:
+            for out in node.output[:]:
                 producer[out] = node
-            for inp in node.input:
+            for inp in node.input[:]:
                 users = get(inp)
                 if users is None:
                     consumers[inp] = [node]
@@ -510,7 +521,7 @@ def remove_unused_initializers(graph: onnx.GraphProto) -> list[str]:
     used: set[str] = {o.name for o in graph.output} | {i.name for i in graph.input}
     update = used.update
     for node in graph.node:
-        update(node.input)
+        update(node.input[:])  # a slice: one read of the repeated field
         if may_hold_subgraphs(node):
             update(subgraph_outer_inputs(node))
     return _drop_initializers(graph, used)
@@ -596,14 +607,14 @@ def _find_dead(graph: onnx.GraphProto, gone: Container[int] = frozenset(),
         key = id(node)
         if key in gone:
             continue
-        if needed.isdisjoint(node.output):  # "" is never in needed: an absent output reaches nothing
+        if needed.isdisjoint(node.output[:]):  # "" is never in needed: an absent output reaches nothing
             if key not in bypassed:
                 dead.add(key)
             continue
         if key in bypassed:
             needed.add(node.input[0])
             continue
-        update(node.input)
+        update(node.input[:])  # a slice: one read of the repeated field
         needed.discard("")  # an absent optional input
         if may_hold_subgraphs(node):
             update(subgraph_outer_inputs(node))
@@ -684,7 +695,7 @@ def keep_inferred_shapes(graph: onnx.GraphProto) -> bool:
     produced: set[str] = set()
     update = produced.update
     for node in graph.node:
-        update(node.output)
+        update(node.output[:])  # a slice: one read of the repeated field
     produced.discard("")
     if not produced <= described:
         return False
@@ -802,7 +813,7 @@ def payload_bytes(tensor: onnx.TensorProto) -> int:
             except (KeyError, TypeError, ValueError):
                 return len(tensor.raw_data)
             _ITEMSIZE[tensor.data_type] = itemsize
-        return math.prod(tensor.dims) * itemsize
+        return math.prod(tensor.dims[:]) * itemsize  # a slice: one read of the repeated field
     return tensor.ByteSize()
 
 
