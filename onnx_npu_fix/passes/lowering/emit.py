@@ -111,3 +111,11 @@ def channel_input(out: Emit, constant: ChannelConstant, rank: int, suffix: str) 
     if node is None:
         return shaped
     return out.node("DequantizeLinear", [shaped, *node.input[1:]], axis=0)
+
+
+def per_channel_affine(out: Emit, match: Match, y: str, scale: ChannelConstant, bias: ChannelConstant,
+                       rank: int) -> str:
+    """``y * scale + bias``, both per channel of a rank-``rank`` tensor, written to the match's outputs (the last
+    step of InstanceNormalization and GroupNormalization)."""
+    scaled = out.node("Mul", [y, channel_input(out, scale, rank, "scale")])
+    return out.node("Add", [scaled, channel_input(out, bias, rank, "bias")], outputs=match.outputs())

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from onnx_npu_fix.passes.lowering.emit import ChannelConstant, attribute, channel_constant, channel_input
+from onnx_npu_fix.passes.lowering.emit import ChannelConstant, attribute, channel_constant, per_channel_affine
 from onnx_npu_fix.passes.lowering.layernorm import DEFAULT_EPSILON, float32_match, normalized
 from onnx_npu_fix.passes.rules import Emit, Match, Rule, View
 
@@ -59,9 +59,7 @@ class _GroupNorm(Rule):
                                                                   "grouped_shape")])
         norm = normalized(out, match, grouped, [2], match.epsilon, self.divide)
         back = out.node("Reshape", [norm, out.const(np.array(match.shape, np.int64), "shape")])
-        rank = len(match.shape)
-        scaled = out.node("Mul", [back, channel_input(out, match.scale, rank, "scale")])
-        out.node("Add", [scaled, channel_input(out, match.bias, rank, "bias")], outputs=match.outputs())
+        per_channel_affine(out, match, back, match.scale, match.bias, len(match.shape))
 
 
 class ViaReciprocal(_GroupNorm):

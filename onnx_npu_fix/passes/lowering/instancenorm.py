@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import onnx
 
-from onnx_npu_fix.passes.lowering.emit import attribute, channel_constant, channel_input
+from onnx_npu_fix.passes.lowering.emit import attribute, channel_constant, per_channel_affine
 from onnx_npu_fix.passes.lowering.layernorm import DEFAULT_EPSILON, float32_match, normalized
 from onnx_npu_fix.passes.rules import Emit, Match, Rule, View
 
@@ -37,8 +37,7 @@ class _InstanceNorm(Rule):
 
     def build(self, match: Match, out: Emit) -> None:
         norm = normalized(out, match, match.input(0), match.axes, match.epsilon, self.divide)
-        scaled = out.node("Mul", [norm, channel_input(out, match.scale, match.rank, "scale")])
-        out.node("Add", [scaled, channel_input(out, match.bias, match.rank, "bias")], outputs=match.outputs())
+        per_channel_affine(out, match, norm, match.scale, match.bias, match.rank)
 
 
 class ViaReciprocal(_InstanceNorm):
