@@ -8,7 +8,7 @@ STAMP_DOCS := $(VENV)/.installed-docs
 VENV_MIN  ?= .venv-min
 STAMP_MIN := $(VENV_MIN)/.installed
 
-.PHONY: install run test test-min lint docs fixtures fuzz bench clean
+.PHONY: install run test test-min lint docs fixtures fuzz bench bench-install bench-check bench-asv clean
 
 install: $(STAMP)
 
@@ -44,7 +44,7 @@ $(STAMP_MIN): pyproject.toml .ci/min_requirements.py
 	touch $(STAMP_MIN)
 
 lint: install
-	$(VENV)/bin/ruff check onnx_npu_fix tests fixtures bench examples docs
+	$(VENV)/bin/ruff check onnx_npu_fix tests fixtures bench benchmarks examples docs
 
 ## make docs: the manual (docs/, mkdocs.yml) built strictly into build/site: a broken link or anchor fails. The CLI
 ## reference page is generated from the click definitions by docs/hooks.py, so the installed package must be this one.
@@ -61,9 +61,25 @@ fixtures: install
 fuzz: install
 	NPUFIX_FUZZ_EXAMPLES=3000 $(PY) -m pytest -q tests/test_fuzz.py
 
-bench: install
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+bench: bench-install
 	$(PY) bench/bench.py
+
+STAMP_BENCH := $(VENV)/.installed-bench
+bench-install: $(STAMP_BENCH)
+
+$(STAMP_BENCH): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $(STAMP_BENCH)
+
+## make bench-check: the asv suite (benchmarks/) still imports and its benchmarks are well formed; runs nothing,
+## builds no environment (CI)
+bench-check: bench-install
+	$(VENV)/bin/asv check --environment existing:$(PY)
+
+## make bench-asv: the asv suite on this checkout's HEAD in its own virtualenv (docs/benchmark.md: compare, publish)
+bench-asv: bench-install
+	$(VENV)/bin/asv machine --yes
+	$(VENV)/bin/asv run HEAD^!
 
 clean:
 	rm -rf build $(VENV) $(VENV_MIN) .pytest_cache

@@ -21,8 +21,9 @@ peak RSS comes from the kernel's rusage of that one child (``os.wait4``), which 
 process so that the benchmark's own memory does not count as the child's. The figures are medians over
 ``--repeat`` runs (default 5; ``--repeat-huge``, default 1, for the 100k-node and the >2 GB models); CPU time
 (user + system, from the same rusage) is reported beside the wall time where a target is stated in both. The report
-ends with issue 23's targets, each judged met or not met from this run's own ratios (``--busy-core`` keeps one core
-busy with a spinning process meanwhile: the condition the c/d target is stated for).
+ends with the speed targets (docs/benchmark.md), each judged met or not met from this run's own ratios
+(``--busy-core`` keeps one core busy with a spinning process meanwhile: the condition the c/d target is stated
+for).
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def build_tcn(path: str, *, bottleneck: int, hidden: int, repeats: int, frames: 
     """ConvTasNet-like separator: encoder conv (kernel 16, stride 8), gLN, bottleneck, ``repeats`` x 8 blocks of
     1x1 conv -> PRelu -> gLN -> depthwise conv (dilation 1..128) -> PRelu -> gLN -> 1x1 conv + residual, then a
     sigmoid mask on the encoder output and a transposed-conv decoder. Channel counts are deliberately not
-    multiples of 8, as in the issue's MStar story."""
+    multiples of 8, the alignment many NPU compilers require."""
     b = Builder(seed)
     n_filters, kernel = bottleneck, 3
     samples = 8 * (frames - 1) + 16
@@ -917,7 +918,7 @@ def _excess(num: float | None, den: float | None) -> str:
 
 def _rss(runs: list[Run], size: int, floor: list[Run] | None = None) -> str:
     """The largest peak RSS of ``runs``, and what it adds to the floor's (``floor``) in model sizes: the
-    targets are stated that way (issue 23: c <= floor + 2 x size, b <= floor + 1 x size)."""
+    targets are stated that way (c <= floor + 2 x size, b <= floor + 1 x size)."""
     if not runs:
         return "–"
     peak = max(r.peak_rss for r in runs)
@@ -972,7 +973,7 @@ def _floor_cell(r: CaseResult, key: str) -> str:
     return f"{_cell(runs)}, {_rss(runs, r.stamp['size'], r.runs['a'])}"
 
 
-TARGET_CD_ROWS = ("tcn", "unet")  # where issue 23 asks c/d < 1
+TARGET_CD_ROWS = ("tcn", "unet")  # where the targets ask c/d < 1: the model sizes onnxsim is used on
 
 
 def _peak(runs: list[Run]) -> int | None:
@@ -1045,7 +1046,7 @@ def _check_target(check: dict[str, float | None] | None) -> tuple[str, str]:
 
 
 def targets(results: list[CaseResult], check: dict[str, float | None] | None, busy_core: bool) -> str:
-    """Issue 23's targets, each judged from this run's own ratios: met, not met, or not measured in this run."""
+    """The speed targets, each judged from this run's own ratios: met, not met, or not measured in this run."""
     def ratio(num: str) -> Callable[[CaseResult], float | None]:
         return lambda r: _quotient(_median(r.runs.get(num, [])), _median(r.runs.get("a", [])))
 
@@ -1055,19 +1056,19 @@ def targets(results: list[CaseResult], check: dict[str, float | None] | None, bu
              + ("" if busy_core else " (this run: no `--busy-core`)"), *_cd_target(results)),
             ("peak RSS (c) ≤ the floor's + 2 × size on every row",
              *_every_row(results, lambda r: _rss_over_floor(r, "c"), 2.0, "floor {:+.1f}× size")),
-            ("(not an issue target) peak RSS (c) ≤ the larger of the floor's and (g)'s + 2 × size on every row",
+            ("(not a target) peak RSS (c) ≤ the larger of the floor's and (g)'s + 2 × size on every row",
              *_every_row(results, _rss_over_ort_floor, 2.0, "{:+.1f}× size")),
             ("peak RSS (b) ≤ the floor's + 1 × size on every row",
              *_every_row(results, lambda r: _rss_over_floor(r, "b"), 1.0, "floor {:+.1f}× size")),
-            ("(not an issue target) onnx's checks alone (h) ≤ 2 × (a) on every row: where not, b/a ≤ 2 is out of "
+            ("(not a target) onnx's checks alone (h) ≤ 2 × (a) on every row: where not, b/a ≤ 2 is out of "
              "reach for any tool that runs them, as npufix does", *_every_row(results, ratio("h"), 2.0)),
-            ("(not an issue target) peak RSS (h) ≤ the floor's + 1 × size on every row (onnx's checks through its "
+            ("(not a target) peak RSS (h) ≤ the floor's + 1 × size on every row (onnx's checks through its "
              "Python API, the heap never trimmed: not a lower bound for memory)",
              *_every_row(results, lambda r: _rss_over_floor(r, "h"), 1.0, "floor {:+.1f}× size")),
             ("`--check` on the 9,000-node model ≤ 1.5 × (a)", *_check_target(check)),
             ("outputs and records unchanged (byte-identical on the fixtures)", "not measured here: "
              "`bench/same_outputs.py` before and after, `--compare`", "–")]
-    lines = ["| target (issue 23) | this run | verdict |", "|---|---|---|"]
+    lines = ["| target | this run | verdict |", "|---|---|---|"]
     lines += [f"| {what} | {measured} | {verdict} |" for what, measured, verdict in rows]
     return "\n".join(lines)
 
@@ -1185,7 +1186,7 @@ def report(results: list[CaseResult], info: dict[str, str], args: argparse.Names
         "onnxsim ran as `onnxsim IN OUT" + (f" {args.onnxsim_check}" if args.onnxsim_check else "") + "`"
         + (" (its default: no output check)" if not args.onnxsim_check else "") + ".",
         "",
-        "Issue 23's targets are judged from these ratios in the last section. The floor (a) ran with the versions "
+        "The speed targets are judged from these ratios in the last section. The floor (a) ran with the versions "
         "above (onnx imports ml_dtypes, whose version alone moves the floor by ~0.5 s CPU)"
         + ("; one core was kept busy by a spinning process throughout (`--busy-core`)." if args.busy_core else "."),
         "",
@@ -1248,7 +1249,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sram-row", action="store_true", help="the same as --rows sram")
     parser.add_argument("--busy-core", action="store_true",
                         help="keep one core busy (a spinning process) while the rows are measured: the condition "
-                             "issue 23 states the c/d target in")
+                             "the c/d target is stated for")
     parser.add_argument("--_latency", nargs=2, metavar=("ORIGINAL", "FIXED"), help=argparse.SUPPRESS)
     return parser
 
@@ -1305,9 +1306,9 @@ def main(argv: list[str] | None = None) -> int:
         text += "\n\n## Fitting SRAM (in-process, medians of 3; `--rows sram` runs only this)\n\n" + extra["sram"]
     if extra["check"]:
         text += ("\n\n## --check on 9,000 nodes (whole processes; `--rows check` runs only this)\n\n" + extra["check"]
-                 + "\n\nTargets: check/a ≤ 1.5 (issues 20 and 23) and check/load ≤ 1.5 (issue 20).")
+                 + "\n\nTargets: check/a ≤ 1.5 and check/load ≤ 1.5.")
     goals = targets(results, check, args.busy_core)
-    text += "\n\n## Targets (issue 23), judged from this run's ratios\n\n" + goals
+    text += "\n\n## Targets, judged from this run's ratios\n\n" + goals
     if args.no_onnxsim:
         text = text.replace("| not run |", "| not installed |")
     # Every run says what it ran with, a partial one too: the floor moves with onnx's and ml_dtypes' versions.

@@ -218,3 +218,50 @@ def assert_lowered_quantized(model: onnx.ModelProto, forbidden: Sequence[str], d
     for ref, got in zip(run_model(qdq, feeds), run_model(result.model, feeds)):
         assert np.abs(ref[output] - got[output]).max() <= steps * scale * (1 + 1e-6)
     return result
+
+
+def wide_values() -> np.ndarray:
+    """float32 inputs over the range an activation meets: a dense grid of [-40, 40], magnitudes up to 1e4, and
+    the zeros."""
+    return np.concatenate([np.linspace(-40, 40, 16001), [-1e4, -100, 100, 1e4, 0.0, -0.0]]).astype(np.float32)
+
+
+def lowered_error(make_op, forbidden: Sequence[str], values: np.ndarray | None = None, opset: int = 17,
+                  **options) -> float:
+    """The largest difference, under onnxruntime, between ``x -> make_op(x, y) -> y`` and its fix with
+    ``forbidden_ops`` (the whole pipeline, which must lower every forbidden op), on ``values`` (:func:`wide_values`
+    by default) as the input's elements: absolute where the output is within [-1, 1], relative beyond (an
+    activation that grows like x is as exact as its float rounding at every magnitude). Infinite outputs must be
+    the same."""
+    from onnx_npu_fix.api import fix
+
+    values = wide_values() if values is None else values
+    model = op_model(make_op("x", "y"), [("x", list(values.shape))], [("y", list(values.shape))], opset=opset)
+    result = fix(model, FixOptions(forbidden_ops=tuple(forbidden), align=0, **options))
+    assert result.ok, result.report.to_json()
+    assert not set(ops(result.model)) & set(forbidden), ops(result.model)
+    ref, got = (run_model(m, [{"x": values}])[0]["y"] for m in (model, result.model))
+    finite = np.isfinite(ref)
+    assert np.array_equal(finite, np.isfinite(got)) and np.array_equal(ref[~finite], got[~finite], equal_nan=True)
+    ref, got = ref[finite].astype(np.float64), got[finite].astype(np.float64)
+    return float((np.abs(ref - got) / np.maximum(1.0, np.abs(ref))).max())
+
+
+def assert_refused(model: onnx.ModelProto, forbidden: Sequence[str], *reasons: str) -> None:
+    """``--check`` with ``forbidden_ops`` names no pass for the forbidden-op violation of ``model`` and says each
+    of ``reasons``."""
+    from onnx_npu_fix.constraints import find_violations
+
+    options = FixOptions(forbidden_ops=tuple(forbidden), align=0)
+    (violation,) = [v for v in find_violations(model, options) if v.constraint == "forbidden-op"]
+    assert violation.fixed_by is None, violation.text()
+    for reason in reasons:
+        assert reason in violation.message, violation.message
+
+
+def assert_check_names_lower_ops(model: onnx.ModelProto, forbidden: Sequence[str]) -> None:
+    """``--check`` with ``forbidden_ops`` finds a forbidden op in ``model`` and names lower-ops as fixing each."""
+    from onnx_npu_fix.constraints import find_violations
+
+    violations = find_violations(model, FixOptions(forbidden_ops=tuple(forbidden), align=0))
+    assert violations and all(v.fixed_by == "lower-ops" for v in violations), [v.text() for v in violations]

@@ -117,10 +117,25 @@ def test_github_actions_job_passes_on_a_model_it_can_fix(tmp_path, fixture_path,
     assert (tmp_path / "github_output").read_text() == "exit_code=0\n"
 
 
-def test_github_actions_gate_fails_when_constraints_remain(tmp_path, fixture_path):
-    """k210 forbids PRelu, which no pass removes: the fix step writes the model (exit 1, tolerated), the gate
-    fails the job, and the artifacts say why."""
-    done = _run_job(tmp_path, {"MODEL": fixture_path("tcn.onnx"), "TARGET": "k210"})
+def _conv_transpose(path) -> str:
+    """x [1, 8, 8, 8] -> ConvTranspose stride 2 -> y: an op k210 forbids and no pass removes."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((8, 8, 3, 3), np.float32) / 72, "w")
+    graph = helper.make_graph([helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="up", strides=[2, 2],
+                                                 pads=[1, 1, 1, 1], output_padding=[1, 1])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 8, 8])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 16, 16])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return str(path)
+
+
+def test_github_actions_gate_fails_when_constraints_remain(tmp_path):
+    """k210 forbids ConvTranspose, which no pass removes: the fix step writes the model (exit 1, tolerated), the
+    gate fails the job, and the artifacts say why."""
+    done = _run_job(tmp_path, {"MODEL": _conv_transpose(tmp_path / "up.onnx"), "TARGET": "k210"})
     assert [p.returncode for p in done] == [0, 1], [p.stderr for p in done]
     assert (tmp_path / "github_output").read_text() == "exit_code=1\n"
     check = json.loads((tmp_path / "npufix-check.json").read_text())["models"][0]

@@ -19,6 +19,7 @@ from onnx_npu_fix.constraints import CONSTRAINT, find_violations
 from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.passes import PASSES
 from onnx_npu_fix.passes.base import Form
+from onnx_npu_fix.passes.lower_ops import lowered_ops
 from onnx_npu_fix.pipeline.scheduler import prepare
 
 F = TensorProto.FLOAT
@@ -142,6 +143,14 @@ def _unaligned_concat():
 
 def _hardswish():
     return _model([helper.make_node("HardSwish", ["x"], ["y"], name="hs")], [_vi("x", [1, 4])], [_vi("y", [1, 4])])
+
+
+def _lowerable(op: str):
+    """One node of ``op`` on [1, 4] float inputs (as many as its schema requires), at the newest opset: every op
+    a lowering rule rewrites has one, so each rule's fact is held here without an entry of its own."""
+    inputs = [f"x{k}" for k in range(onnx.defs.get_schema(op).min_input)]
+    return _model([helper.make_node(op, inputs, ["y"], name="lowered")], [_vi(name, [1, 4]) for name in inputs],
+                  [_vi("y", None)], opset=onnx.defs.onnx_opset_version())
 
 
 def _pad_before_conv():
@@ -275,7 +284,8 @@ def test_the_key_changes_what_the_pass_emits_and_only_nodes_it_declares(pass_nam
 # (key, fact op) -> (model with a node of that form, its name, a model whose node of that op is not the form[,
 # the options it is not the form under])
 FACT_EXAMPLES = {
-    ("forbidden_ops", "HardSwish"): (_hardswish, "hs", _hardswish, {"forbidden_ops": ("HardSwish",)}),
+    **{("forbidden_ops", op): (lambda op=op: _lowerable(op), "lowered", lambda op=op: _lowerable(op),
+                               {"forbidden_ops": (op,)}) for op in lowered_ops()},
     ("fold_pad_into_conv", "Pad"): (_pad_before_conv, "pad", lambda: _model(
         [helper.make_node("Pad", ["x", "pads"], ["y"], name="pad")], [_vi("x", [1, 8, 8, 8])], [_vi("y", None)],
         [_i64("pads", [0, 0, 1, 1, 0, 0, 1, 1])])),

@@ -191,3 +191,11 @@ def test_view_only_reader():
     neg, abs_, relu = model.graph.node
     assert view.only_reader("n", abs_) and not view.only_reader("n", relu)
     assert not view.only_reader("y", relu)  # a graph output is never swallowed by a chain
+
+
+def test_every_lowering_rule_that_approximates_declares_its_bound():
+    from onnx_npu_fix.passes.lower_ops import lowering_rules
+
+    for rule in lowering_rules():
+        assert rule.exact == (rule.bound is None), (rule.name, rule.exact, rule.bound)
+        assert rule.bound is None or rule.bound > 0, rule.name

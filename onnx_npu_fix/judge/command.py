@@ -133,7 +133,7 @@ class Judge:
             model_path = os.path.join(scratch, "model.onnx")
             with open(model_path, "wb") as f:
                 f.write(data)
-            command = self.template.replace("{model}", shlex.quote(model_path)).replace("{dir}", shlex.quote(scratch))
+            command = substitute(self.template, {"{model}": model_path, "{dir}": scratch})
             started = time.perf_counter()
             self.calls += 1
             exit_code, output = _execute(command, self.timeout)
@@ -232,6 +232,44 @@ def _check_template(template: str) -> None:
         raise JudgeError(f"--judge: '{program}' is not an executable (not found, or not executable); the "
                          f"command's first word must be a program, e.g. python3 judge.py {{model}}")
 
+
+
+_PLACEHOLDER = re.compile(r"\{model\}|\{dir\}")
+
+
+def _quoted(value: str, quote: str | None) -> str:
+    """``value`` as one word where it stands: bare, inside the template's "..." or inside its '...'."""
+    if quote == '"':
+        return re.sub(r'([\\"$`])', r"\\\1", value)
+    if quote == "'":
+        return value.replace("'", "'\\''")
+    return shlex.quote(value)
+
+
+def substitute(template: str, values: dict[str, str]) -> str:
+    """``template`` with each placeholder of ``values`` ({model}, {dir}) replaced by its path, quoted for the
+    shell where the placeholder stands: a template may quote "{model}" itself, and a path may hold a space."""
+    out: list[str] = []
+    quote: str | None = None
+    index = 0
+    while index < len(template):
+        found = _PLACEHOLDER.match(template, index)
+        if found and found.group(0) in values:
+            out.append(_quoted(values[found.group(0)], quote))
+            index = found.end()
+            continue
+        char = template[index]
+        if char == "\\" and quote != "'" and index + 1 < len(template):
+            out.append(template[index:index + 2])
+            index += 2
+            continue
+        if quote is None and char in "'\"":
+            quote = char
+        elif quote == char:
+            quote = None
+        out.append(char)
+        index += 1
+    return "".join(out)
 
 def _execute(command: str, timeout: float | None) -> tuple[int | None, str]:
     """Run ``command`` in a shell, in a session and process group of its own; (exit status, or None when it

@@ -166,6 +166,10 @@ def dilation_ok(d: int, max_dilation: int | None, allowed: Sequence[int] | None)
     return allowed is None or d in allowed
 
 
+_DILATED_OPS = frozenset({"Conv", "ConvTranspose", "QLinearConv", "ConvInteger"})
+"""Every op :func:`_find_trims` and :func:`_find_splits` look at (in any domain: a superset of theirs)."""
+
+
 def _within_limit(dilations: Sequence[int], options: FixOptions) -> bool:
     return all(dilation_ok(d, options.max_dilation, options.allowed_dilations) for d in dilations)
 
@@ -477,6 +481,9 @@ class DilatedConvPass(Pass):
         limited = options.max_dilation is not None or options.allowed_dilations is not None
         if not limited and not options.lift_conv1d:
             return found
+        if not options.lift_conv1d and all(node.op_type not in _DILATED_OPS or _within_limit(_dilations(node), options)
+                                           for node in model.graph.node):
+            return found  # no conv over the limit: trims and splits look at nothing else (no index built)
         index = GraphIndex(model)
         convs: dict[str, _Conv] = {}  # conv output -> the conv as the plans so far leave it
         if options.lift_conv1d:

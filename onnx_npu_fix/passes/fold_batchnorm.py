@@ -186,14 +186,15 @@ class FoldBatchNormPass(Pass):
         total += len(qdq_folds)
         affines = _affines(index, [n for n in nodes if _is_batchnorm(n)], opset)
         for node in nodes:
-            nested = _nested_batchnorms(node)
+            is_bn = _is_batchnorm(node)
+            nested = 0 if is_bn else _nested_batchnorms(node)  # a standard BN holds no subgraph
             if nested:
                 total += nested
                 left += nested
                 result.rejections.append(Rejection(
                     node.name, node.op_type,
                     f"{nested} BatchNormalization node(s) inside its subgraph(s) are not handled", blocking))
-            if not _is_batchnorm(node):
+            if not is_bn:
                 continue
             total += 1
             affine, problem = affines[id(node)]
@@ -363,10 +364,10 @@ def _bn_params(index: GraphIndex, bn: onnx.NodeProto, opset: int) -> tuple[_Para
     problem = _inference_form_problem(bn, inputs, outputs, opset)
     if problem is not None:
         return None, problem
-    raws = [_raw_float(index, name) for name in inputs[1:5]]
+    raws = _raw_floats(index, inputs[1:5])
     params: list[np.ndarray] | None = None
-    if None not in raws:
-        shapes = [raw.shape for raw in raws]  # type: ignore[union-attr]
+    if raws is not None:
+        shapes = raws[1]
     else:
         params = []
         for role, name in zip(_PARAM_ROLES, inputs[1:5]):
@@ -392,9 +393,8 @@ def _bn_params(index: GraphIndex, bn: onnx.NodeProto, opset: int) -> tuple[_Para
     elif len(shape) != 1:
         return None, f"its parameters have shape {list(shape)}, not [C]"
     eps = float(get_attr(bn, "epsilon", 1e-5))
-    if params is None:
-        return _Params((shape, tuple([raw.dtype for raw in raws])), eps, per_activation,  # type: ignore[union-attr]
-                       raw=tuple([raw.data for raw in raws])), ""  # type: ignore[union-attr]
+    if raws is not None:
+        return _Params((shape, raws[2]), eps, per_activation, raw=raws[0]), ""
     return _Params((shape, None), eps, per_activation, values=params), ""
 
 
@@ -789,15 +789,6 @@ def _lower(index: GraphIndex, editor: GraphEditor, low: _Lowering, conv_mode: bo
 # --- small helpers ------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Raw:
-    """A raw float initializer's bytes, its shape and its little-endian dtype."""
-
-    data: bytes
-    shape: tuple[int, ...]
-    dtype: np.dtype
-
-
 def _raw_meta(index: GraphIndex, name: str) -> tuple[onnx.TensorProto, tuple[int, ...], np.dtype] | None:
     """``(tensor, shape, little-endian dtype)`` when ``name`` is a raw float initializer, else None: the tensors
     :func:`_const` reads through its fast path. Ordered cheapest test first (33k BNs); the bytes are not read."""
@@ -811,16 +802,29 @@ def _raw_meta(index: GraphIndex, name: str) -> tuple[onnx.TensorProto, tuple[int
     return tensor, tuple(tensor.dims[:]), dtype  # a slice reads the repeated field in one call
 
 
-def _raw_float(index: GraphIndex, name: str) -> _Raw | None:
-    """The bytes of ``name`` when it is a raw float initializer whose byte count matches its dims, else None."""
-    meta = _raw_meta(index, name)
-    if meta is None:
-        return None
-    tensor, shape, dtype = meta
-    data = tensor.raw_data
-    if math.prod(shape) * dtype.itemsize != len(data):
-        return None  # malformed: _const's reshape raises, as it always did
-    return _Raw(data, shape, dtype)
+def _raw_floats(index: GraphIndex, names: list[str]) -> tuple[tuple[bytes, ...], list[tuple[int, ...]],
+                                                                tuple[np.dtype, ...]] | None:
+    """The bytes, shapes and little-endian dtypes of ``names`` when every one is a raw float initializer whose
+    byte count matches its dims (:func:`_raw_meta`'s tensors), else None. One loop over the tensors, every field
+    read once: it runs for the four parameters of every BN."""
+    initializers, overridable, external = index.initializers, index.overridable, onnx.TensorProto.EXTERNAL
+    datas, shapes, dtypes = [], [], []
+    for name in names:
+        tensor = initializers.get(name)
+        if tensor is None:
+            return None
+        dtype = _LE_DTYPES.get(tensor.data_type)
+        if (dtype is None or tensor.data_location == external or not tensor.HasField("raw_data")
+                or name in overridable):
+            return None
+        shape = tuple(tensor.dims[:])
+        data = tensor.raw_data
+        if math.prod(shape) * dtype.itemsize != len(data):
+            return None  # malformed: _const's reshape raises, as it always did
+        datas.append(data)
+        shapes.append(shape)
+        dtypes.append(dtype)
+    return tuple(datas), shapes, tuple(dtypes)
 
 
 def _const(index: GraphIndex, name: str) -> np.ndarray | None:

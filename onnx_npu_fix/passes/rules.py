@@ -89,6 +89,10 @@ class Rule:
     """Every op type the replacement may hold; a build that writes another fails the pass."""
     exact: ClassVar[bool] = True
     """False: the replacement approximates the anchor; the change is then measured, with ``bound``."""
+    bound: ClassVar[float | None] = None
+    """A rule that is not exact: the largest absolute difference between its replacement's output and the anchor's
+    over every finite input, as its docstring derives and its test measures against onnxruntime; the change's
+    ``detail["bound"]`` carries it (a rule that is not exact declares one)."""
     min_opset: ClassVar[int] = 1
     """The rule's anchor form exists from this opset on (the model's default-domain opset)."""
 
@@ -278,6 +282,7 @@ class RulePass(Pass):
         detail = dict(said.get("detail") or {})
         if not rule.exact:
             detail["exact"] = False
+            detail["bound"] = rule.bound
         return Change(said.get("node", anchor.name), said.get("op", anchor.op_type), one.plan.action,
                       old=said.get("old"), new=said.get("new"), detail=detail)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import onnx
 
-from onnx_npu_fix.passes.lowering.emit import clip, float_type, scalar
+from onnx_npu_fix.passes.lowering.emit import affine, clip, float_match, min_max
 from onnx_npu_fix.passes.rules import Emit, Match, Rule, View
 
 ALPHA, BETA = 1 / 6, 0.5
@@ -24,15 +24,11 @@ class _HardSwish(Rule):
     min_opset = 14
 
     def match(self, node: onnx.NodeProto, view: View) -> Match | str | None:
-        dtype = float_type(view, node.input[0])
-        if dtype is None:
-            return "its input is not a float tensor of known type"
-        return Match((node,), dtype=dtype, opset=view.opset)
+        return float_match(node, view)
 
     def _gate(self, match: Match, out: Emit) -> str:
         """alpha * x + beta, before the clamp."""
-        scaled = out.node("Mul", [match.input(0), scalar(out, match, ALPHA, "alpha")])
-        return out.node("Add", [scaled, scalar(out, match, BETA, "beta")])
+        return affine(out, match, match.input(0), ALPHA, BETA)
 
 
 class ViaHardSigmoid(_HardSwish):
@@ -58,8 +54,7 @@ class ViaMinMax(_HardSwish):
     emits = ("Mul", "Add", "Max", "Min")
 
     def build(self, match: Match, out: Emit) -> None:
-        low = out.node("Max", [self._gate(match, out), scalar(out, match, 0.0, "zero")])
-        gate = out.node("Min", [low, scalar(out, match, 1.0, "one")])
+        gate = min_max(out, match, self._gate(match, out), 0.0, 1.0)
         out.node("Mul", [match.input(0), gate], outputs=match.outputs())
 
 

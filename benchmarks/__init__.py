@@ -1,0 +1,1 @@
+"""asv benchmarks of npufix: whole processes on the bench models (docs/benchmark.md says how to run them)."""
