@@ -23,9 +23,11 @@ def _attribute(node: onnx.NodeProto, name: str, default):
 def refusal(model: onnx.ModelProto) -> str | None:
     for node in model.graph.node:
         group = _attribute(node, "group", 1)
-        if node.op_type == "Conv" and group > 1 and max(_attribute(node, "dilations", [1])) > DEPTHWISE_MAX_DILATION:
+        dilation = max(_attribute(node, "dilations", [1]))
+        stride = max(_attribute(node, "strides", [1]))
+        if node.op_type == "Conv" and group > 1 and dilation > DEPTHWISE_MAX_DILATION:
             return f"error: dwconv {node.name}: dilation out of range"
-        if node.op_type == "ConvTranspose" and group > 1 and max(_attribute(node, "strides", [1])) > DEPTHWISE_DECONV_MAX_STRIDE:
+        if node.op_type == "ConvTranspose" and group > 1 and stride > DEPTHWISE_DECONV_MAX_STRIDE:
             return f"error: deconv {node.name}: stride out of range"
         if node.op_type == REFUSED_OP:
             return f"error: unsupported op {REFUSED_OP}"

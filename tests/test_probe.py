@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import onnx
 import pytest
+import synthetic_judge
 from click.testing import CliRunner
 from onnx import TensorProto, helper
 
-import synthetic_judge
 from onnx_npu_fix.cli import main
 from onnx_npu_fix.config.targets import load_target
 from onnx_npu_fix.judge import probe_models

@@ -15,6 +15,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
+"""The opset of every probe model but those of an op type the opset does not have yet (:func:`opset_of`)."""
 CHANNELS = 16
 """Channels of the limit probes: a multiple of every alignment a compiler is known to ask for, so that a dilation
 or stride probe is not refused for its channel count."""
@@ -129,12 +130,18 @@ def _extra_input(kind: str, name: str) -> onnx.TensorProto:
     return tensor
 
 
+def opset_of(op_type: str) -> int:
+    """:data:`OPSET`, or the first opset that has ``op_type`` when it came later (Mish: 18); under an opset
+    without the op, shape inference cannot type its output and the model is unbuildable."""
+    return next((v for v in range(OPSET, onnx.defs.onnx_opset_version() + 1) if onnx.defs.has(op_type, v)), OPSET)
+
+
 def single_op(op_type: str) -> onnx.ModelProto:
     """``op_type`` alone (an entry of :data:`SINGLE_OPS`) on a float input of shape [1, 16, 8, 8]."""
     attributes, extras = SINGLE_OPS[op_type]
     constants = [_extra_input(kind, f"c_{k}") for k, kind in enumerate(extras)]
     node = helper.make_node(op_type, ["x"] + [c.name for c in constants], ["y"], **attributes)
-    return _model([node], {"x": _SHAPE}, ["y"], constants)
+    return _model([node], {"x": _SHAPE}, ["y"], constants, opset=opset_of(op_type))
 
 
 def extracted(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProto:
