@@ -11,7 +11,6 @@ import sys
 import numpy as np
 import onnx
 import pytest
-import synthetic_judge
 from click.testing import CliRunner
 from onnx import TensorProto, helper
 
@@ -22,50 +21,67 @@ from onnx_npu_fix.judge.candidates import unbuildable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-JUDGE = f"{sys.executable} {os.path.join(HERE, 'synthetic_judge.py')} {{model}}"
+HIDDEN = {"depthwise_max_dilation": 6, "depthwise_deconv_max_stride": 2, "refused_ops": ["HardSwish"],
+          "channel_multiple": 4, "linear_resize": False}
+"""The synthetic compiler's limits: written to a file only the judge command names, never given to npufix."""
+EXPORTS = {"torch_convtasnet": "mix:1,4000", "torchaudio_convtasnet": "mix:1,1,4000"}
+"""The real exports probed with --like, and the shape each input is frozen to."""
 CONVTASNET = os.path.join(ROOT, "fixtures", "torch_convtasnet.onnx")
-SHAPE = ["--input-shape", "mix:1,4000"]
 
 
-def _accepts(path: str) -> bool:
-    return subprocess.run([sys.executable, os.path.join(HERE, "synthetic_judge.py"), path],
-                          capture_output=True).returncode == 0
+def _judge_argv(limits: str) -> list[str]:
+    return [sys.executable, os.path.join(HERE, "synthetic_judge.py"), "--limits", limits]
 
 
 @pytest.fixture(scope="module")
-def convtasnet_probe(tmp_path_factory):
-    """One focused probe of the asteroid ConvTasNet: (profile path, report, CLI result)."""
+def judge(tmp_path_factory) -> tuple[str, str]:
+    """(the --judge command, the limits file it names) of the synthetic compiler with :data:`HIDDEN`."""
+    limits = tmp_path_factory.mktemp("compiler") / "limits.json"
+    limits.write_text(json.dumps(HIDDEN))
+    return " ".join(_judge_argv(str(limits))) + " {model}", str(limits)
+
+
+def _accepts(judge: tuple[str, str], path: str) -> bool:
+    return subprocess.run([*_judge_argv(judge[1]), path], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module", params=sorted(EXPORTS))
+def export_probe(request, judge, tmp_path_factory):
+    """One focused probe of a real ConvTasNet export: (model path, its input shape, profile path, report, result).
+    Measured: 33 judge calls for torch_convtasnet, 27 for torchaudio_convtasnet (one cache hit each)."""
     where = tmp_path_factory.mktemp("probe")
+    model = os.path.join(ROOT, "fixtures", f"{request.param}.onnx")
+    shape = ["--input-shape", EXPORTS[request.param]]
     profile, report = where / "chip.toml", where / "probe.json"
-    result = CliRunner().invoke(main, ["probe", "--judge", JUDGE, "--like", CONVTASNET, *SHAPE, "-o", str(profile),
+    result = CliRunner().invoke(main, ["probe", "--judge", judge[0], "--like", model, *shape, "-o", str(profile),
                                        "--report", str(report)], catch_exceptions=False)
-    return profile, json.loads(report.read_text()), result
+    return model, shape, profile, json.loads(report.read_text()), result
 
 
-def test_the_learned_profile_is_the_compilers_limits(convtasnet_probe):
-    profile, report, result = convtasnet_probe
+def test_the_learned_profile_is_the_compilers_limits(export_probe):
+    _model, _shape, profile, report, result = export_probe
     assert result.exit_code == 0, result.output
     target = load_target(str(profile))
-    assert target.constraints["max_dilation"] == synthetic_judge.DEPTHWISE_MAX_DILATION
-    assert target.constraints["max_convtranspose_stride"] == synthetic_judge.DEPTHWISE_DECONV_MAX_STRIDE
-    assert target.constraints["align"] == 0  # the synthetic compiler takes odd channel counts
+    assert target.constraints["max_dilation"] == HIDDEN["depthwise_max_dilation"]
+    assert target.constraints["max_convtranspose_stride"] == HIDDEN["depthwise_deconv_max_stride"]
+    assert target.constraints["align"] == HIDDEN["channel_multiple"]
     lines = [line for line in profile.read_text().splitlines() if line.startswith("max_dilation")]
     assert "accepted (sha256" in lines[0] and "rejected (sha256" in lines[0] and "dilation out of range" in lines[0]
     assert report["checks"] and all(c["verdict"] == "pass" for c in report["checks"])
 
 
-def test_the_fixed_model_compiles_and_the_original_does_not(convtasnet_probe, tmp_path):
-    profile, _report, _result = convtasnet_probe
-    assert not _accepts(CONVTASNET)
+def test_the_fixed_model_compiles_and_the_original_does_not(export_probe, judge, tmp_path):
+    model, shape, profile, _report, _result = export_probe
+    assert not _accepts(judge, model)
     out = tmp_path / "out.onnx"
-    result = CliRunner().invoke(main, [CONVTASNET, *SHAPE, "--target", str(profile), "-o", str(out), "-q"],
+    result = CliRunner().invoke(main, [model, *shape, "--target", str(profile), "-o", str(out), "-q"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert _accepts(str(out))
+    assert _accepts(judge, str(out))
 
 
-def test_no_model_is_judged_twice_and_the_record_holds_its_schema(convtasnet_probe):
-    _profile, report, _result = convtasnet_probe
+def test_no_model_is_judged_twice_and_the_record_holds_its_schema(export_probe):
+    _model, _shape, _profile, report, _result = export_probe
     digests = [c["sha256"] for c in report["calls"]]
     assert report["judge_calls"] == len(digests) == len(set(digests))
     assert len(digests) <= 60  # a focused probe: tens of calls, not hundreds
@@ -80,6 +96,22 @@ def test_no_model_is_judged_twice_and_the_record_holds_its_schema(convtasnet_pro
     validator = jsonschema.Draft202012Validator(schema("probe"))
     validator.validate(report)
     assert not validator.is_valid(dict(report, calls=[{"probe": "x"}]))
+
+
+def test_a_limit_the_judge_times_out_on_is_a_note_not_a_key(judge, tmp_path):
+    """A compiler that hangs on large dilations: the dilation limit is undecided and left out, with the reason."""
+    limits = tmp_path / "limits.json"
+    limits.write_text(json.dumps({**HIDDEN, "hang_above_dilation": 3}))
+    model = tmp_path / "dilated.onnx"
+    onnx.save(probe_models.dilated_conv(depthwise=True, rank=1, dilation=16), str(model))
+    profile = tmp_path / "chip.toml"
+    command = " ".join(_judge_argv(str(limits))) + " {model}"
+    result = CliRunner().invoke(main, ["probe", "--judge", command, "--judge-timeout", "2", "--like", str(model),
+                                       "-o", str(profile), "-q"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    target = load_target(str(profile))
+    assert "max_dilation" not in target.constraints
+    assert "timed out at 4" in target.notes["depthwise_conv1d_dilation"]
 
 
 @pytest.mark.parametrize("build", [
@@ -112,24 +144,24 @@ def _hardswish_resize_model(path: str) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
-def test_a_refused_op_and_linear_resize_are_learned(tmp_path):
+def test_a_refused_op_and_linear_resize_are_learned(judge, tmp_path):
     model = tmp_path / "head.onnx"
     _hardswish_resize_model(str(model))
     profile = tmp_path / "chip.toml"
-    result = CliRunner().invoke(main, ["probe", "--judge", JUDGE, "--like", str(model), "-o", str(profile), "-q"],
+    result = CliRunner().invoke(main, ["probe", "--judge", judge[0], "--like", str(model), "-o", str(profile), "-q"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     target = load_target(str(profile))
-    assert target.constraints["forbidden_ops"] == (synthetic_judge.REFUSED_OP,)
+    assert list(target.constraints["forbidden_ops"]) == HIDDEN["refused_ops"]
     assert target.constraints["require_nearest_resize"] is True
     assert "max_dilation" not in target.constraints  # the model has no dilated conv: nothing was probed
 
 
-def test_base_target_keys_stay_unless_learned(tmp_path):
+def test_base_target_keys_stay_unless_learned(judge, tmp_path):
     model = tmp_path / "head.onnx"
     _hardswish_resize_model(str(model))
     profile = tmp_path / "chip.toml"
-    result = CliRunner().invoke(main, ["probe", "--judge", JUDGE, "--like", str(model), "--base-target", "bm1684x",
+    result = CliRunner().invoke(main, ["probe", "--judge", judge[0], "--like", str(model), "--base-target", "bm1684x",
                                        "-o", str(profile), "-q"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     learned, base = load_target(str(profile)).constraints, load_target("bm1684x").constraints
@@ -143,22 +175,22 @@ def test_base_target_keys_stay_unless_learned(tmp_path):
     (["--judge", ""], "--judge"),
     (["--like", CONVTASNET], "mix"),  # a dynamic input without --input-shape
 ])
-def test_bad_input_is_exit_2_in_one_line(tmp_path, args, message):
+def test_bad_input_is_exit_2_in_one_line(judge, tmp_path, args, message):
     profile = tmp_path / "chip.toml"
-    judge = [] if "--judge" in args else ["--judge", JUDGE]
-    result = CliRunner().invoke(main, ["probe", *judge, *args, "-o", str(profile)], catch_exceptions=False)
+    command = [] if "--judge" in args else ["--judge", judge[0]]
+    result = CliRunner().invoke(main, ["probe", *command, *args, "-o", str(profile)], catch_exceptions=False)
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], result.output
     assert not profile.exists()
 
 
-def test_the_console_script_probes(tmp_path):
+def test_the_console_script_probes(judge, tmp_path):
     """One real run of the installed command (the dispatch to the subcommand, the exit code)."""
     model = tmp_path / "head.onnx"
     _hardswish_resize_model(str(model))
     npufix = os.path.join(os.path.dirname(sys.executable), "npufix")
-    done = subprocess.run([npufix, "probe", "--judge", JUDGE, "--like", str(model), "-o", str(tmp_path / "c.toml")],
+    done = subprocess.run([npufix, "probe", "--judge", judge[0], "--like", str(model), "-o", str(tmp_path / "c.toml")],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "judge call 1:" in done.stderr and "wrote" in done.stderr

@@ -13,7 +13,7 @@ What is probed, and the profile key each fact sets (config/options.py says what 
   Conv);
 - depthwise ConvTranspose stride (the form of npufix's exact Resize) -> ``max_convtranspose_stride``;
 - linear vs nearest Resize -> ``require_nearest_resize``;
-- channel counts of a 1x1 Conv (odd ones first; 1..16 when they fail) -> ``align``;
+- channel counts of a 1x1 Conv (odd ones first; then the multiples of 2, 3, 4, ... up to 16) -> ``align``;
 - each other op type alone -> ``forbidden_ops``.
 
 With ``--like`` models only what they hold is probed: their op types (each node probed as it occurs in the model:
@@ -45,7 +45,7 @@ DEFAULT_DILATION_CAP = 256
 DEFAULT_STRIDE_CAP = 16
 """Largest ConvTranspose stride tried without a ``--like`` model."""
 ALIGN_SCAN = 16
-"""Channel counts 1..ALIGN_SCAN are probed when an odd count is rejected."""
+"""The largest channel alignment (and channel count) the alignment probe tries."""
 LIMIT_OPS = frozenset({"Conv", "ConvTranspose", "Resize"})
 """Op types whose support the limit probes decide (their smallest value is the op's own probe)."""
 NOT_PROBED = frozenset({"Constant", "Identity"})
@@ -330,7 +330,8 @@ def probe_resize(prober: Prober, focus: Focus, result: ProbeResult) -> None:
 
 
 def probe_align(prober: Prober, focus: Focus, result: ProbeResult) -> None:
-    """``align``: 0 when odd channel counts pass; else the smallest a whose multiples up to 16 all pass."""
+    """``align``: 0 when odd channel counts pass; else the smallest a in 2..16 all of whose multiples up to 16
+    pass (align-channels pads every count to a multiple of a), asking each a's multiples until one fails."""
     if not focus.conv:
         return
 
@@ -343,20 +344,27 @@ def probe_align(prober: Prober, focus: Focus, result: ProbeResult) -> None:
         result.learned["align"] = Learned("align", 0, "probe pointwise_conv_channels: 3 and 7 channels accepted ("
                                           + "; ".join(c.evidence() for c in odd) + ")")
         return
-    calls = {c: ask(c) for c in range(1, ALIGN_SCAN + 1)}
-    if any(c is None or c.verdict.kind == TIMEOUT for c in calls.values()):
-        result.notes["align"] = "not decided: a channel-count probe timed out or could not be built"
-        return
-    accepted = sorted(c for c, call in calls.items() if call.verdict.kind == PASS)
-    align = next((a for a in range(2, ALIGN_SCAN + 1)
-                  if all(calls[m].verdict.kind == PASS for m in range(a, ALIGN_SCAN + 1, a))), None)
-    if align is None:
-        result.notes["align"] = f"not decided: channel counts accepted {accepted or 'none'} of 1..{ALIGN_SCAN}"
-        return
-    rejected = calls[next(c for c in calls if calls[c].verdict.kind == FAIL)]
-    result.learned["align"] = Learned("align", align, f"probe pointwise_conv_channels 1..{ALIGN_SCAN}: accepted "
-                                      f"{accepted}; e.g. {rejected.params['channels']} rejected "
-                                      f"({rejected.evidence()})")
+    refused: list[Call] = [c for c in odd if c is not None and c.verdict.kind == FAIL]
+    for align in range(2, ALIGN_SCAN + 1):
+        calls = []
+        for channels in range(align, ALIGN_SCAN + 1, align):
+            call = ask(channels)
+            if call is None or call.verdict.kind == TIMEOUT:
+                result.notes["align"] = f"not decided: the probe of {channels} channels " + (
+                    "could not be built" if call is None else f"timed out ({call.evidence()})")
+                return
+            calls.append(call)
+            if call.verdict.kind == FAIL:
+                refused.append(call)
+                break
+        else:
+            counts = ", ".join(str(c.params["channels"]) for c in calls)
+            below = min(refused, key=lambda c: c.params["channels"])
+            result.learned["align"] = Learned(
+                "align", align, f"probe pointwise_conv_channels: {counts} channels accepted ({calls[0].evidence()}); "
+                                f"{below.params['channels']} rejected ({below.evidence()})")
+            return
+    result.notes["align"] = f"not decided: no alignment up to {ALIGN_SCAN} has all its channel counts accepted"
 
 
 def probe_ops(prober: Prober, ops: dict[str, tuple[onnx.ModelProto, onnx.NodeProto] | None],
