@@ -56,7 +56,8 @@ def _node_refusal(node: onnx.NodeProto, limits: dict[str, Any], weights: dict[st
     channels = _output_channels(node, weights) if node.op_type in ("Conv", "ConvTranspose") else None
     if channels is not None and channels % multiple:
         return f"error: {node.name}: {channels} channels, not a multiple of {multiple}"
-    if node.op_type == "Resize" and not limits.get("linear_resize", True) and _attribute(node, "mode", b"") == b"linear":
+    linear = node.op_type == "Resize" and _attribute(node, "mode", b"") == b"linear"
+    if linear and not limits.get("linear_resize", True):
         return "error: Resize mode linear unsupported"
     return None
 
