@@ -972,7 +972,7 @@ def _print_reduction(outcome, quiet: bool) -> None:
 class _ProbeCommand(_OneLineCommand):
     examples = (
         ("npufix probe --judge 'compile.sh {model} {dir}' --like model.onnx --input-shape x:1,1,16000 -o chip.toml",
-         "learn what the compiler accepts of this model's ops and limits, as a profile (docs/probe.md)"),
+         "learn what the compiler accepts of this model's ops and limits, as a profile (docs/unknown-compiler.md)"),
         ("npufix model.onnx --target chip.toml -o fixed.onnx", "then fix the model for it"),
     )
     exit_codes_line = ("Exit codes: 0 profile written; 2 bad input or judge (not executable, no {model}, a --like "
