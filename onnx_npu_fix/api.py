@@ -780,18 +780,28 @@ def reduce(input_path: str | os.PathLike, output: str | os.PathLike, judge: Judg
     outcome.record = reduction_record(reduction, options, command=judge.template, input_path=given[0],
                                       output=given[1], min_good=given[2] if reduction.min_good is not None else None,
                                       seconds=time.perf_counter() - started)
+    def stage(files: Transaction) -> None:
+        if min_good is not None and reduction.min_good is not None:
+            save_model(reduction.min_good, min_good, transaction=files)
+            outcome.min_good = given[2]
+        save_model(reduction.model, output, transaction=files)
+
+    _commit_with_report(stage, output, report_path, outcome.record)
+    return outcome
+
+
+def _commit_with_report(stage: Callable[[Transaction], None], output: str, report_path: str | None,
+                        record: dict[str, Any]) -> None:
+    """``stage(files)`` then the ``report_path`` record, renamed into place together; a file system error is an
+    InputError (exit 2) and nothing is written."""
     try:
         with Transaction() as files:
-            if min_good is not None and reduction.min_good is not None:
-                save_model(reduction.min_good, min_good, transaction=files)
-                outcome.min_good = given[2]
-            save_model(reduction.model, output, transaction=files)
+            stage(files)
             if report_path is not None:
-                write_json(report_path, outcome.record, transaction=files)
+                write_json(report_path, record, transaction=files)
             files.commit()
     except OSError as exc:
         raise InputError(f"cannot write {exc.filename or output}: {exc.strerror or exc}; nothing written") from None
-    return outcome
 
 
 def _judged(loop: Callable[[], Any]) -> Any:
@@ -890,15 +900,11 @@ def probe(output: str | os.PathLike, judge: Judge, *, like: Sequence[str | os.Pa
                                   base=base)
     parse_profile(text, where=given, default_name="learned")  # a profile that does not load is a bug, not written
     outcome = ProbeOutcome(EXIT_OK, result, text, given, record())
-    try:
-        with Transaction() as files:
-            with open(files.file(output, suffix=".toml.tmp"), "w", encoding="utf-8") as f:
-                f.write(text)
-            if report_path is not None:
-                write_json(report_path, outcome.record, transaction=files)
-            files.commit()
-    except OSError as exc:
-        raise InputError(f"cannot write {exc.filename or output}: {exc.strerror or exc}; nothing written") from None
+    def stage(files: Transaction) -> None:
+        with open(files.file(output, suffix=".toml.tmp"), "w", encoding="utf-8") as f:
+            f.write(text)
+
+    _commit_with_report(stage, output, report_path, outcome.record)
     return outcome
 
 
