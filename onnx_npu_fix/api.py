@@ -780,18 +780,28 @@ def reduce(input_path: str | os.PathLike, output: str | os.PathLike, judge: Judg
     outcome.record = reduction_record(reduction, options, command=judge.template, input_path=given[0],
                                       output=given[1], min_good=given[2] if reduction.min_good is not None else None,
                                       seconds=time.perf_counter() - started)
+    def stage(files: Transaction) -> None:
+        if min_good is not None and reduction.min_good is not None:
+            save_model(reduction.min_good, min_good, transaction=files)
+            outcome.min_good = given[2]
+        save_model(reduction.model, output, transaction=files)
+
+    _commit_with_report(stage, output, report_path, outcome.record)
+    return outcome
+
+
+def _commit_with_report(stage: Callable[[Transaction], None], output: str, report_path: str | None,
+                        record: dict[str, Any]) -> None:
+    """``stage(files)`` then the ``report_path`` record, renamed into place together; a file system error is an
+    InputError (exit 2) and nothing is written."""
     try:
         with Transaction() as files:
-            if min_good is not None and reduction.min_good is not None:
-                save_model(reduction.min_good, min_good, transaction=files)
-                outcome.min_good = given[2]
-            save_model(reduction.model, output, transaction=files)
+            stage(files)
             if report_path is not None:
-                write_json(report_path, outcome.record, transaction=files)
+                write_json(report_path, record, transaction=files)
             files.commit()
     except OSError as exc:
         raise InputError(f"cannot write {exc.filename or output}: {exc.strerror or exc}; nothing written") from None
-    return outcome
 
 
 def _judged(loop: Callable[[], Any]) -> Any:
@@ -824,3 +834,103 @@ def _prepared_for_reduction(model: onnx.ModelProto, options: FixOptions) -> onnx
         raise InputError(f"cannot fold the model's constants before reducing: {_failure(result.report)}")
     infer_shapes(result.model)
     return result.model
+
+
+# --- npufix probe: learn a compiler's profile from a judge ---------------------------------------------------
+
+
+@dataclass
+class ProbeOutcome:
+    """What :func:`probe` did: the result, the profile's text, the files written and the record."""
+
+    exit_code: int
+    result: Any
+    """judge.probe.ProbeResult"""
+    profile: str
+    written: str
+    record: dict[str, Any]
+
+
+def probe(output: str | os.PathLike, judge: Judge, *, like: Sequence[str | os.PathLike] = (),
+          base_target: str | None = None, input_shapes: dict[str, tuple[int, ...]] | None = None,
+          report_path: str | os.PathLike | None = None,
+          on_event: Callable[[Any], None] | None = None) -> ProbeOutcome:
+    """Probe ``judge`` (judge/probe.py) and write the learned profile TOML to ``output`` (and the record to
+    ``report_path``) atomically, together. ``like``: probe only what these models hold and what npufix emits for
+    them (``input_shapes`` freezes their dynamic inputs); ``base_target``: a profile the learned keys override.
+
+    Raises InputError (exit 2) for unusable input, paths or judge. On KeyboardInterrupt / SIGTERM the partial
+    record alone is written (when asked for), and the exception goes on."""
+    from onnx_npu_fix.config.targets import load_target, parse_profile
+    from onnx_npu_fix.judge import probe as probing
+
+    if on_event is not None:
+        with progress.listening(on_event):
+            return probe(output, judge, like=like, base_target=base_target, input_shapes=input_shapes,
+                         report_path=report_path)
+    started = time.perf_counter()
+    given, like_given = os.fspath(output), [os.fspath(p) for p in like]
+    output, report_path = _absolute(output), _absolute(report_path)
+    paths = WritePlan().writes(output, "-o")
+    for path in like_given:
+        paths.reads(_absolute(path), "a --like model")
+    if report_path is not None:
+        paths.writes(report_path, "--report")
+    paths.check()
+    base = load_target(base_target) if base_target is not None else None
+    options = FixOptions(input_shapes=dict(input_shapes or {}))
+    models = [_prepared_for_reduction(read_model(path).model, options) for path in like_given]
+    prober = probing.Prober(judge)
+    focus = probing.focus_of(models) if models else probing.full_focus()
+    fixing = functools.partial(_fixed_under, models, base) if models else None
+
+    def record() -> dict[str, Any]:
+        return probing.probe_record(prober.result, command=judge.template, like=like_given, base_target=base_target,
+                                    output=given, seconds=time.perf_counter() - started)
+    try:
+        result = _judged(lambda: probing.probe(prober, focus, fixing))
+        _judge_fixed(prober, models, like_given, base)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        prober.result.interrupted = True
+        if report_path is not None:
+            write_json(report_path, record())
+            exc.npufix_written = [os.fspath(report_path)]  # type: ignore[attr-defined]
+        raise
+    text = probing.render_profile(result, name=os.path.splitext(os.path.basename(output))[0], command=judge.template,
+                                  base=base)
+    parse_profile(text, where=given, default_name="learned")  # a profile that does not load is a bug, not written
+    outcome = ProbeOutcome(EXIT_OK, result, text, given, record())
+    def stage(files: Transaction) -> None:
+        with open(files.file(output, suffix=".toml.tmp"), "w", encoding="utf-8") as f:
+            f.write(text)
+
+    _commit_with_report(stage, output, report_path, outcome.record)
+    return outcome
+
+
+def _fixed_under(models: Sequence[onnx.ModelProto], base: Any, constraints: dict[str, Any]) -> list[onnx.ModelProto]:
+    """``models`` fixed under ``base`` (a TargetProfile or None) with ``constraints`` over it, unvalidated (the
+    probe needs their op types only); a model whose fix fails is left out."""
+    from onnx_npu_fix.config.targets import TargetProfile, apply_target
+
+    merged = {**(base.constraints if base is not None else {}), **constraints}
+    options = apply_target(TargetProfile("probe", "", (), merged), FixOptions(validate="none"))
+    fixed = []
+    for model in models:
+        result = fix(model, options)
+        if result.ok:
+            fixed.append(result.model)
+    return fixed
+
+
+def _judge_fixed(prober: Any, models: Sequence[onnx.ModelProto], paths: Sequence[str], base: Any) -> None:
+    """Each ``--like`` model fixed under the learned profile, judged: the profile's evidence that it works."""
+    from onnx_npu_fix.judge.probe import constraints
+
+    learned = constraints(prober.result)
+    for path, model in zip(paths, models):
+        fixed = _fixed_under([model], base, learned)
+        call = prober.ask("fixed_model", {"model": path}, fixed[0]) if fixed else None
+        if call is not None:
+            prober.result.checks.append({"model": path, "sha256": call.sha256, "verdict": call.verdict.kind,
+                                         "signature": call.verdict.signature, "verdict_text": call.verdict.text()})

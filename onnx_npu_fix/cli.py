@@ -174,6 +174,8 @@ class _Dispatching(_OneLineCommand):
         argv = list(sys.argv[1:] if args is None else args)
         if argv[:1] == ["reduce"]:
             return reduce_command.main(argv[1:], prog_name=f"{prog_name or 'npufix'} reduce", **extra)
+        if argv[:1] == ["probe"]:
+            return probe_command.main(argv[1:], prog_name=f"{prog_name or 'npufix'} probe", **extra)
         return super().main(args, prog_name, **extra)
 
 
@@ -879,6 +881,10 @@ def _setup_logging(quiet: bool, verbose: int) -> None:
 
 # --- npufix reduce ----------------------------------------------------------------------------------------------
 
+_judged_input_shape = click.option("--input-shape", multiple=True, metavar="NAME:D1,D2,...",
+                                   help="Freeze a graph input's shape (repeatable); needed for dynamic inputs.")
+"""--input-shape of the judge commands (reduce, probe)."""
+
 class _ReduceCommand(_OneLineCommand):
     examples = (
         ("npufix reduce fixed.onnx --judge 'compile.sh {model} {dir}' -o min.onnx --report reduce.json",
@@ -900,8 +906,7 @@ class _ReduceCommand(_OneLineCommand):
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
               help="Write the reduction record (JSON) here.")
 @click.option("--shrink", is_flag=True, help="Then make attributes that are not the cause smaller where exact.")
-@click.option("--input-shape", multiple=True, metavar="NAME:D1,D2,...",
-              help="Freeze a graph input's shape (repeatable); needed for dynamic inputs.")
+@_judged_input_shape
 @click.option("--target", metavar="NAME|FILE",
               help="A profile whose constraints the record checks the remaining nodes against.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
@@ -960,3 +965,68 @@ def _print_reduction(outcome, quiet: bool) -> None:
     if outcome.min_good:
         _say(quiet, f"wrote {outcome.min_good} (passes)")
     _say(quiet, f"wrote {outcome.written}")
+
+
+# --- npufix probe -----------------------------------------------------------------------------------------------
+
+class _ProbeCommand(_OneLineCommand):
+    examples = (
+        ("npufix probe --judge 'compile.sh {model} {dir}' --like model.onnx --input-shape x:1,1,16000 -o chip.toml",
+         "learn what the compiler accepts of this model's ops and limits, as a profile (docs/unknown-compiler.md)"),
+        ("npufix model.onnx --target chip.toml -o fixed.onnx", "then fix the model for it"),
+    )
+    exit_codes_line = ("Exit codes: 0 profile written; 2 bad input or judge (not executable, no {model}, a --like "
+                       "model that cannot be read or has dynamic inputs); 5 internal error; 130 / 143 interrupted "
+                       "(only the partial --report is written).")
+
+
+@click.command(cls=_ProbeCommand, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 118})
+@_judge_options(required=True)
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), metavar="CHIP.toml",
+              help="Where to write the learned target profile (load it with --target CHIP.toml).")
+@click.option("--like", multiple=True, type=click.Path(dir_okay=False), metavar="MODEL",
+              help="Probe only the ops and limits this model holds, and what npufix emits for it (repeatable).")
+@click.option("--base-target", metavar="NAME|FILE", default=None,
+              help="A profile whose constraints the learned ones override.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the probe record (JSON: every judge call) here.")
+@_judged_input_shape
+@click.option("-q", "--quiet", is_flag=True, help="Print only errors.")
+@click.option("-v", "--verbose", count=True, help="-vv: tracebacks.")
+@click.pass_context
+def probe_command(ctx: click.Context, **params: Any) -> None:
+    """Learn a compiler's limits from the judge command and write them as a target profile."""
+    _guarded(ctx, params.get("verbose", 0), lambda: _probe(ctx, **params))
+
+
+def _probe(ctx: click.Context, judge_command: str, fail_regex: tuple[str, ...], pass_regex: tuple[str, ...],
+           judge_timeout: float | None, signature: str | None, output: str, like: tuple[str, ...],
+           base_target: str | None, report_path: str | None, input_shape: tuple[str, ...], quiet: bool,
+           verbose: int) -> None:
+    from onnx_npu_fix import api
+
+    _setup_logging(quiet, verbose)
+    try:
+        judge = _make_judge(judge_command, fail_regex, pass_regex, judge_timeout, signature)
+        outcome = api.probe(output, judge, like=like, base_target=base_target,
+                            input_shapes=_parse_input_shape(input_shape), report_path=report_path,
+                            on_event=None if quiet else _print_judge_call)
+    except NpufixError as exc:
+        raise _InputProblem(str(exc), exc.exit_code) from None
+    result = outcome.result
+    _say(quiet, f"probed in {len(result.calls)} judge calls ({result.cached} cached, {len(result.unbuildable)} "
+                f"not built), {result.judge_seconds:.1f}s in the judge")
+    for learned in result.learned.values():
+        _say(quiet, f"  {learned.key} = {_learned_text(learned.value)}")
+    for key, note in result.notes.items():
+        _say(quiet, f"  note {key}: {note}")
+    for check in result.checks:
+        _say(quiet, f"  {check['model']} fixed under it: {check['verdict_text']}")
+    _say(quiet, f"wrote {outcome.written}")
+    ctx.exit(outcome.exit_code)
+
+
+def _learned_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(sorted(value))
+    return str(value).lower() if isinstance(value, bool) else str(value)

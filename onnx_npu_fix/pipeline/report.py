@@ -22,9 +22,9 @@ from onnx_npu_fix.pipeline.validation.quantized import quant_summary
 REPORT_VERSION = 1
 CHECK_VERSION = 1
 """The version of the ``--check --format json`` document (schemas/check.schema.json)."""
-SCHEMAS = ("record", "check", "common", "reduce")
+SCHEMAS = ("record", "check", "common", "reduce", "probe")
 """The JSON Schemas shipped in the package (``onnx_npu_fix/pipeline/schemas/<name>.schema.json``): the build
-record, the --check document, the parts they share, and ``npufix reduce``'s record."""
+record, the --check document, the parts they share, ``npufix reduce``'s record and ``npufix probe``'s."""
 
 
 def schema(name: str) -> dict[str, Any]:

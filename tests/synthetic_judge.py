@@ -1,0 +1,96 @@
+"""A synthetic compiler for the probe tests: ``python synthetic_judge.py --limits LIMITS.json MODEL`` exits 0 when
+it "compiles" the model and 1 with an error line when not.
+
+Its limits come from the JSON file the test writes and names in the judge command; npufix probe only runs the
+command and never reads that file, so what it learns comes from the verdicts alone. Keys (each optional):
+
+- ``depthwise_max_dilation``: a depthwise Conv (group > 1) with a larger dilation is refused;
+- ``depthwise_deconv_max_stride``: a depthwise ConvTranspose with a larger stride is refused;
+- ``refused_ops``: op types refused wherever they occur;
+- ``channel_multiple``: a Conv / ConvTranspose whose output channel count is not a multiple is refused;
+- ``linear_resize``: false refuses a Resize in linear mode;
+- ``hang_above_dilation``: a Conv with a larger dilation makes the compiler hang (the judge's timeout ends it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import onnx
+from onnx import numpy_helper
+
+
+def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def _output_channels(node: onnx.NodeProto, weights: dict[str, Any]) -> int | None:
+    weight = weights.get(node.input[1]) if len(node.input) > 1 else None
+    if weight is None:
+        return None
+    if node.op_type == "ConvTranspose":
+        return weight.shape[1] * _attribute(node, "group", 1)
+    return weight.shape[0]
+
+
+def _node_refusal(node: onnx.NodeProto, limits: dict[str, Any], weights: dict[str, Any]) -> str | None:
+    depthwise = _attribute(node, "group", 1) > 1
+    dilation = max(_attribute(node, "dilations", [1]) or [1])
+    stride = max(_attribute(node, "strides", [1]) or [1])
+    if node.op_type == "Conv" and dilation > limits.get("hang_above_dilation", dilation):
+        time.sleep(600)
+    if node.op_type in limits.get("refused_ops", ()):
+        return f"error: unsupported op {node.op_type}"
+    if node.op_type == "Conv" and depthwise and dilation > limits.get("depthwise_max_dilation", dilation):
+        return f"error: dwconv {node.name}: dilation out of range"
+    if node.op_type == "ConvTranspose" and depthwise and stride > limits.get("depthwise_deconv_max_stride", stride):
+        return f"error: deconv {node.name}: stride out of range"
+    multiple = limits.get("channel_multiple", 1)
+    channels = _output_channels(node, weights) if node.op_type in ("Conv", "ConvTranspose") else None
+    if channels is not None and channels % multiple:
+        return f"error: {node.name}: {channels} channels, not a multiple of {multiple}"
+    linear = node.op_type == "Resize" and _attribute(node, "mode", b"") == b"linear"
+    if linear and not limits.get("linear_resize", True):
+        return "error: Resize mode linear unsupported"
+    return None
+
+
+def refusal(model: onnx.ModelProto, limits: dict[str, Any]) -> str | None:
+    """Why the synthetic compiler refuses ``model`` under ``limits``, or None when it compiles it."""
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output and node.attribute and node.attribute[0].name == "value":
+            weights[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    for node in model.graph.node:
+        reason = _node_refusal(node, limits, weights)
+        if reason is not None:
+            return reason
+    return None
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--limits", required=True)
+    parser.add_argument("model")
+    args = parser.parse_args(argv)
+    with open(args.limits, encoding="utf-8") as f:
+        limits = json.load(f)
+    model = onnx.load(args.model)
+    onnx.checker.check_model(model)
+    reason = refusal(model, limits)
+    if reason is not None:
+        print(reason)
+        return 1
+    print("compiled")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

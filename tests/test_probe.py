@@ -1,0 +1,196 @@
+"""``npufix probe`` against a synthetic compiler (tests/synthetic_judge.py, run as a real judge command): the
+learned profile loads as a target, and npufix's output under it is what that compiler accepts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+from onnx_npu_fix.cli import main
+from onnx_npu_fix.config.targets import load_target
+from onnx_npu_fix.judge import probe_models
+from onnx_npu_fix.judge.candidates import unbuildable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+HIDDEN = {"depthwise_max_dilation": 6, "depthwise_deconv_max_stride": 2, "refused_ops": ["HardSwish"],
+          "channel_multiple": 4, "linear_resize": False}
+"""The synthetic compiler's limits: written to a file only the judge command names, never given to npufix."""
+EXPORTS = {"torch_convtasnet": "mix:1,4000", "torchaudio_convtasnet": "mix:1,1,4000"}
+"""The real exports probed with --like, and the shape each input is frozen to."""
+CONVTASNET = os.path.join(ROOT, "fixtures", "torch_convtasnet.onnx")
+
+
+def _judge_argv(limits: str) -> list[str]:
+    return [sys.executable, os.path.join(HERE, "synthetic_judge.py"), "--limits", limits]
+
+
+@pytest.fixture(scope="module")
+def judge(tmp_path_factory) -> tuple[str, str]:
+    """(the --judge command, the limits file it names) of the synthetic compiler with :data:`HIDDEN`."""
+    limits = tmp_path_factory.mktemp("compiler") / "limits.json"
+    limits.write_text(json.dumps(HIDDEN))
+    return " ".join(_judge_argv(str(limits))) + " {model}", str(limits)
+
+
+def _accepts(judge: tuple[str, str], path: str) -> bool:
+    return subprocess.run([*_judge_argv(judge[1]), path], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module", params=sorted(EXPORTS))
+def export_probe(request, judge, tmp_path_factory):
+    """One focused probe of a real ConvTasNet export: (model path, its input shape, profile path, report, result).
+    Measured: 33 judge calls for torch_convtasnet, 27 for torchaudio_convtasnet (one cache hit each)."""
+    where = tmp_path_factory.mktemp("probe")
+    model = os.path.join(ROOT, "fixtures", f"{request.param}.onnx")
+    shape = ["--input-shape", EXPORTS[request.param]]
+    profile, report = where / "chip.toml", where / "probe.json"
+    result = CliRunner().invoke(main, ["probe", "--judge", judge[0], "--like", model, *shape, "-o", str(profile),
+                                       "--report", str(report)], catch_exceptions=False)
+    return model, shape, profile, json.loads(report.read_text()), result
+
+
+def test_the_learned_profile_is_the_compilers_limits(export_probe):
+    _model, _shape, profile, report, result = export_probe
+    assert result.exit_code == 0, result.output
+    target = load_target(str(profile))
+    assert target.constraints["max_dilation"] == HIDDEN["depthwise_max_dilation"]
+    assert target.constraints["max_convtranspose_stride"] == HIDDEN["depthwise_deconv_max_stride"]
+    assert target.constraints["align"] == HIDDEN["channel_multiple"]
+    lines = [line for line in profile.read_text().splitlines() if line.startswith("max_dilation")]
+    assert "accepted (sha256" in lines[0] and "rejected (sha256" in lines[0] and "dilation out of range" in lines[0]
+    assert report["checks"] and all(c["verdict"] == "pass" for c in report["checks"])
+
+
+def test_the_fixed_model_compiles_and_the_original_does_not(export_probe, judge, tmp_path):
+    model, shape, profile, _report, _result = export_probe
+    assert not _accepts(judge, model)
+    out = tmp_path / "out.onnx"
+    result = CliRunner().invoke(main, [model, *shape, "--target", str(profile), "-o", str(out), "-q"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert _accepts(judge, str(out))
+
+
+def test_no_model_is_judged_twice_and_the_record_holds_its_schema(export_probe):
+    _model, _shape, _profile, report, _result = export_probe
+    digests = [c["sha256"] for c in report["calls"]]
+    assert report["judge_calls"] == len(digests) == len(set(digests))
+    assert len(digests) <= 60  # a focused probe: tens of calls, not hundreds
+    assert not report["unbuildable"]
+    probes = {c["probe"] for c in report["calls"]}
+    assert {"depthwise_conv1d_dilation", "op", "fixed_model"} <= probes
+    emitted = {c["params"]["op"] for c in report["calls"] if c["params"].get("from") == "npufix output"}
+    assert emitted, "the ops npufix emits for the model (space-to-batch) are probed too"
+    jsonschema = pytest.importorskip("jsonschema")
+    from onnx_npu_fix.pipeline.report import schema
+
+    validator = jsonschema.Draft202012Validator(schema("probe"))
+    validator.validate(report)
+    assert not validator.is_valid(dict(report, calls=[{"probe": "x"}]))
+
+
+def test_a_limit_the_judge_times_out_on_is_a_note_not_a_key(judge, tmp_path):
+    """A compiler that hangs on large dilations: the dilation limit is undecided and left out, with the reason."""
+    limits = tmp_path / "limits.json"
+    limits.write_text(json.dumps({**HIDDEN, "hang_above_dilation": 3}))
+    model = tmp_path / "dilated.onnx"
+    onnx.save(probe_models.dilated_conv(depthwise=True, rank=1, dilation=16), str(model))
+    profile = tmp_path / "chip.toml"
+    command = " ".join(_judge_argv(str(limits))) + " {model}"
+    result = CliRunner().invoke(main, ["probe", "--judge", command, "--judge-timeout", "2", "--like", str(model),
+                                       "-o", str(profile), "-q"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    target = load_target(str(profile))
+    assert "max_dilation" not in target.constraints
+    assert "timed out at 4" in target.notes["depthwise_conv1d_dilation"]
+
+
+@pytest.mark.parametrize("build", [
+    lambda: probe_models.dilated_conv(depthwise=True, rank=1, dilation=128),
+    lambda: probe_models.dilated_conv(depthwise=False, rank=2, dilation=5),
+    lambda: probe_models.conv_transpose(stride=3),
+    lambda: probe_models.conv_transpose(stride=8),
+    lambda: probe_models.pointwise_conv(channels=1),
+    lambda: probe_models.resize(form="linear"),
+    lambda: probe_models.resize(form="nearest"),
+    *[lambda op=op: probe_models.single_op(op) for op in sorted(probe_models.SINGLE_OPS)],
+])
+def test_every_probe_model_passes_the_checker_and_strict_inference(build):
+    model = build()
+    assert unbuildable(model) is None
+    onnx.shape_inference.infer_shapes(model, strict_mode=True)
+
+
+def _hardswish_resize_model(path: str) -> None:
+    """A Conv -> HardSwish -> linear Resize model (what a MobileNetV3 segmentation head holds)."""
+    rng = np.random.default_rng(0)
+    weight = onnx.numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    scales = onnx.numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c"], ["h"]),
+             helper.make_node("Resize", ["h", "", "s"], ["y"], mode="linear",
+                              coordinate_transformation_mode="half_pixel")]
+    graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32, 32])], [weight, scales])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_a_refused_op_and_linear_resize_are_learned(judge, tmp_path):
+    model = tmp_path / "head.onnx"
+    _hardswish_resize_model(str(model))
+    profile = tmp_path / "chip.toml"
+    result = CliRunner().invoke(main, ["probe", "--judge", judge[0], "--like", str(model), "-o", str(profile), "-q"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    target = load_target(str(profile))
+    assert list(target.constraints["forbidden_ops"]) == HIDDEN["refused_ops"]
+    assert target.constraints["require_nearest_resize"] is True
+    assert "max_dilation" not in target.constraints  # the model has no dilated conv: nothing was probed
+
+
+def test_base_target_keys_stay_unless_learned(judge, tmp_path):
+    model = tmp_path / "head.onnx"
+    _hardswish_resize_model(str(model))
+    profile = tmp_path / "chip.toml"
+    result = CliRunner().invoke(main, ["probe", "--judge", judge[0], "--like", str(model), "--base-target", "bm1684x",
+                                       "-o", str(profile), "-q"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    learned, base = load_target(str(profile)).constraints, load_target("bm1684x").constraints
+    assert learned["require_nearest_resize"] is True and base["require_nearest_resize"] is False
+    assert learned["max_dilation"] == base["max_dilation"]
+    assert "# from --base-target bm1684x" in profile.read_text()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--like", "missing.onnx"], "missing.onnx"),
+    (["--judge", ""], "--judge"),
+    (["--like", CONVTASNET], "mix"),  # a dynamic input without --input-shape
+])
+def test_bad_input_is_exit_2_in_one_line(judge, tmp_path, args, message):
+    profile = tmp_path / "chip.toml"
+    command = [] if "--judge" in args else ["--judge", judge[0]]
+    result = CliRunner().invoke(main, ["probe", *command, *args, "-o", str(profile)], catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.output
+    assert not profile.exists()
+
+
+def test_the_console_script_probes(judge, tmp_path):
+    """One real run of the installed command (the dispatch to the subcommand, the exit code)."""
+    model = tmp_path / "head.onnx"
+    _hardswish_resize_model(str(model))
+    npufix = os.path.join(os.path.dirname(sys.executable), "npufix")
+    done = subprocess.run([npufix, "probe", "--judge", judge[0], "--like", str(model), "-o", str(tmp_path / "c.toml")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "judge call 1:" in done.stderr and "wrote" in done.stderr
