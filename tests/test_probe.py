@@ -47,8 +47,7 @@ def _accepts(judge: tuple[str, str], path: str) -> bool:
 
 @pytest.fixture(scope="module", params=sorted(EXPORTS))
 def export_probe(request, judge, tmp_path_factory):
-    """One focused probe of a real ConvTasNet export: (model path, its input shape, profile path, report, result).
-    Measured: 33 judge calls for torch_convtasnet, 27 for torchaudio_convtasnet (one cache hit each)."""
+    """One focused probe of a real ConvTasNet export: (model path, its input shape, profile path, report, result)."""
     where = tmp_path_factory.mktemp("probe")
     model = os.path.join(ROOT, "fixtures", f"{request.param}.onnx")
     shape = ["--input-shape", EXPORTS[request.param]]
