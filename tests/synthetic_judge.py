@@ -9,7 +9,12 @@ command and never reads that file, so what it learns comes from the verdicts alo
 - ``refused_ops``: op types refused wherever they occur;
 - ``channel_multiple``: a Conv / ConvTranspose whose output channel count is not a multiple is refused;
 - ``linear_resize``: false refuses a Resize in linear mode;
-- ``hang_above_dilation``: a Conv with a larger dilation makes the compiler hang (the judge's timeout ends it).
+- ``hang_above_dilation``: a Conv with a larger dilation makes the compiler hang (the judge's timeout ends it);
+- ``max_kernel`` / ``max_stride``: a Conv with a larger kernel extent / stride on some axis is refused;
+- ``quantized_max_stride``: the same for a Conv whose weight comes from a DequantizeLinear;
+- ``max_rank``: a tensor (input, output or inferred) of more axes is refused;
+- ``batch_one``: true refuses a tensor whose axis 0 is not 1;
+- ``qdq``: false refuses QuantizeLinear / DequantizeLinear.
 """
 
 from __future__ import annotations
@@ -56,6 +61,15 @@ def _node_refusal(node: onnx.NodeProto, limits: dict[str, Any], weights: dict[st
     channels = _output_channels(node, weights) if node.op_type in ("Conv", "ConvTranspose") else None
     if channels is not None and channels % multiple:
         return f"error: {node.name}: {channels} channels, not a multiple of {multiple}"
+    if node.op_type == "Conv" and max(_attribute(node, "kernel_shape", [1])) > limits.get("max_kernel", 1 << 30):
+        return f"error: conv {node.name}: kernel too large"
+    if node.op_type == "Conv" and stride > limits.get("max_stride", stride):
+        return f"error: conv {node.name}: stride too large"
+    quantized = node.op_type == "Conv" and node.input[1] in weights.get("<dequantized>", ())
+    if quantized and stride > limits.get("quantized_max_stride", stride):
+        return f"error: quantized conv {node.name}: stride too large"
+    if node.op_type in ("QuantizeLinear", "DequantizeLinear") and not limits.get("qdq", True):
+        return "error: quantized models are not supported"
     linear = node.op_type == "Resize" and _attribute(node, "mode", b"") == b"linear"
     if linear and not limits.get("linear_resize", True):
         return "error: Resize mode linear unsupported"
@@ -68,10 +82,22 @@ def refusal(model: onnx.ModelProto, limits: dict[str, Any]) -> str | None:
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output and node.attribute and node.attribute[0].name == "value":
             weights[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    weights["<dequantized>"] = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
     for node in model.graph.node:
         reason = _node_refusal(node, limits, weights)
         if reason is not None:
             return reason
+    return _tensor_refusal(model, limits)
+
+
+def _tensor_refusal(model: onnx.ModelProto, limits: dict[str, Any]) -> str | None:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) > limits.get("max_rank", len(dims)):
+            return f"error: tensor {value.name}: rank {len(dims)} unsupported"
+        if limits.get("batch_one") and dims and dims[0].dim_value > 1:
+            return f"error: tensor {value.name}: batch {dims[0].dim_value} unsupported"
     return None
 
 

@@ -121,6 +121,11 @@ def test_a_limit_the_judge_times_out_on_is_a_note_not_a_key(judge, tmp_path):
     lambda: probe_models.pointwise_conv(channels=1),
     lambda: probe_models.resize(form="linear"),
     lambda: probe_models.resize(form="nearest"),
+    lambda: probe_models.conv(kernel=7, stride=4),
+    lambda: probe_models.conv(kernel=16, stride=8, rank=1),
+    lambda: probe_models.qdq_conv(stride=4),
+    lambda: probe_models.ranked(rank=6),
+    lambda: probe_models.pointwise_conv(channels=16, batch=2),
     *[lambda op=op: probe_models.single_op(op) for op in sorted(probe_models.SINGLE_OPS)],
 ])
 def test_every_probe_model_passes_the_checker_and_strict_inference(build):
@@ -167,6 +172,70 @@ def test_base_target_keys_stay_unless_learned(judge, tmp_path):
     assert learned["require_nearest_resize"] is True and base["require_nearest_resize"] is False
     assert learned["max_dilation"] == base["max_dilation"]
     assert "# from --base-target bm1684x" in profile.read_text()
+
+
+def _strided_rank5_model(path: str) -> None:
+    """A 7x7 stride-4 Conv, then a Reshape to five axes and back (a channel shuffle's form)."""
+    rng = np.random.default_rng(0)
+    weight = onnx.numpy_helper.from_array(rng.standard_normal((8, 3, 7, 7)).astype(np.float32), "w")
+    five = onnx.numpy_helper.from_array(np.array([1, 8, 4, 4, 16], np.int64), "five")
+    four = onnx.numpy_helper.from_array(np.array([1, 8, 16, 16], np.int64), "four")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[7, 7], strides=[4, 4], pads=[3, 3, 3, 3]),
+             helper.make_node("Reshape", ["c", "five"], ["r"]), helper.make_node("Reshape", ["r", "four"], ["y"])]
+    graph = helper.make_graph(nodes, "stem", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 64, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+                              [weight, five, four])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def _probe_with(limits: dict, like: str, where) -> dict:
+    """The constraints ``npufix probe --like LIKE`` learns from the synthetic compiler with ``limits``."""
+    path = where / "limits.json"
+    path.write_text(json.dumps(limits))
+    profile = where / "chip.toml"
+    command = " ".join(_judge_argv(str(path))) + " {model}"
+    result = CliRunner().invoke(main, ["probe", "--judge", command, "--like", like, "-o", str(profile), "-q"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return load_target(str(profile)).constraints
+
+
+def test_kernel_stride_rank_and_batch_limits_are_learned(tmp_path):
+    model = tmp_path / "stem.onnx"
+    _strided_rank5_model(str(model))
+    hidden = {"max_kernel": 5, "max_stride": 2, "max_rank": 4, "batch_one": True}
+    learned = _probe_with(hidden, str(model), tmp_path)
+    assert {key: learned.get(key) for key in hidden} == hidden
+    assert "max_stride_quantized" not in learned and "allow_qdq" not in learned  # a float model: not probed
+    roomy = _probe_with({"max_rank": 5}, str(model), tmp_path)
+    assert roomy["batch_one"] is False
+    assert not {"max_kernel", "max_stride", "max_rank"} & set(roomy)  # every value up to the model's accepted
+
+
+def test_a_quantized_stride_limit_and_qdq_refusal_are_learned(tmp_path):
+    """The --like model is quantized by onnxruntime's own quantizer (a stride-4 Conv)."""
+    quantization = pytest.importorskip("onnxruntime.quantization")
+    rng = np.random.default_rng(0)
+    weight = onnx.numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], strides=[4, 4])
+    graph = helper.make_graph([node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 19, 19])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 5, 5])], [weight])
+    float_path, qdq_path = tmp_path / "float.onnx", tmp_path / "qdq.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(float_path))
+
+    class Reader(quantization.CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"x": rng.standard_normal((1, 8, 19, 19)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantization.quantize_static(str(float_path), str(qdq_path), Reader(), quant_format=quantization.QuantFormat.QDQ)
+    learned = _probe_with({"quantized_max_stride": 2}, str(qdq_path), tmp_path)
+    assert learned["max_stride_quantized"] == 2 and learned["allow_qdq"] is True
+    assert "max_stride" not in learned  # float Convs take every stride up to the model's
+    refused = _probe_with({"qdq": False}, str(qdq_path), tmp_path)
+    assert refused["allow_qdq"] is False
 
 
 @pytest.mark.parametrize(("args", "message"), [

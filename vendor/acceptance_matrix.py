@@ -47,6 +47,9 @@ CROSS = {
     "htp-v73 (rv1106 output)": ("rv1106", ("judge_qnn.sh", ["--htp-arch", "73"], "NPUFIX_QNN_PYTHON",
                                            "onnxruntime-qnn")),
 }
+# "PROFILE learned" -> (profile file, PROFILE's judge): a profile written by `npufix probe` against PROFILE's
+# compiler (--learned PROFILE=FILE), judged beside the built-in one
+LEARNED: dict[str, tuple[str, tuple]] = {}
 VERSION_PROBE = {
     "NPUFIX_TPU_MLIR": ("{}/python", "tpu_mlir"),
     "NPUFIX_RKNN_PYTHON": ("{}", "rknn-toolkit2"),
@@ -149,6 +152,8 @@ def tasks(manifest: dict, profiles: list[str]) -> list[tuple[str, str, str, tupl
         for column in profiles:
             if column in JUDGES:
                 out.append((column, name, column, JUDGES[column]))
+            elif column in LEARNED:
+                out.append((column, name, *LEARNED[column]))
             elif column in CROSS and name.endswith("_qdq"):
                 out.append((column, name, *CROSS[column]))
     return out
@@ -194,7 +199,8 @@ def run_all(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: d
             base = os.path.join(args.work, column.replace(" ", "_").replace("(", "").replace(")", ""), name)
             if not args.npufix_only:
                 judge_once(args, cache, spec, "original", model, entry, os.path.join(base, "original"), column, name)
-            out = os.path.join(args.work, target, name, label, f"{name}.onnx")  # one npufix run per target
+            # one npufix run per target (a learned profile's by its file name)
+            out = os.path.join(args.work, os.path.basename(target), name, label, f"{name}.onnx")
             os.makedirs(os.path.dirname(out), exist_ok=True)
             fixed = cache.get("npufix", label, target, name)
             # exit 2 is a usage error of this call (e.g. a dynamic input the manifest gave no shape): run it again
@@ -300,7 +306,7 @@ def render(args: argparse.Namespace, manifest: dict, cache: Cache, checkouts: di
         rows = [t for t in tasks(manifest, [column])]
         if not rows:
             continue
-        spec = JUDGES[column] if column in JUDGES else CROSS[column][1]
+        spec = rows[0][3]
         spec_key = " ".join([spec[0], *spec[1]])
         head = "| model | original |" + "".join(f" npufix ({lb}) | output ({lb}) | CPU ± ({lb}) |" for lb in labels)
         table = [f"## {column} ({spec[3]})", "", head, "|" + "---|" * (2 + 3 * len(labels))]
@@ -342,6 +348,9 @@ def main() -> None:
                    help="an npufix checkout to test (repeatable; default: this one)")
     p.add_argument("--python", default=sys.executable, help="Python with npufix's dependencies")
     p.add_argument("--profiles", default=",".join([*JUDGES, *CROSS]), type=lambda s: s.split(","))
+    p.add_argument("--learned", action="append", default=[], metavar="PROFILE=FILE.toml",
+                   help="also judge npufix's output for FILE (written by `npufix probe` against PROFILE's compiler) "
+                        "as column 'PROFILE learned' (repeatable)")
     p.add_argument("--only", action="append", default=[], help="only these models, judged in this order (repeatable)")
     p.add_argument("--work", default=None, help="scratch + cache directory (default: MODELS/matrix-work)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds for one judge run")
@@ -362,9 +371,13 @@ def main() -> None:
     if args.only:
         manifest = {k: manifest[k] for k in args.only if k in manifest}  # in the order given
     checkouts = dict(s.split("=", 1) for s in args.npufix) or {"this": os.path.dirname(HERE)}
+    for spec in args.learned:
+        profile, path = spec.split("=", 1)
+        LEARNED[f"{profile} learned"] = (os.path.abspath(path), JUDGES[profile])
+        args.profiles.append(f"{profile} learned")
     cache = Cache(os.path.join(args.work, "results.jsonl"))
-    missing = sorted({(JUDGES.get(c) or CROSS[c][1])[2] for c in args.profiles
-                      if not os.environ.get((JUDGES.get(c) or CROSS[c][1])[2])})
+    variables = {c: (JUDGES.get(c) or (LEARNED[c] if c in LEARNED else CROSS[c])[1])[2] for c in args.profiles}
+    missing = sorted({v for v in variables.values() if not os.environ.get(v)})
     if missing:
         log("not judged (variable unset): " + ", ".join(missing))
     if not args.render:

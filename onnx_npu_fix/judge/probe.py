@@ -14,6 +14,11 @@ What is probed, and the profile key each fact sets (config/options.py says what 
 - depthwise ConvTranspose stride (the form of npufix's exact Resize) -> ``max_convtranspose_stride``;
 - linear vs nearest Resize -> ``require_nearest_resize``;
 - channel counts of a 1x1 Conv (odd ones first; then the multiples of 2, 3, 4, ... up to 16) -> ``align``;
+- the kernel of a group-1 Conv (per spatial rank in focus) -> ``max_kernel``;
+- the stride of a 3x3 Conv -> ``max_stride``; of a QDQ one, where lower -> ``max_stride_quantized``;
+- the rank of a tensor (from 4 up) -> ``max_rank``;
+- a 1x1 Conv on two images where one passes -> ``batch_one``;
+- a QDQ Conv where the float one passes -> ``allow_qdq``;
 - each other op type alone -> ``forbidden_ops``.
 
 With ``--like`` models only what they hold is probed: their op types (each node probed as it occurs in the model:
@@ -44,6 +49,15 @@ DEFAULT_DILATION_CAP = 256
 """Largest dilation tried without a ``--like`` model (the largest in the fixtures' TCNs is 128)."""
 DEFAULT_STRIDE_CAP = 16
 """Largest ConvTranspose stride tried without a ``--like`` model."""
+DEFAULT_KERNEL_CAP = 16
+"""Largest Conv kernel tried without a ``--like`` model."""
+DEFAULT_RANK_CAP = 6
+"""Largest tensor rank tried without a ``--like`` model."""
+RANK_START = 4
+"""The tensor-rank search starts here: every NPU compiler takes rank-4 tensors, and a rank-1 or rank-2 Relu says
+little about the ranks a model's activations have."""
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul"})
+"""Op types that make a model quantized (the QDQ probes run for it)."""
 ALIGN_SCAN = 16
 """The largest channel alignment (and channel count) the alignment probe tries."""
 LIMIT_OPS = frozenset({"Conv", "ConvTranspose", "Resize"})
@@ -151,13 +165,13 @@ class Prober:
         return call
 
     def bisect(self, probe: str, key: str, build: Callable[[int], onnx.ModelProto], cap: int,
-               fixed: dict[str, Any]) -> Bracket:
-        """The largest value of ``key`` in 1..``cap`` the judge accepts (module docstring)."""
+               fixed: dict[str, Any], start: int = 1) -> Bracket:
+        """The largest value of ``key`` in ``start``..``cap`` the judge accepts (module docstring)."""
         def ask(value: int) -> Call | None:
             return self.ask(probe, {**fixed, key: value}, build(value))
 
         accepted = rejected = None
-        value = 1
+        value = start
         while True:
             call = ask(value)
             stop = _stop_reason(call, value, accepted)
@@ -204,20 +218,29 @@ def _params_text(params: dict[str, Any]) -> str:
 @dataclass
 class Focus:
     """What the probe covers: dilation caps per (depthwise, rank), the ConvTranspose stride cap (0: none), Resize,
-    and the op types to probe alone with an example node of each (None: a probe_models.single_op model)."""
+    and the op types to probe alone with an example node of each (None: a probe_models.single_op model); the
+    largest Conv kernel per spatial rank, the largest Conv stride (of a quantized model's Convs: ``qdq_stride_cap``),
+    the largest tensor rank, and whether the models are quantized (QDQ)."""
 
     dilation_caps: dict[tuple[bool, int], int]
     stride_cap: int
     resize: bool
     conv: bool
     ops: dict[str, tuple[onnx.ModelProto, onnx.NodeProto] | None]
+    kernel_caps: dict[int, int] = field(default_factory=dict)
+    conv_stride_cap: int = 0
+    rank_cap: int = 0
+    qdq: bool = False
+    qdq_stride_cap: int = 0
 
 
 def full_focus() -> Focus:
     """Without ``--like``: every limit to its default cap, every op of probe_models.SINGLE_OPS."""
     caps = {(dw, rank): DEFAULT_DILATION_CAP for dw in (True, False) for rank in (1, 2)}
     return Focus(caps, DEFAULT_STRIDE_CAP, True, True,
-                 {op: None for op in probe_models.SINGLE_OPS if op not in NOT_PROBED})
+                 {op: None for op in probe_models.SINGLE_OPS if op not in NOT_PROBED},
+                 kernel_caps={2: DEFAULT_KERNEL_CAP}, conv_stride_cap=DEFAULT_STRIDE_CAP, rank_cap=DEFAULT_RANK_CAP,
+                 qdq=True, qdq_stride_cap=DEFAULT_STRIDE_CAP)
 
 
 def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
@@ -238,8 +261,13 @@ def focus_of(models: Sequence[onnx.ModelProto]) -> Focus:
     for model in models:
         shapes = {v.name: len(v.type.tensor_type.shape.dim) for v in
                   list(model.graph.value_info) + list(model.graph.input)}
+        focus.rank_cap = max(focus.rank_cap, *shapes.values(), 0)
+        quantized = any(node.op_type in QDQ_OPS for node in model.graph.node)
+        focus.qdq = focus.qdq or quantized
         for node in model.graph.node:
             _note_node(focus, model, node, shapes)
+            if quantized and node.op_type == "Conv":
+                focus.qdq_stride_cap = max(focus.qdq_stride_cap, max(_attribute(node, "strides", [1]) or [1]))
     return focus
 
 
@@ -252,6 +280,9 @@ def _note_node(focus: Focus, model: onnx.ModelProto, node: onnx.NodeProto, ranks
         depthwise = _attribute(node, "group", 1) > 1
         key = (depthwise, 1 if rank <= 1 else 2)
         focus.dilation_caps[key] = max(focus.dilation_caps.get(key, 1), dilation)
+        kernel = max(_attribute(node, "kernel_shape", [1]) or [1])
+        focus.kernel_caps[key[1]] = max(focus.kernel_caps.get(key[1], 1), kernel)
+        focus.conv_stride_cap = max(focus.conv_stride_cap, max(_attribute(node, "strides", [1]) or [1]))
     elif op == "ConvTranspose":
         focus.stride_cap = max(focus.stride_cap, max(_attribute(node, "strides", [1]) or [1]))
     elif op == "Resize":
@@ -307,6 +338,106 @@ def probe_convtranspose(prober: Prober, focus: Focus, result: ProbeResult) -> No
     if bracket.value is not None:
         result.learned["max_convtranspose_stride"] = Learned("max_convtranspose_stride", bracket.value,
                                                              bracket.evidence("stride"))
+
+
+def _learn_bracket(result: ProbeResult, profile_key: str, bracket: Bracket, key: str) -> None:
+    _record_bracket(bracket, key, result)
+    if bracket.value is not None:
+        result.learned[profile_key] = Learned(profile_key, bracket.value, bracket.evidence(key))
+
+
+def probe_kernels(prober: Prober, focus: Focus, result: ProbeResult) -> None:
+    """``max_kernel``: the largest group-1 Conv kernel (k on every axis) accepted, the smallest over the spatial
+    ranks in focus."""
+    for rank, cap in sorted(focus.kernel_caps.items()):
+        if cap <= 1:
+            continue
+        bracket = prober.bisect(f"conv{rank}d_kernel", "kernel", lambda k, r=rank: probe_models.conv(
+            kernel=k, rank=r), cap, {"channels": probe_models.CHANNELS, "stride": 1})
+        _record_bracket(bracket, "kernel", result)
+        known = result.learned.get("max_kernel")
+        if bracket.value is not None and (known is None or bracket.value < known.value):
+            result.learned["max_kernel"] = Learned("max_kernel", bracket.value, bracket.evidence("kernel"))
+
+
+def probe_strides(prober: Prober, focus: Focus, result: ProbeResult) -> None:
+    """``max_stride``: the largest Conv stride accepted (a 3x3 group-1 Conv); ``max_stride_quantized``: the same
+    of a QDQ Conv, set only where it is below the float one (config/options.py)."""
+    if focus.conv_stride_cap > 1:
+        bracket = prober.bisect("conv2d_stride", "stride", lambda s: probe_models.conv(stride=s),
+                                focus.conv_stride_cap, {"channels": probe_models.CHANNELS, "kernel": 3})
+        _learn_bracket(result, "max_stride", bracket, "stride")
+    if focus.qdq_stride_cap > 1:
+        bracket = prober.bisect("qdq_conv2d_stride", "stride", lambda s: probe_models.qdq_conv(stride=s),
+                                focus.qdq_stride_cap, {"channels": probe_models.CHANNELS, "kernel": 3})
+        _record_bracket(bracket, "stride", result)
+        float_limit = result.learned.get("max_stride")
+        below = float_limit is None or (bracket.value is not None and bracket.value < float_limit.value)
+        if bracket.value is not None and below:
+            result.learned["max_stride_quantized"] = Learned("max_stride_quantized", bracket.value,
+                                                             bracket.evidence("stride"))
+
+
+def probe_rank(prober: Prober, focus: Focus, result: ProbeResult) -> None:
+    """``max_rank``: the largest rank of a tensor (a Relu's input) accepted, from :data:`RANK_START` up to the
+    largest rank in focus (nothing to learn when no tensor has more than :data:`RANK_START` axes)."""
+    if focus.rank_cap <= RANK_START:
+        return
+    bracket = prober.bisect("tensor_rank", "rank", lambda r: probe_models.ranked(rank=r), focus.rank_cap,
+                            {"op": "Relu"}, start=RANK_START)
+    _learn_bracket(result, "max_rank", bracket, "rank")
+
+
+def _both(prober: Prober, probe: str, models: dict[Any, tuple[dict[str, Any], onnx.ModelProto]],
+          result: ProbeResult) -> dict[Any, Call] | None:
+    """The calls on a pair of probe models (the form without and with what is probed), or None with a note when
+    either gives no verdict to learn from."""
+    calls = {form: prober.ask(probe, params, model) for form, (params, model) in models.items()}
+    if any(c is None or c.verdict.kind == TIMEOUT for c in calls.values()):
+        said = ", ".join(f"{form}: {c.evidence() if c else 'not built'}" for form, c in calls.items())
+        result.notes[probe] = f"not decided: {said}"
+        return None
+    return calls
+
+
+def probe_batch(prober: Prober, focus: Focus, result: ProbeResult) -> None:
+    """``batch_one``: true when a 1x1 Conv on one image passes and on two fails, false when both pass (space-to-
+    batch's batch layout and batched models need batch > 1)."""
+    if not focus.conv:
+        return
+    channels = probe_models.CHANNELS
+    forms = {batch: ({"channels": channels, "batch": batch}, probe_models.pointwise_conv(channels=channels,
+                                                                                         batch=batch))
+             for batch in (1, 2)}
+    calls = _both(prober, "batch", forms, result)
+    if calls is None:
+        return
+    one, two = calls[1], calls[2]
+    if one.verdict.kind != PASS:
+        result.notes["batch"] = f"not decided: batch 1 rejected ({one.evidence()})"
+        return
+    refused = two.verdict.kind == FAIL
+    result.learned["batch_one"] = Learned("batch_one", refused, f"probe batch: 1x1 Conv on one image accepted "
+                                          f"({one.evidence()}), on two {'rejected' if refused else 'accepted'} "
+                                          f"({two.evidence()})")
+
+
+def probe_qdq(prober: Prober, focus: Focus, result: ProbeResult) -> None:
+    """``allow_qdq``: whether a QDQ Conv is accepted, decided only where the same float Conv is."""
+    if not focus.qdq:
+        return
+    forms = {"float": ({"kernel": 3, "stride": 1}, probe_models.conv()),
+             "qdq": ({"kernel": 3, "stride": 1, "quantized": "qdq"}, probe_models.qdq_conv())}
+    calls = _both(prober, "qdq_conv", forms, result)
+    if calls is None:
+        return
+    if calls["float"].verdict.kind != PASS:
+        result.notes["qdq_conv"] = f"not decided: the float Conv is rejected ({calls['float'].evidence()})"
+        return
+    qdq = calls["qdq"]
+    result.learned["allow_qdq"] = Learned("allow_qdq", qdq.verdict.kind == PASS, f"probe qdq_conv: the QDQ 3x3 Conv "
+                                          f"{'accepted' if qdq.verdict.kind == PASS else 'rejected'} "
+                                          f"({qdq.evidence()}), the float one accepted ({calls['float'].evidence()})")
 
 
 def probe_resize(prober: Prober, focus: Focus, result: ProbeResult) -> None:
@@ -406,6 +537,11 @@ def probe(prober: Prober, focus: Focus,
     probe_convtranspose(prober, focus, result)
     probe_resize(prober, focus, result)
     probe_align(prober, focus, result)
+    probe_kernels(prober, focus, result)
+    probe_strides(prober, focus, result)
+    probe_rank(prober, focus, result)
+    probe_batch(prober, focus, result)
+    probe_qdq(prober, focus, result)
     probe_ops(prober, focus.ops, result, source="model" if fixed_outputs else "single op")
     if fixed_outputs is not None:
         emitted: dict[str, tuple[onnx.ModelProto, onnx.NodeProto] | None] = {}

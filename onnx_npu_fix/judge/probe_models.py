@@ -74,10 +74,46 @@ def conv_transpose(*, stride: int, channels: int = CHANNELS) -> onnx.ModelProto:
     return _model([node], {"x": [1, channels, 4, 4]}, ["y"], [weight])
 
 
-def pointwise_conv(*, channels: int) -> onnx.ModelProto:
-    """A 1x1 Conv from ``channels`` to ``channels`` channels (the channel-alignment probe)."""
+def pointwise_conv(*, channels: int, batch: int = 1) -> onnx.ModelProto:
+    """A 1x1 Conv from ``channels`` to ``channels`` channels on ``batch`` images (the channel-alignment and the
+    batch probes)."""
     node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[1, 1])
-    return _model([node], {"x": [1, channels, 8, 8]}, ["y"], [_weights([channels, channels, 1, 1], "w")])
+    return _model([node], {"x": [batch, channels, 8, 8]}, ["y"], [_weights([channels, channels, 1, 1], "w")])
+
+
+def conv(*, kernel: int = KERNEL, stride: int = 1, rank: int = 2, channels: int = CHANNELS) -> onnx.ModelProto:
+    """A group-1 Conv of ``kernel`` and ``stride`` on every one of ``rank`` spatial axes (the kernel-size and
+    stride probes), on an input long enough for a few outputs."""
+    extent = kernel + 3 * stride
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[kernel] * rank, strides=[stride] * rank)
+    return _model([node], {"x": [1, channels] + [extent] * rank}, ["y"],
+                  [_weights([channels, channels] + [kernel] * rank, "w")])
+
+
+def qdq_conv(*, stride: int = 1, channels: int = CHANNELS) -> onnx.ModelProto:
+    """A quantized 3x3 Conv of ``stride`` as onnxruntime's QDQ quantizer writes one: the input through
+    QuantizeLinear / DequantizeLinear (uint8), the weight an int8 initializer behind a DequantizeLinear, the output
+    quantized again (the QDQ-acceptance and the quantized-stride probes)."""
+    extent = KERNEL + 3 * stride
+    count = channels * channels * KERNEL * KERNEL
+    weight = numpy_helper.from_array(((np.arange(count) % 7) - 3).astype(np.int8).reshape(
+        [channels, channels, KERNEL, KERNEL]), "w_q")
+    scalars = [numpy_helper.from_array(np.array(value, dtype), name) for name, value, dtype in (
+        ("x_scale", 1 / 64, np.float32), ("x_zero", 128, np.uint8), ("w_scale", 1 / 8, np.float32),
+        ("w_zero", 0, np.int8), ("y_scale", 1 / 16, np.float32), ("y_zero", 128, np.uint8))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["x_q"]),
+             helper.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zero"], ["x_dq"]),
+             helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zero"], ["w"]),
+             helper.make_node("Conv", ["x_dq", "w"], ["c"], kernel_shape=[KERNEL, KERNEL], strides=[stride, stride]),
+             helper.make_node("QuantizeLinear", ["c", "y_scale", "y_zero"], ["y_q"]),
+             helper.make_node("DequantizeLinear", ["y_q", "y_scale", "y_zero"], ["y"])]
+    return _model(nodes, {"x": [1, channels, extent, extent]}, ["y"], [weight, *scalars])
+
+
+def ranked(*, rank: int) -> onnx.ModelProto:
+    """A Relu on a tensor of ``rank`` axes ([1, 16, 4, 4, ...]; the tensor-rank probe)."""
+    node = helper.make_node("Relu", ["x"], ["y"])
+    return _model([node], {"x": ([1, CHANNELS] + [4] * (rank - 2))[:rank]}, ["y"])
 
 
 RESIZE_FORMS: dict[str, dict[str, str]] = {
