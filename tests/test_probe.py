@@ -236,6 +236,7 @@ def test_a_quantized_stride_limit_and_qdq_refusal_are_learned(tmp_path):
     assert "max_stride" not in learned  # float Convs take every stride up to the model's
     refused = _probe_with({"qdq": False}, str(qdq_path), tmp_path)
     assert refused["allow_qdq"] is False
+    assert "QuantizeLinear" not in refused.get("forbidden_ops", ())  # allow_qdq says it: a pass may keep QDQ units
 
 
 @pytest.mark.parametrize(("args", "message"), [

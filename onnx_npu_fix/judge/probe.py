@@ -500,8 +500,13 @@ def probe_align(prober: Prober, focus: Focus, result: ProbeResult) -> None:
 
 def probe_ops(prober: Prober, ops: dict[str, tuple[onnx.ModelProto, onnx.NodeProto] | None],
               result: ProbeResult, *, source: str) -> None:
-    """``forbidden_ops``: the op types whose model alone the judge rejects (added to what is already learned)."""
+    """``forbidden_ops``: the op types whose model alone the judge rejects (added to what is already learned).
+    Quantization ops are left to ``allow_qdq`` where the QDQ probe decided it: a compiler that refuses quantized
+    models is a ``quantized-input`` violation, not one to lower Q/DQ for (forbidding them would make every pass
+    that keeps a model's QDQ units refuse to emit)."""
     forbidden = dict(result.learned.get("forbidden_ops", Learned("forbidden_ops", {}, "")).value)
+    if "allow_qdq" in result.learned:
+        ops = {op: example for op, example in ops.items() if op not in QDQ_OPS}
     for op, example in sorted(ops.items()):
         call = _ask_op(prober, op, example, source)
         if call is None:
