@@ -144,6 +144,11 @@ def cpu_delta(before: dict | None, after: dict | None) -> str:
     return " ".join(parts) or "="
 
 
+def judge_spec(column: str) -> tuple:
+    """The judge of a column: its own, a learned profile's compiler's, or a cross column's other compiler."""
+    return JUDGES[column] if column in JUDGES else (LEARNED.get(column) or CROSS[column])[1]
+
+
 def tasks(manifest: dict, profiles: list[str]) -> list[tuple[str, str, str, tuple]]:
     """(column, model, target profile, judge spec), model by model with every column of a model together, so an
     interrupted run has judged every profile on the same first models."""
@@ -376,8 +381,7 @@ def main() -> None:
         LEARNED[f"{profile} learned"] = (os.path.abspath(path), JUDGES[profile])
         args.profiles.append(f"{profile} learned")
     cache = Cache(os.path.join(args.work, "results.jsonl"))
-    variables = {c: (JUDGES.get(c) or (LEARNED[c] if c in LEARNED else CROSS[c])[1])[2] for c in args.profiles}
-    missing = sorted({v for v in variables.values() if not os.environ.get(v)})
+    missing = sorted({judge_spec(c)[2] for c in args.profiles if not os.environ.get(judge_spec(c)[2])})
     if missing:
         log("not judged (variable unset): " + ", ".join(missing))
     if not args.render:
