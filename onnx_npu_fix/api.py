@@ -845,7 +845,7 @@ class ProbeOutcome:
 
     exit_code: int
     result: Any
-    """judge.probe.ProbeResult"""
+    """judge.probe.prober.ProbeResult"""
     profile: str
     written: str
     record: dict[str, Any]
@@ -855,7 +855,7 @@ def probe(output: str | os.PathLike, judge: Judge, *, like: Sequence[str | os.Pa
           base_target: str | None = None, input_shapes: dict[str, tuple[int, ...]] | None = None,
           report_path: str | os.PathLike | None = None,
           on_event: Callable[[Any], None] | None = None) -> ProbeOutcome:
-    """Probe ``judge`` (judge/probe.py) and write the learned profile TOML to ``output`` (and the record to
+    """Probe ``judge`` (judge/probe/) and write the learned profile TOML to ``output`` (and the record to
     ``report_path``) atomically, together. ``like``: probe only what these models hold and what npufix emits for
     them (``input_shapes`` freezes their dynamic inputs); ``base_target``: a profile the learned keys override.
 

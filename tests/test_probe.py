@@ -16,8 +16,8 @@ from onnx import TensorProto, helper
 
 from onnx_npu_fix.cli import main
 from onnx_npu_fix.config.targets import load_target
-from onnx_npu_fix.judge import probe_models
 from onnx_npu_fix.judge.candidates import unbuildable
+from onnx_npu_fix.judge.probe import models as probe_models
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

@@ -19,7 +19,7 @@ from test_vendor import requires_rknn, requires_tpu_mlir
 
 from onnx_npu_fix.cli import main
 from onnx_npu_fix.config.targets import load_target
-from onnx_npu_fix.judge import probe_models
+from onnx_npu_fix.judge.probe import models as probe_models
 
 pytestmark = pytest.mark.vendor
 
