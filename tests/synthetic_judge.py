@@ -6,7 +6,9 @@ command and never reads that file, so what it learns comes from the verdicts alo
 
 - ``depthwise_max_dilation``: a depthwise Conv (group > 1) with a larger dilation is refused;
 - ``depthwise_deconv_max_stride``: a depthwise ConvTranspose with a larger stride is refused;
-- ``refused_ops``: op types refused wherever they occur;
+- ``refused_ops``: op types refused wherever they occur (the error names the node);
+- ``refused_alone_ops``: op types refused in a model with no Conv, ConvTranspose, MatMul or Gemm (as rknn-toolkit2
+  places a Reshape alone on the CPU, and one beside a Conv on the NPU);
 - ``channel_multiple``: a Conv / ConvTranspose whose output channel count is not a multiple is refused;
 - ``linear_resize``: false refuses a Resize in linear mode;
 - ``hang_above_dilation``: a Conv with a larger dilation makes the compiler hang (the judge's timeout ends it);
@@ -27,6 +29,8 @@ from typing import Any
 
 import onnx
 from onnx import numpy_helper
+
+COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 
 
 def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
@@ -52,7 +56,7 @@ def _node_refusal(node: onnx.NodeProto, limits: dict[str, Any], weights: dict[st
     if node.op_type == "Conv" and dilation > limits.get("hang_above_dilation", dilation):
         time.sleep(600)
     if node.op_type in limits.get("refused_ops", ()):
-        return f"error: unsupported op {node.op_type}"
+        return f"error: unsupported op {node.op_type} {node.name}"
     if node.op_type == "Conv" and depthwise and dilation > limits.get("depthwise_max_dilation", dilation):
         return f"error: dwconv {node.name}: dilation out of range"
     if node.op_type == "ConvTranspose" and depthwise and stride > limits.get("depthwise_deconv_max_stride", stride):
@@ -83,7 +87,10 @@ def refusal(model: onnx.ModelProto, limits: dict[str, Any]) -> str | None:
         if node.op_type == "Constant" and node.output and node.attribute and node.attribute[0].name == "value":
             weights[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
     weights["<dequantized>"] = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    computes = any(n.op_type in COMPUTE_OPS for n in model.graph.node)
     for node in model.graph.node:
+        if not computes and node.op_type in limits.get("refused_alone_ops", ()):
+            return f"error: {node.op_type} {node.name} placed on the CPU"
         reason = _node_refusal(node, limits, weights)
         if reason is not None:
             return reason

@@ -188,16 +188,53 @@ def _strided_rank5_model(path: str) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
-def _probe_with(limits: dict, like: str, where) -> dict:
-    """The constraints ``npufix probe --like LIKE`` learns from the synthetic compiler with ``limits``."""
+def _probed(limits: dict, like: str, where, *args: str):
+    """The profile ``npufix probe --like LIKE ARGS`` learns from the synthetic compiler with ``limits`` (a
+    TargetProfile), and the judge command."""
     path = where / "limits.json"
     path.write_text(json.dumps(limits))
     profile = where / "chip.toml"
     command = " ".join(_judge_argv(str(path))) + " {model}"
-    result = CliRunner().invoke(main, ["probe", "--judge", command, "--like", like, "-o", str(profile), "-q"],
+    result = CliRunner().invoke(main, ["probe", "--judge", command, "--like", like, *args, "-o", str(profile), "-q"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    return load_target(str(profile)).constraints
+    return load_target(str(profile)), (command, str(path))
+
+
+def _probe_with(limits: dict, like: str, where) -> dict:
+    """The constraints ``npufix probe --like LIKE`` learns from the synthetic compiler with ``limits``."""
+    return _probed(limits, like, where)[0].constraints
+
+
+def test_an_op_rejected_alone_but_accepted_beside_a_conv_is_not_forbidden(tmp_path):
+    """As rknn-toolkit2 places a Reshape or Unsqueeze alone in a model on the CPU and beside a Conv on the NPU: the
+    op probes judge such an op inside its neighbours, so space-to-batch (which emits Reshapes) stays allowed and
+    the fixed ConvTasNet compiles."""
+    export = os.path.join(ROOT, "fixtures", "torchaudio_convtasnet.onnx")
+    shape = ["--input-shape", EXPORTS["torchaudio_convtasnet"]]
+    limits = {"depthwise_max_dilation": 6, "refused_alone_ops": ["Reshape", "Unsqueeze"]}
+    target, judge = _probed(limits, export, tmp_path, *shape)
+    assert not {"Reshape", "Unsqueeze"} & set(target.constraints.get("forbidden_ops", ()))
+    assert target.notes["op_Reshape"].startswith("not forbidden: rejected alone")
+    assert "accepted inside its neighbours" in target.notes["op_Reshape"]
+    out = tmp_path / "out.onnx"
+    result = CliRunner().invoke(main, [export, *shape, "--target", str(tmp_path / "chip.toml"), "-o", str(out), "-q"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert not _accepts(judge, export) and _accepts(judge, str(out))
+    assert "Reshape" in {n.op_type for n in onnx.load(str(out)).graph.node}
+
+
+def test_a_rejection_inside_the_neighbours_that_names_a_neighbour_decides_nothing(tmp_path):
+    """Unsqueeze is refused alone; beside its neighbours the judge refuses the Mul by name: not Unsqueeze's
+    fault, so it is a note and not a forbidden op, while the Mul itself is forbidden."""
+    export = os.path.join(ROOT, "fixtures", "torchaudio_convtasnet.onnx")
+    limits = {"refused_alone_ops": ["Unsqueeze"], "refused_ops": ["Mul"]}
+    target, _judge = _probed(limits, export, tmp_path, "--input-shape", EXPORTS["torchaudio_convtasnet"])
+    forbidden = set(target.constraints["forbidden_ops"])
+    assert "Mul" in forbidden and "Unsqueeze" not in forbidden
+    assert target.notes["op_Unsqueeze"].startswith("not decided: rejected alone")
+    assert "names /" in target.notes["op_Unsqueeze"] and "Mul" in target.notes["op_Unsqueeze"]
 
 
 def test_kernel_stride_rank_and_batch_limits_are_learned(tmp_path):

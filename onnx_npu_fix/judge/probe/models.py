@@ -184,12 +184,36 @@ def extracted(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProto:
     """``node`` alone, as it occurs in ``model`` (static shapes, inferred): its constant inputs (initializers,
     Constant nodes) kept as initializers, the others graph inputs of their inferred type, its attributes as
     they are."""
+    return subgraph(model, [node])
+
+
+def neighbours(model: onnx.ModelProto, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """The nodes of ``model`` next to ``node``: the producers of its non-constant inputs and the consumers of its
+    outputs (Constant nodes are not neighbours: :func:`subgraph` keeps them as initializers)."""
+    inputs, outputs = set(node.input) - {""}, set(node.output) - {""}
+    return [other for other in model.graph.node if other is not node and other.op_type != "Constant"
+            and (inputs & set(other.output) or outputs & set(other.input))]
+
+
+def in_context(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProto:
+    """``node`` with its :func:`neighbours`, as they occur in ``model``: what a compiler that places an op by
+    its surroundings (a Reshape alone on the CPU, between two Convs on the NPU) decides for the op in a model."""
+    around = {id(n) for n in neighbours(model, node)} | {id(node)}
+    return subgraph(model, [n for n in model.graph.node if id(n) in around])
+
+
+def subgraph(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> onnx.ModelProto:
+    """``nodes`` (in ``model``'s order) as a model: the tensors they consume and do not produce are initializers
+    where constant and graph inputs of their inferred type otherwise; the tensors they produce and do not consume
+    are its outputs. Raises ValueError for a tensor with no inferred type."""
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
     constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant" and n.output}
     typed = {v.name: v for v in list(graph.value_info) + list(graph.input) + list(graph.output)}
+    produced = {name for n in nodes for name in n.output if name}
+    consumed = {name for n in nodes for name in n.input if name}
     inputs, kept = [], []
-    for name in dict.fromkeys(i for i in node.input if i):
+    for name in dict.fromkeys(name for n in nodes for name in n.input if name and name not in produced):
         if name in initializers:
             kept.append(initializers[name])
         elif name in constants and constants[name].attribute and constants[name].attribute[0].name == "value":
@@ -200,11 +224,17 @@ def extracted(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProto:
         elif name in typed:
             inputs.append(typed[name])
         else:
-            raise ValueError(f"input '{name}' of {node.op_type} '{node.name}' has no inferred type")
-    missing = [name for name in node.output if name and name not in typed]
+            raise ValueError(f"input '{name}' of {_node_with(nodes, name, 'input')} has no inferred type")
+    names = [name for n in nodes for name in n.output if name and name not in consumed]
+    missing = [name for name in names if name not in typed]
     if missing:
-        raise ValueError(f"output '{missing[0]}' of {node.op_type} '{node.name}' has no inferred type")
-    outputs = [typed[name] for name in node.output if name]
-    alone = helper.make_graph([node], "probe", inputs, outputs, kept)
-    return helper.make_model(alone, opset_imports=list(model.opset_import), producer_name="npufix-probe",
+        raise ValueError(f"output '{missing[0]}' of {_node_with(nodes, missing[0], 'output')} has no inferred type")
+    cut = helper.make_graph(list(nodes), "probe", inputs, [typed[name] for name in names], kept)
+    return helper.make_model(cut, opset_imports=list(model.opset_import), producer_name="npufix-probe",
                              ir_version=model.ir_version)
+
+
+def _node_with(nodes: Sequence[onnx.NodeProto], name: str, side: str) -> str:
+    """The first of ``nodes`` with ``name`` among its ``side`` ("input" / "output"), as an error names it."""
+    node = next(n for n in nodes if name in getattr(n, side))
+    return f"{node.op_type} '{node.name}'"

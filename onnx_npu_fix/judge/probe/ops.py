@@ -1,39 +1,61 @@
-"""The op probes: ``forbidden_ops`` from the op types a judge rejects."""
+"""The op probes: ``forbidden_ops`` from the op types a judge rejects.
+
+Each op type is first judged alone (its example node extracted from the model it occurs in, or a
+models.single_op model). Some compilers decide where an op runs by what surrounds it: rknn-toolkit2 places a
+Reshape, Unsqueeze or Div that is alone in a model on the CPU, and the same op between two Convs on the NPU; with a
+judge that rejects CPU placement, the op alone is rejected although the compiler takes it in a real model. So an
+op rejected alone is judged again inside its neighbours (models.in_context: the node with the producers of its
+inputs and the consumers of its outputs, as they occur in the model), and it is forbidden only when the judge
+rejects that too:
+
+- accepted inside its neighbours: not forbidden; a ``[notes]`` line ``op_<type>`` keeps both verdicts;
+- rejected, and the judge's output names one of the neighbours but not the node: not decided (the rejection may be
+  the neighbour's), a ``[notes]`` line says so and the op is not forbidden;
+- rejected otherwise, timed out, or not buildable inside its neighbours (or it has none): forbidden, with the
+  verdicts as evidence.
+"""
 
 from __future__ import annotations
 
+import re
+
 import onnx
 
-from onnx_npu_fix.judge.command import FAIL, TIMEOUT
+from onnx_npu_fix.judge.command import FAIL, PASS, TIMEOUT
 from onnx_npu_fix.judge.probe import models as probe_models
 from onnx_npu_fix.judge.probe.focus import QDQ_OPS
 from onnx_npu_fix.judge.probe.prober import Call, Learned, Prober, ProbeResult
 
+Example = tuple[onnx.ModelProto, onnx.NodeProto]
+"""An op type's example: a model (static shapes, inferred) and the node of that type probed."""
 
-def probe_ops(prober: Prober, ops: dict[str, tuple[onnx.ModelProto, onnx.NodeProto] | None],
-              result: ProbeResult, *, source: str) -> None:
-    """``forbidden_ops``: the op types whose model alone the judge rejects (added to what is already learned).
-    Quantization ops are left to ``allow_qdq`` where the QDQ probe decided it: a compiler that refuses quantized
-    models is a ``quantized-input`` violation, not one to lower Q/DQ for (forbidding them would make every pass
-    that keeps a model's QDQ units refuse to emit)."""
+
+def probe_ops(prober: Prober, ops: dict[str, Example | None], result: ProbeResult, *, source: str) -> None:
+    """``forbidden_ops``: the op types the judge rejects alone and inside their neighbours (module docstring;
+    added to what is already learned). Quantization ops are left to ``allow_qdq`` where the QDQ probe decided it:
+    a compiler that refuses quantized models is a ``quantized-input`` violation, not one to lower Q/DQ for
+    (forbidding them would make every pass that keeps a model's QDQ units refuse to emit)."""
     forbidden = dict(result.learned.get("forbidden_ops", Learned("forbidden_ops", {}, "")).value)
     if "allow_qdq" in result.learned:
         ops = {op: example for op, example in ops.items() if op not in QDQ_OPS}
     for op, example in sorted(ops.items()):
-        call = _ask_op(prober, op, example, source)
-        if call is None:
+        alone = _ask_alone(prober, op, example, source)
+        if alone is None:
             continue
-        if call.verdict.kind == TIMEOUT:
-            result.notes[f"op_{op}"] = f"not decided: the judge timed out on {op} alone ({call.evidence()})"
-        elif call.verdict.kind == FAIL:
-            forbidden[op] = f"{op} ({source}): {call.evidence()}"
+        if alone.verdict.kind == TIMEOUT:
+            result.notes[f"op_{op}"] = f"not decided: the judge timed out on {op} alone ({alone.evidence()})"
+        elif alone.verdict.kind == FAIL:
+            evidence, note = _judged_in_neighbours(prober, op, example, source, alone)
+            if evidence is not None:
+                forbidden[op] = evidence
+            if note is not None:
+                result.notes[f"op_{op}"] = note
     if forbidden:
-        evidence = "probe op alone: " + "; ".join(forbidden.values())
+        evidence = "probe op alone, then inside its neighbours: " + "; ".join(forbidden.values())
         result.learned["forbidden_ops"] = Learned("forbidden_ops", forbidden, evidence)
 
 
-def _ask_op(prober: Prober, op: str, example: tuple[onnx.ModelProto, onnx.NodeProto] | None,
-            source: str) -> Call | None:
+def _ask_alone(prober: Prober, op: str, example: Example | None, source: str) -> Call | None:
     if example is None:
         return prober.ask("op", {"op": op, "from": source}, probe_models.single_op(op))
     model, node = example
@@ -43,3 +65,44 @@ def _ask_op(prober: Prober, op: str, example: tuple[onnx.ModelProto, onnx.NodePr
         prober.result.unbuildable.append({"probe": "op", "params": {"op": op, "node": node.name}, "reason": str(exc)})
         return None
     return prober.ask("op", {"op": op, "from": source, "node": node.name}, alone)
+
+
+def _judged_in_neighbours(prober: Prober, op: str, example: Example | None, source: str,
+                          alone: Call) -> tuple[str | None, str | None]:
+    """For an op rejected alone: (its forbidden_ops evidence or None, its note or None), as the module docstring
+    says."""
+    said_alone = f"{op} ({source}): alone {alone.evidence()}"
+    if example is None:
+        return said_alone, None
+    model, node = example
+    around = probe_models.neighbours(model, node)
+    if not around:
+        return said_alone + "; no neighbours to judge it among", None
+    types = ", ".join(n.op_type for n in around)
+    params = {"op": op, "from": source, "node": node.name, "neighbours": types}
+    try:
+        context = probe_models.in_context(model, node)
+    except ValueError as exc:
+        prober.result.unbuildable.append({"probe": "op_in_neighbours", "params": params, "reason": str(exc)})
+        return said_alone + f"; inside its neighbours not built ({exc})", None
+    call = prober.ask("op_in_neighbours", params, context)
+    if call is None:
+        return said_alone + "; inside its neighbours not built", None
+    inside = f"inside its neighbours {types} ({call.evidence()})"
+    if call.verdict.kind == PASS:
+        return None, f"not forbidden: rejected alone ({alone.evidence()}), accepted {inside}"
+    blamed = _names_only_neighbours(call, node, around) if call.verdict.kind == FAIL else []
+    if blamed:
+        return None, (f"not decided: rejected alone ({alone.evidence()}) and {inside}, but the judge's output "
+                      f"names {', '.join(blamed)}, not {node.name}")
+    return f"{said_alone}; {'timed out' if call.verdict.kind == TIMEOUT else 'rejected'} {inside}", None
+
+
+def _names_only_neighbours(call: Call, node: onnx.NodeProto, around: list[onnx.NodeProto]) -> list[str]:
+    """The neighbours the judge's output names when it does not name ``node`` (empty otherwise)."""
+    def named(name: str) -> bool:
+        return bool(name) and re.search(rf"(?<![\w/.:-]){re.escape(name)}(?![\w/.:-])", call.verdict.output) is not None
+
+    if named(node.name):
+        return []
+    return [n.name for n in around if named(n.name)]
