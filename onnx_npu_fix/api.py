@@ -890,11 +890,13 @@ def probe(output: str | os.PathLike, judge: Judge, *, like: Sequence[str | os.Pa
     try:
         result = _judged(lambda: probing.probe(prober, focus, fixing))
         _judge_fixed(prober, models, like_given, base)
-    except (KeyboardInterrupt, SystemExit) as exc:
+    except Exception:
+        raise
+    except BaseException as exc:  # KeyboardInterrupt, SIGTERM as the CLI raises it, SystemExit
         prober.result.interrupted = True
         if report_path is not None:
             write_json(report_path, record())
-            exc.npufix_written = [os.fspath(report_path)]  # type: ignore[attr-defined]
+            exc.npufix_partial = os.fspath(report_path)  # type: ignore[attr-defined]
         raise
     text = probing.render_profile(result, name=os.path.splitext(os.path.basename(output))[0], command=judge.template,
                                   base=base)

@@ -381,8 +381,12 @@ def _guarded(ctx: click.Context, verbose: int, body: Any) -> None:
 
 def _written(exc: BaseException) -> str:
     """What a signal left on disk: nothing, unless it came while the run's files were renamed into place (held
-    until the commit was complete: io.atomic.Transaction), and then all of them."""
+    until the commit was complete: io.atomic.Transaction), and then all of them; after ``npufix probe --report``,
+    the partial record."""
     written = getattr(exc, "npufix_written", None)
+    partial = getattr(exc, "npufix_partial", None)
+    if partial is not None:
+        return f"wrote only the partial record {partial} (interrupted: true)"
     if not written:
         return "nothing written"
     return f"it came as the run's files were committed, which completed first: written {', '.join(written)}"

@@ -12,6 +12,7 @@ command and never reads that file, so what it learns comes from the verdicts alo
 - ``channel_multiple``: a Conv / ConvTranspose whose output channel count is not a multiple is refused;
 - ``linear_resize``: false refuses a Resize in linear mode;
 - ``hang_above_dilation``: a Conv with a larger dilation makes the compiler hang (the judge's timeout ends it);
+  ``hang_mark``: a file the hanging compiler writes its process id to first;
 - ``max_kernel`` / ``max_stride``: a Conv with a larger kernel extent / stride on some axis is refused;
 - ``quantized_max_stride``: the same for a Conv whose weight comes from a DequantizeLinear;
 - ``max_rank``: a tensor (input, output or inferred) of more axes is refused;
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -54,6 +56,9 @@ def _node_refusal(node: onnx.NodeProto, limits: dict[str, Any], weights: dict[st
     dilation = max(_attribute(node, "dilations", [1]) or [1])
     stride = max(_attribute(node, "strides", [1]) or [1])
     if node.op_type == "Conv" and dilation > limits.get("hang_above_dilation", dilation):
+        if "hang_mark" in limits:
+            with open(limits["hang_mark"], "w", encoding="utf-8") as f:
+                f.write(str(os.getpid()))
         time.sleep(600)
     if node.op_type in limits.get("refused_ops", ()):
         return f"error: unsupported op {node.op_type} {node.name}"

@@ -276,6 +276,56 @@ def test_a_quantized_stride_limit_and_qdq_refusal_are_learned(tmp_path):
     assert "QuantizeLinear" not in refused.get("forbidden_ops", ())  # allow_qdq says it: a pass may keep QDQ units
 
 
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+            return "\nState:\tZ" in f.read()  # a zombie has ended; only its exit status is left to reap
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize(("signum", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_leaves_the_partial_report_and_nothing_else(tmp_path, signum, code):
+    """Stopped while the judge compiles (a hanging compiler, no --judge-timeout): the exit code says which
+    signal, the report holds the calls made so far and says it is partial, no profile and no temporary file is
+    left, and the judge's process is killed with npufix."""
+    import signal
+    import time
+
+    model, mark, out = tmp_path / "dilated.onnx", tmp_path / "judge.pid", tmp_path / "out"
+    out.mkdir()
+    onnx.save(probe_models.dilated_conv(depthwise=True, rank=1, dilation=16), str(model))
+    limits = tmp_path / "limits.json"
+    limits.write_text(json.dumps({"hang_above_dilation": 4, "hang_mark": str(mark)}))
+    command = " ".join(_judge_argv(str(limits))) + " {model}"
+    proc = subprocess.Popen([sys.executable, "-m", "onnx_npu_fix", "probe", "--judge", command, "--like", str(model),
+                             "-o", str(out / "chip.toml"), "--report", str(out / "probe.json"), "-q"],
+                            stderr=subprocess.PIPE)
+    try:
+        for _ in range(1200):
+            if mark.exists() and mark.read_text() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert mark.exists(), proc.stderr.read()
+        proc.send_signal(getattr(signal, signum))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill() if proc.poll() is None else None
+    assert proc.returncode == code, err
+    assert b"Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert b"wrote only the partial record" in err, err
+    assert sorted(os.listdir(out)) == ["probe.json"]
+    report = json.loads((out / "probe.json").read_text())
+    assert report["interrupted"] is True
+    assert [c["params"]["dilation"] for c in report["calls"]] == [1, 2, 4]  # 8 was being judged: not a call
+    judge_pid = int(mark.read_text())
+    for _ in range(100):
+        if _gone(judge_pid):
+            break
+        time.sleep(0.1)
+    assert _gone(judge_pid)
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--like", "missing.onnx"], "missing.onnx"),
     (["--judge", ""], "--judge"),
