@@ -276,6 +276,27 @@ def test_a_quantized_stride_limit_and_qdq_refusal_are_learned(tmp_path):
     assert "QuantizeLinear" not in refused.get("forbidden_ops", ())  # allow_qdq says it: a pass may keep QDQ units
 
 
+def test_an_op_refused_in_the_model_but_not_as_npufix_emits_it_is_not_forbidden(tmp_path):
+    """The compiler refuses the model's own Reshape (alone and beside its neighbours) but takes space-to-batch's:
+    forbidding Reshape would stop the fix of every dilated conv, so it is a note, and the output has its
+    space-to-batch."""
+    export = os.path.join(ROOT, "fixtures", "torchaudio_convtasnet.onnx")
+    shape = ["--input-shape", EXPORTS["torchaudio_convtasnet"]]
+    own = "/mask_generator/input_norm/Reshape"
+    target, judge = _probed({"depthwise_max_dilation": 6, "refused_nodes": [own]}, export, tmp_path, *shape)
+    assert "Reshape" not in target.constraints.get("forbidden_ops", ())
+    note = target.notes["op_Reshape"]
+    assert note.startswith("not forbidden: npufix emits Reshape") and own in note and "cannot place" in note
+    out = tmp_path / "out.onnx"
+    result = CliRunner().invoke(main, [export, *shape, "--target", str(tmp_path / "chip.toml"), "-o", str(out), "-q"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    fixed = onnx.load(str(out))
+    dilations = [max(a.ints) for n in fixed.graph.node if n.op_type == "Conv" for a in n.attribute
+                 if a.name == "dilations"]
+    assert max(dilations) <= 6 and sum(n.op_type == "Reshape" for n in fixed.graph.node) > 1
+
+
 def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/status", encoding="utf-8") as f:

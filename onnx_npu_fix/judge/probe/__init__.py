@@ -23,8 +23,10 @@ What is probed, and the profile key each fact sets (config/options.py says what 
 
 With ``--like`` models only what they hold is probed: their op types (each node probed as it occurs in the model:
 models.extracted), dilations up to the largest they have, ConvTranspose strides up to the largest stride or
-Resize factor; then the models are fixed under the profile learned so far and the op types npufix emitted that the
-models did not have (space-to-batch's Reshape / Transpose / Pad, say) are probed as they occur in the fixed model.
+Resize factor; then the models are fixed under the profile learned so far (and, where it forbids ops, as if it
+forbade none) and the op types npufix emitted that the models did not have (space-to-batch's Concat / Slice, say)
+are probed as they occur in the fixed model; an op type forbidden from the models' own node that npufix emits too
+(space-to-batch's Reshape) is judged again as npufix emits it (ops.reconsider_emitted).
 
 A limit the probe cannot decide (a timeout, a rejection at the smallest value) is left out of the profile with a
 ``[notes]`` line saying why.
@@ -38,8 +40,8 @@ from typing import Any
 import onnx
 
 from onnx_npu_fix.judge.probe import limits
-from onnx_npu_fix.judge.probe.focus import Focus, focus_of, full_focus
-from onnx_npu_fix.judge.probe.ops import probe_ops
+from onnx_npu_fix.judge.probe.focus import Focus, emitted_ops, focus_of, full_focus
+from onnx_npu_fix.judge.probe.ops import probe_ops, reconsider_emitted
 from onnx_npu_fix.judge.probe.prober import Prober, ProbeResult, constraints
 from onnx_npu_fix.judge.probe.profile import probe_record, render_profile
 
@@ -60,10 +62,22 @@ def probe(prober: Prober, focus: Focus,
         limit_probe(prober, focus, result)
     probe_ops(prober, focus.ops, result, source="model" if fixed_outputs else "single op")
     if fixed_outputs is not None:
-        emitted: dict[str, tuple[onnx.ModelProto, onnx.NodeProto] | None] = {}
-        for model in fixed_outputs(constraints(result)):
-            for op, example in focus_of([model]).ops.items():
-                if op not in focus.ops and op not in emitted:
-                    emitted[op] = example
-        probe_ops(prober, emitted, result, source="npufix output")
+        emitted = _emitted(fixed_outputs, result, focus)
+        probe_ops(prober, {op: ex for op, ex in emitted.items() if op not in focus.ops}, result,
+                  source="npufix output")
+        reconsider_emitted(prober, {op: ex for op, ex in emitted.items() if op in focus.ops}, result)
     return result
+
+
+def _emitted(fixed_outputs: Callable[[dict[str, Any]], Iterable[onnx.ModelProto]], result: ProbeResult,
+             focus: Focus) -> dict[str, tuple[onnx.ModelProto, onnx.NodeProto]]:
+    """The op types npufix emits for the models, each with an example: fixed under the profile learned so far
+    (its lowerings of the forbidden ops), and, where it forbids ops, fixed as if it forbade none (the forms a
+    forbidden op stops, such as space-to-batch's Reshape)."""
+    learned = constraints(result)
+    emitted = emitted_ops(list(fixed_outputs(learned)), focus.node_names)
+    if "forbidden_ops" in learned:
+        unforbidden = {k: v for k, v in learned.items() if k != "forbidden_ops"}
+        for op, example in emitted_ops(list(fixed_outputs(unforbidden)), focus.node_names).items():
+            emitted.setdefault(op, example)
+    return emitted

@@ -45,6 +45,8 @@ class Focus:
     rank_cap: int = 0
     qdq: bool = False
     qdq_stride_cap: int = 0
+    node_names: set[str] = field(default_factory=set)
+    """The names of the models' nodes (what npufix emitted for them is what a fixed model has besides)."""
 
 
 def full_focus() -> Focus:
@@ -78,6 +80,7 @@ def focus_of(models: Sequence[onnx.ModelProto]) -> Focus:
         quantized = any(node.op_type in QDQ_OPS for node in model.graph.node)
         focus.qdq = focus.qdq or quantized
         for node in model.graph.node:
+            focus.node_names.add(node.name)
             _note_node(focus, model, node, shapes)
             if quantized and node.op_type == "Conv":
                 focus.qdq_stride_cap = max(focus.qdq_stride_cap, max(_attribute(node, "strides", [1]) or [1]))
@@ -106,3 +109,17 @@ def _note_node(focus: Focus, model: onnx.ModelProto, node: onnx.NodeProto, ranks
     known = focus.ops.get(op)
     if known is None or _ordinariness(node) < _ordinariness(known[1]):
         focus.ops[op] = (model, node)
+
+
+def emitted_ops(models: Sequence[onnx.ModelProto], originals: set[str]) -> dict[str, tuple[onnx.ModelProto,
+                                                                                          onnx.NodeProto]]:
+    """The op types of the nodes npufix emitted in ``models`` (fixed models; a node whose name is not in
+    ``originals``), each with its most ordinary such node, as :func:`focus_of` picks examples."""
+    emitted = Focus({}, 0, False, False, {})
+    for model in models:
+        ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in
+                 list(model.graph.value_info) + list(model.graph.input)}
+        for node in model.graph.node:
+            if node.name not in originals:
+                _note_node(emitted, model, node, ranks)
+    return {op: example for op, example in emitted.ops.items() if example is not None}

@@ -13,11 +13,16 @@ rejects that too:
   the neighbour's), a ``[notes]`` line says so and the op is not forbidden;
 - rejected otherwise, timed out, or not buildable inside its neighbours (or it has none): forbidden, with the
   verdicts as evidence.
+
+An op type forbidden that way from the models' own node which npufix emits as well is judged once more as npufix
+emits it (:func:`reconsider_emitted`): a compiler may take one Reshape and not another, and a forbidden op stops
+every pass that would emit it.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import onnx
 
@@ -39,20 +44,64 @@ def probe_ops(prober: Prober, ops: dict[str, Example | None], result: ProbeResul
     if "allow_qdq" in result.learned:
         ops = {op: example for op, example in ops.items() if op not in QDQ_OPS}
     for op, example in sorted(ops.items()):
-        alone = _ask_alone(prober, op, example, source)
-        if alone is None:
+        verdict = _op_verdict(prober, op, example, source)
+        if verdict is None:
             continue
-        if alone.verdict.kind == TIMEOUT:
-            result.notes[f"op_{op}"] = f"not decided: the judge timed out on {op} alone ({alone.evidence()})"
-        elif alone.verdict.kind == FAIL:
-            evidence, note = _judged_in_neighbours(prober, op, example, source, alone)
-            if evidence is not None:
-                forbidden[op] = evidence
-            if note is not None:
-                result.notes[f"op_{op}"] = note
+        if verdict.forbidden is not None:
+            forbidden[op] = verdict.forbidden
+        if verdict.note is not None:
+            result.notes[f"op_{op}"] = verdict.note
+    _learn_forbidden(result, forbidden)
+
+
+def reconsider_emitted(prober: Prober, emitted: dict[str, Example], result: ProbeResult) -> None:
+    """An op type forbidden from the models' own node, which npufix emits (a space-to-batch Reshape, say), is
+    judged again as npufix emits it: a compiler may run one Reshape on the CPU and another on the NPU, and a
+    forbidden op stops every pass that would emit it. Accepted (alone or inside its neighbours), or undecided:
+    it is not forbidden, and an ``op_<type>`` note keeps both findings (the models' own node may still be
+    rejected by the compiler)."""
+    forbidden = dict(result.learned.get("forbidden_ops", Learned("forbidden_ops", {}, "")).value)
+    for op, example in sorted(emitted.items()):
+        if op not in forbidden:
+            continue
+        verdict = _op_verdict(prober, op, example, "npufix output")
+        if verdict is None or verdict.forbidden is not None:
+            continue
+        said = verdict.note or f"accepted alone ({verdict.alone.evidence()})"
+        result.notes[f"op_{op}"] = (f"not forbidden: npufix emits {op} ({example[1].name}): {said}; the models' "
+                                    f"own was rejected: {forbidden.pop(op)}")
+    if forbidden:
+        _learn_forbidden(result, forbidden)
+    else:
+        result.learned.pop("forbidden_ops", None)
+
+
+def _learn_forbidden(result: ProbeResult, forbidden: dict[str, str]) -> None:
     if forbidden:
         evidence = "probe op alone, then inside its neighbours: " + "; ".join(forbidden.values())
         result.learned["forbidden_ops"] = Learned("forbidden_ops", forbidden, evidence)
+
+
+@dataclass(frozen=True)
+class _OpVerdict:
+    """What the op probes found for one example: its forbidden_ops evidence (None: not forbidden), its note."""
+
+    alone: Call
+    forbidden: str | None = None
+    note: str | None = None
+
+
+def _op_verdict(prober: Prober, op: str, example: Example | None, source: str) -> _OpVerdict | None:
+    """The verdict on ``op`` from its example alone and, where rejected, inside its neighbours; None when the
+    example could not be built."""
+    alone = _ask_alone(prober, op, example, source)
+    if alone is None:
+        return None
+    if alone.verdict.kind == TIMEOUT:
+        return _OpVerdict(alone, None, f"not decided: the judge timed out on {op} alone ({alone.evidence()})")
+    if alone.verdict.kind == FAIL:
+        return _OpVerdict(alone, *_judged_in_neighbours(prober, op, example, source, alone))
+    return _OpVerdict(alone)
 
 
 def _ask_alone(prober: Prober, op: str, example: Example | None, source: str) -> Call | None:
@@ -71,10 +120,10 @@ def _judged_in_neighbours(prober: Prober, op: str, example: Example | None, sour
                           alone: Call) -> tuple[str | None, str | None]:
     """For an op rejected alone: (its forbidden_ops evidence or None, its note or None), as the module docstring
     says."""
-    said_alone = f"{op} ({source}): alone {alone.evidence()}"
     if example is None:
-        return said_alone, None
+        return f"{op} ({source}): alone {alone.evidence()}", None
     model, node = example
+    said_alone = f"{op} ({source}, {node.name}): alone {alone.evidence()}"
     around = probe_models.neighbours(model, node)
     if not around:
         return said_alone + "; no neighbours to judge it among", None
