@@ -1,4 +1,4 @@
-"""The acceptance matrix (issue 25): every model x every profile with a real-compiler judge, before and after npufix.
+"""The acceptance matrix: every model x every profile with a real-compiler judge, before and after npufix.
 
     python vendor/acceptance_matrix.py --models DIR --out docs/acceptance-matrix.md \\
         --npufix before=OLD_CHECKOUT --npufix after=NEW_CHECKOUT
@@ -40,7 +40,7 @@ JUDGES = {
     "ethos-u55": ("judge_vela.sh", ["--accelerator", "ethos-u55-256"], "NPUFIX_VELA_PYTHON", "vela"),
 }
 # (column name, profile whose output is judged, judge of another compiler): QDQ models only. There is no QNN
-# profile; Qualcomm's HTP judges the quantized outputs of other profiles (issue 25, item 2).
+# profile; Qualcomm's HTP judges the quantized outputs of other profiles.
 CROSS = {
     "htp-v73 (bm1684x output)": ("bm1684x", ("judge_qnn.sh", ["--htp-arch", "73"], "NPUFIX_QNN_PYTHON",
                                              "onnxruntime-qnn")),
