@@ -297,6 +297,32 @@ def test_an_op_refused_in_the_model_but_not_as_npufix_emits_it_is_not_forbidden(
     assert max(dilations) <= 6 and sum(n.op_type == "Reshape" for n in fixed.graph.node) > 1
 
 
+def _conv_div_model(path: str, div: str) -> None:
+    """Conv -> Div by a constant, the Div named ``div``."""
+    weight = onnx.numpy_helper.from_array(np.full((4, 4, 1, 1), 0.5, np.float32), "w")
+    six = onnx.numpy_helper.from_array(np.array(6.0, np.float32), "six")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], "conv", kernel_shape=[1, 1]),
+             helper.make_node("Div", ["c", "six"], ["y"], div)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [weight, six])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_an_op_refused_in_one_model_and_taken_in_another_is_not_forbidden(tmp_path):
+    """Two --like models each with a Div; the compiler refuses one of them by name (as rknn runs a gLN's Div on
+    the CPU and PP-OCR's on the NPU): the other is judged too, so Div is a note, not a forbidden op; refused
+    everywhere, it is forbidden."""
+    first, second = tmp_path / "first.onnx", tmp_path / "second.onnx"
+    _conv_div_model(str(first), "first_div")
+    _conv_div_model(str(second), "second_div")
+    target, _judge = _probed({"refused_nodes": ["first_div"]}, str(first), tmp_path, "--like", str(second))
+    assert "Div" not in target.constraints.get("forbidden_ops", ())
+    note = target.notes["op_Div"]
+    assert note.startswith("not forbidden: another model holds Div (second_div)") and "first_div" in note
+    refused, _judge = _probed({"refused_ops": ["Div"]}, str(first), tmp_path, "--like", str(second))
+    assert "Div" in refused.constraints["forbidden_ops"]
+
+
 def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/status", encoding="utf-8") as f:

@@ -25,8 +25,8 @@ With ``--like`` models only what they hold is probed: their op types (each node 
 models.extracted), dilations up to the largest they have, ConvTranspose strides up to the largest stride or
 Resize factor; then the models are fixed under the profile learned so far (and, where it forbids ops, as if it
 forbade none) and the op types npufix emitted that the models did not have (space-to-batch's Concat / Slice, say)
-are probed as they occur in the fixed model; an op type forbidden from the models' own node that npufix emits too
-(space-to-batch's Reshape) is judged again as npufix emits it (ops.reconsider_emitted).
+are probed as they occur in the fixed model. An op type forbidden from one node is judged again on the other
+models' nodes of the type and on the one npufix emits (space-to-batch's Reshape; ops.reconsider).
 
 A limit the probe cannot decide (a timeout, a rejection at the smallest value) is left out of the profile with a
 ``[notes]`` line saying why.
@@ -41,7 +41,7 @@ import onnx
 
 from onnx_npu_fix.judge.probe import limits
 from onnx_npu_fix.judge.probe.focus import Focus, emitted_ops, focus_of, full_focus
-from onnx_npu_fix.judge.probe.ops import probe_ops, reconsider_emitted
+from onnx_npu_fix.judge.probe.ops import probe_ops, reconsider
 from onnx_npu_fix.judge.probe.prober import Prober, ProbeResult, constraints
 from onnx_npu_fix.judge.probe.profile import probe_record, render_profile
 
@@ -61,11 +61,13 @@ def probe(prober: Prober, focus: Focus,
     for limit_probe in LIMIT_PROBES:
         limit_probe(prober, focus, result)
     probe_ops(prober, focus.ops, result, source="model" if fixed_outputs else "single op")
+    reconsider(prober, focus.others, result, source="model")
     if fixed_outputs is not None:
         emitted = _emitted(fixed_outputs, result, focus)
         probe_ops(prober, {op: ex for op, ex in emitted.items() if op not in focus.ops}, result,
                   source="npufix output")
-        reconsider_emitted(prober, {op: ex for op, ex in emitted.items() if op in focus.ops}, result)
+        reconsider(prober, {op: [ex] for op, ex in emitted.items() if op in focus.ops}, result,
+                   source="npufix output")
     return result
 
 

@@ -47,6 +47,9 @@ class Focus:
     qdq_stride_cap: int = 0
     node_names: set[str] = field(default_factory=set)
     """The names of the models' nodes (what npufix emitted for them is what a fixed model has besides)."""
+    others: dict[str, list[tuple[onnx.ModelProto, onnx.NodeProto]]] = field(default_factory=dict)
+    """Per op type, the other models' examples (each model's most ordinary node of the type; the most ordinary
+    first): an op the judge rejects in one model may run in another (ops.reconsider)."""
 
 
 def full_focus() -> Focus:
@@ -79,11 +82,18 @@ def focus_of(models: Sequence[onnx.ModelProto]) -> Focus:
         focus.rank_cap = max(focus.rank_cap, *shapes.values(), 0)
         quantized = any(node.op_type in QDQ_OPS for node in model.graph.node)
         focus.qdq = focus.qdq or quantized
+        own: dict[str, tuple[onnx.ModelProto, onnx.NodeProto]] = {}
         for node in model.graph.node:
             focus.node_names.add(node.name)
             _note_node(focus, model, node, shapes)
+            _offer(own, model, node)
             if quantized and node.op_type == "Conv":
                 focus.qdq_stride_cap = max(focus.qdq_stride_cap, max(_attribute(node, "strides", [1]) or [1]))
+        for op, example in own.items():
+            focus.others.setdefault(op, []).append(example)
+    for op, examples in focus.others.items():
+        chosen = focus.ops[op][1]
+        examples[:] = sorted((e for e in examples if e[1] is not chosen), key=lambda e: _ordinariness(e[1]))
     return focus
 
 
@@ -104,11 +114,18 @@ def _note_node(focus: Focus, model: onnx.ModelProto, node: onnx.NodeProto, ranks
     elif op == "Resize":
         focus.resize = True
         focus.stride_cap = max(focus.stride_cap, 2)
+    _offer(focus.ops, model, node)
+
+
+def _offer(examples: dict[str, Any], model: onnx.ModelProto, node: onnx.NodeProto) -> None:
+    """Make ``node`` the example of its op type in ``examples`` where it is more ordinary than the one there (op
+    types the limit probes decide, constants and other domains have none)."""
+    op = node.op_type
     if op in LIMIT_OPS or op in NOT_PROBED or node.domain not in ("", "ai.onnx"):
         return
-    known = focus.ops.get(op)
+    known = examples.get(op)
     if known is None or _ordinariness(node) < _ordinariness(known[1]):
-        focus.ops[op] = (model, node)
+        examples[op] = (model, node)
 
 
 def emitted_ops(models: Sequence[onnx.ModelProto], originals: set[str]) -> dict[str, tuple[onnx.ModelProto,

@@ -14,9 +14,9 @@ rejects that too:
 - rejected otherwise, timed out, or not buildable inside its neighbours (or it has none): forbidden, with the
   verdicts as evidence.
 
-An op type forbidden that way from the models' own node which npufix emits as well is judged once more as npufix
-emits it (:func:`reconsider_emitted`): a compiler may take one Reshape and not another, and a forbidden op stops
-every pass that would emit it.
+An op type forbidden that way is judged again on other nodes of the type (:func:`reconsider`): the other --like
+models' own, then the one npufix emits. A compiler may take one Div or Reshape and not another, and a forbidden
+op stops every pass that would emit it; one accepted, and the op is a note, not a forbidden op.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from onnx_npu_fix.judge.probe.prober import Call, Learned, Prober, ProbeResult
 
 Example = tuple[onnx.ModelProto, onnx.NodeProto]
 """An op type's example: a model (static shapes, inferred) and the node of that type probed."""
+OTHER_EXAMPLES = 3
+"""How many other nodes of a forbidden op type :func:`reconsider` judges, at most (the judge-call budget)."""
 
 
 def probe_ops(prober: Prober, ops: dict[str, Example | None], result: ProbeResult, *, source: str) -> None:
@@ -54,22 +56,24 @@ def probe_ops(prober: Prober, ops: dict[str, Example | None], result: ProbeResul
     _learn_forbidden(result, forbidden)
 
 
-def reconsider_emitted(prober: Prober, emitted: dict[str, Example], result: ProbeResult) -> None:
-    """An op type forbidden from the models' own node, which npufix emits (a space-to-batch Reshape, say), is
-    judged again as npufix emits it: a compiler may run one Reshape on the CPU and another on the NPU, and a
-    forbidden op stops every pass that would emit it. Accepted (alone or inside its neighbours), or undecided:
-    it is not forbidden, and an ``op_<type>`` note keeps both findings (the models' own node may still be
-    rejected by the compiler)."""
+def reconsider(prober: Prober, examples: dict[str, list[Example]], result: ProbeResult, *, source: str) -> None:
+    """An op type forbidden from one node is judged again on ``examples`` of it (up to :data:`OTHER_EXAMPLES`
+    each): the other models' nodes of the type, or the node npufix emits (``source``). A compiler may run one
+    Div or Reshape on the CPU and another on the NPU, and a forbidden op stops every pass that would emit it and
+    marks every model that holds it. One accepted (alone or inside its neighbours), or undecided: the op is not
+    forbidden, and an ``op_<type>`` note keeps both findings (the rejected node may still be rejected by the
+    compiler)."""
     forbidden = dict(result.learned.get("forbidden_ops", Learned("forbidden_ops", {}, "")).value)
-    for op, example in sorted(emitted.items()):
-        if op not in forbidden:
-            continue
-        verdict = _op_verdict(prober, op, example, "npufix output")
-        if verdict is None or verdict.forbidden is not None:
-            continue
-        said = verdict.note or f"accepted alone ({verdict.alone.evidence()})"
-        result.notes[f"op_{op}"] = (f"not forbidden: npufix emits {op} ({example[1].name}): {said}; the models' "
-                                    f"own was rejected: {forbidden.pop(op)}")
+    for op, candidates in sorted(examples.items()):
+        for example in candidates[:OTHER_EXAMPLES] if op in forbidden else ():
+            verdict = _op_verdict(prober, op, example, source)
+            if verdict is None or verdict.forbidden is not None:
+                continue
+            said = verdict.note or f"accepted alone ({verdict.alone.evidence()})"
+            which = "npufix emits" if source == "npufix output" else "another model holds"
+            result.notes[f"op_{op}"] = (f"not forbidden: {which} {op} ({example[1].name}): {said}; the rejected "
+                                        f"one: {forbidden.pop(op)}")
+            break
     if forbidden:
         _learn_forbidden(result, forbidden)
     else:
