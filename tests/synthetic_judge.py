@@ -12,6 +12,7 @@ command and never reads that file, so what it learns comes from the verdicts alo
   places a Reshape alone on the CPU, and one beside a Conv on the NPU);
 - ``channel_multiple``: a Conv / ConvTranspose whose output channel count is not a multiple is refused;
 - ``linear_resize``: false refuses a Resize in linear mode;
+- ``resize_factors`` / ``linear_factors``: a Resize (a linear one) whose scales factor is not listed is refused;
 - ``hang_above_dilation``: a Conv with a larger dilation makes the compiler hang (the judge's timeout ends it);
   ``hang_mark``: a file the hanging compiler writes its process id to first;
 - ``max_kernel`` / ``max_stride``: a Conv with a larger kernel extent / stride on some axis is refused;
@@ -85,6 +86,19 @@ def _node_refusal(node: onnx.NodeProto, limits: dict[str, Any], weights: dict[st
     linear = node.op_type == "Resize" and _attribute(node, "mode", b"") == b"linear"
     if linear and not limits.get("linear_resize", True):
         return "error: Resize mode linear unsupported"
+    if node.op_type == "Resize":
+        return _resize_refusal(node, limits, weights, linear)
+    return None
+
+
+def _resize_refusal(node: onnx.NodeProto, limits: dict[str, Any], weights: dict[str, Any],
+                    linear: bool) -> str | None:
+    scales = weights.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    factor = float(scales[-1]) if scales is not None and len(scales) else None
+    if factor is not None and factor not in limits.get("resize_factors", [factor]):
+        return f"error: Resize {node.name}: factor {factor:g} unsupported"
+    if linear and factor is not None and factor not in limits.get("linear_factors", [factor]):
+        return f"error: linear Resize {node.name}: factor {factor:g} unsupported"
     return None
 
 

@@ -121,6 +121,7 @@ def test_a_limit_the_judge_times_out_on_is_a_note_not_a_key(judge, tmp_path):
     lambda: probe_models.pointwise_conv(channels=1),
     lambda: probe_models.resize(form="linear"),
     lambda: probe_models.resize(form="nearest"),
+    lambda: probe_models.resize(form="linear", factor=8),
     lambda: probe_models.conv(kernel=7, stride=4),
     lambda: probe_models.conv(kernel=16, stride=8, rank=1),
     lambda: probe_models.qdq_conv(stride=4),
@@ -321,6 +322,33 @@ def test_an_op_refused_in_one_model_and_taken_in_another_is_not_forbidden(tmp_pa
     assert note.startswith("not forbidden: another model holds Div (second_div)") and "first_div" in note
     refused, _judge = _probed({"refused_ops": ["Div"]}, str(first), tmp_path, "--like", str(second))
     assert "Div" in refused.constraints["forbidden_ops"]
+
+
+def _resize_x4_x8_model(path: str) -> None:
+    """Conv -> nearest Resize x4 -> linear half_pixel Resize x8 (a segmentation head's upsampling)."""
+    weight = onnx.numpy_helper.from_array(np.full((8, 8, 1, 1), 0.25, np.float32), "w")
+    four = onnx.numpy_helper.from_array(np.array([1, 1, 4, 4], np.float32), "four")
+    eight = onnx.numpy_helper.from_array(np.array([1, 1, 8, 8], np.float32), "eight")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+             helper.make_node("Resize", ["c", "", "four"], ["n"], "up4", mode="nearest",
+                              coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+             helper.make_node("Resize", ["n", "", "eight"], ["y"], "up8", mode="linear",
+                              coordinate_transformation_mode="half_pixel")]
+    graph = helper.make_graph(nodes, "up", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 128, 128])],
+                              [weight, four, eight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_resize_factors_are_learned_at_the_models_factors(tmp_path):
+    model = tmp_path / "up.onnx"
+    _resize_x4_x8_model(str(model))
+    learned = _probe_with({"resize_factors": [2, 8], "linear_factors": [2]}, str(model), tmp_path)
+    assert learned["resize_factors"] == (2, 8) and learned["linear_half_pixel_factors"] == (2,)
+    assert learned["require_nearest_resize"] is False
+    roomy, _judge = _probed({}, str(model), tmp_path)
+    assert not {"resize_factors", "linear_half_pixel_factors"} & set(roomy.constraints)
+    assert roomy.notes["resize_factors"].startswith("every factor the models have accepted")
 
 
 def _gone(pid: int) -> bool:

@@ -13,6 +13,8 @@ What is probed, and the profile key each fact sets (config/options.py says what 
   Conv);
 - depthwise ConvTranspose stride (the form of npufix's exact Resize) -> ``max_convtranspose_stride``;
 - linear vs nearest Resize -> ``require_nearest_resize``;
+- nearest and linear half_pixel Resize at the models' factors above 2 -> ``resize_factors``,
+  ``linear_half_pixel_factors``;
 - channel counts of a 1x1 Conv (odd ones first; then the multiples of 2, 3, 4, ... up to 16) -> ``align``;
 - the kernel of a group-1 Conv (per spatial rank in focus) -> ``max_kernel``;
 - the stride of a 3x3 Conv -> ``max_stride``; of a QDQ one, where lower -> ``max_stride_quantized``;
@@ -45,8 +47,9 @@ from onnx_npu_fix.judge.probe.ops import probe_ops, reconsider
 from onnx_npu_fix.judge.probe.prober import Prober, ProbeResult, constraints
 from onnx_npu_fix.judge.probe.profile import probe_record, render_profile
 
-LIMIT_PROBES = (limits.probe_dilations, limits.probe_convtranspose, limits.probe_resize, limits.probe_align,
-                limits.probe_kernels, limits.probe_strides, limits.probe_rank, limits.probe_batch, limits.probe_qdq)
+LIMIT_PROBES = (limits.probe_dilations, limits.probe_convtranspose, limits.probe_resize,
+                limits.probe_resize_factors, limits.probe_align, limits.probe_kernels, limits.probe_strides,
+                limits.probe_rank, limits.probe_batch, limits.probe_qdq)
 """The limit probes in the order they run (the QDQ probe last: the op probes read what it decided)."""
 
 __all__ = ["Focus", "Prober", "ProbeResult", "constraints", "focus_of", "full_focus", "probe", "probe_record",

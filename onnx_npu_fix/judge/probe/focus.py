@@ -47,6 +47,8 @@ class Focus:
     qdq_stride_cap: int = 0
     node_names: set[str] = field(default_factory=set)
     """The names of the models' nodes (what npufix emitted for them is what a fixed model has besides)."""
+    resize_factors: set[int] = field(default_factory=set)
+    """The integer factors (equal on H and W) of the models' 4-D Resizes, from their inferred shapes."""
     others: dict[str, list[tuple[onnx.ModelProto, onnx.NodeProto]]] = field(default_factory=dict)
     """Per op type, the other models' examples (each model's most ordinary node of the type; the most ordinary
     first): an op the judge rejects in one model may run in another (ops.reconsider)."""
@@ -114,7 +116,23 @@ def _note_node(focus: Focus, model: onnx.ModelProto, node: onnx.NodeProto, ranks
     elif op == "Resize":
         focus.resize = True
         focus.stride_cap = max(focus.stride_cap, 2)
+        factor = _resize_factor(model, node)
+        if factor is not None:
+            focus.resize_factors.add(factor)
     _offer(focus.ops, model, node)
+
+
+def _resize_factor(model: onnx.ModelProto, node: onnx.NodeProto) -> int | None:
+    """The integer factor of a 4-D Resize that scales H and W alike (from the inferred shapes), else None."""
+    dims = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in
+            list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
+            if v.name in (node.input[0], node.output[0])}
+    before, after = dims.get(node.input[0]), dims.get(node.output[0])
+    if not before or not after or len(before) != 4 or len(after) != 4 or 0 in before[2:]:
+        return None
+    factors = {after[axis] / before[axis] for axis in (2, 3)}
+    factor = factors.pop() if len(factors) == 1 else 0
+    return int(factor) if factor > 1 and factor == int(factor) else None
 
 
 def _offer(examples: dict[str, Any], model: onnx.ModelProto, node: onnx.NodeProto) -> None:

@@ -180,6 +180,34 @@ def probe_resize(prober: Prober, focus: Focus, result: ProbeResult) -> None:
         result.notes["resize"] = f"not decided: neither form gives a verdict to learn from ({said})"
 
 
+RESIZE_FACTOR_KEYS = {"nearest": "resize_factors", "linear": "linear_half_pixel_factors"}
+"""The profile key the Resize factors of each probe_models.RESIZE_FORMS form set."""
+
+
+def probe_resize_factors(prober: Prober, focus: Focus, result: ProbeResult) -> None:
+    """``resize_factors`` (nearest) and ``linear_half_pixel_factors`` (linear half_pixel, where linear x2 is
+    accepted): each integer factor above 2 the models' Resizes have, beside x2; set only where one is rejected,
+    to the factors accepted."""
+    factors = sorted(f for f in focus.resize_factors if f > 2)
+    if not factors:
+        return
+    linear = result.learned.get("require_nearest_resize")
+    for form, key in RESIZE_FACTOR_KEYS.items():
+        if form == "linear" and (linear is None or linear.value is not False):
+            continue  # linear Resize is refused (or undecided) at x2 already
+        calls = {f: prober.ask("resize", {"form": form, "factor": f}, probe_models.resize(form=form, factor=f))
+                 for f in [2, *factors]}
+        said = "; ".join(f"x{f} ({c.evidence() if c else 'not built'})" for f, c in calls.items())
+        if any(c is None or c.verdict.kind == TIMEOUT for c in calls.values()) or calls[2].verdict.kind != PASS:
+            result.notes[key] = f"not decided: probe resize {form} {said}"
+        elif all(c.verdict.kind == PASS for c in calls.values()):
+            result.notes[key] = f"every factor the models have accepted: probe resize {form} {said}"
+        else:
+            accepted = tuple(f for f, c in calls.items() if c.verdict.kind == PASS)
+            result.learned[key] = Learned(key, accepted, f"probe resize {form} (channels {probe_models.CHANNELS}, "
+                                                         f"8x8): {said}")
+
+
 def probe_align(prober: Prober, focus: Focus, result: ProbeResult) -> None:
     """``align``: 0 when odd channel counts pass; else the smallest a in 2..16 all of whose multiples up to 16
     pass (align-channels pads every count to a multiple of a), asking each a's multiples until one fails."""
