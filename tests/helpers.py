@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Iterable, Sequence
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import onnx
@@ -286,3 +289,22 @@ def assert_lowered_export(path: str, forbidden: Sequence[str], input_shapes: dic
     prepare(reference, input_shapes)
     assert_equivalent(reference, result.model)
     return result
+
+
+def signal_when(proc: subprocess.Popen, ready: Callable[[], bool], signum: str,
+                meanwhile: Callable[[], None] = lambda: None) -> bytes:
+    """Wait (at most two minutes) until ``ready()``, check ``meanwhile()``, send ``proc`` the signal named
+    ``signum``, and return its stderr once it ended; ``proc`` is killed if anything fails on the way."""
+    try:
+        for _ in range(1200):
+            if ready() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert ready(), proc.stderr.read()
+        meanwhile()
+        proc.send_signal(getattr(signal, signum))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return err

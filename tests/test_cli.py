@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from helpers import assert_equivalent
+from helpers import assert_equivalent, signal_when
 from onnx import TensorProto, helper
 
 from onnx_npu_fix.cli import main
@@ -421,9 +421,6 @@ api.EarlyWrite.start = start
 def test_a_signal_removes_the_temporary_files(tmp_path, fixture_path, signum, code):
     """Cancelled while the output is being written early (a .npufix-*.tmp next to it): the temporary file goes,
     nothing is written, and the exit code says which signal."""
-    import signal
-    import time
-
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     mark = tmp_path / "mark"
@@ -431,20 +428,14 @@ def test_a_signal_removes_the_temporary_files(tmp_path, fixture_path, signum, co
     proc = subprocess.Popen([sys.executable, "-c", program, fixture_path("tcn.onnx"), "-o", str(out_dir / "o.onnx"),
                              "--report", str(out_dir / "r.json"), "-q"],
                             stderr=subprocess.PIPE, env={**os.environ, "NPUFIX_MARK": str(mark)})
-    try:
-        for _ in range(600):
-            if mark.exists() or proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert mark.exists(), proc.stderr.read()
-        assert [p for p in os.listdir(out_dir) if p.startswith(".npufix-")]  # the early write is under way
-        proc.send_signal(getattr(signal, signum))
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill() if proc.poll() is None else None
+    err = signal_when(proc, mark.exists, signum, meanwhile=lambda: _early_write_under_way(out_dir))
     assert proc.returncode == code, err
     assert b"Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert os.listdir(out_dir) == []
+
+
+def _early_write_under_way(out_dir) -> None:
+    assert [p for p in os.listdir(out_dir) if p.startswith(".npufix-")]  # a temporary file next to the output
 
 
 def test_closed_stdout_ends_quietly(fixture_path):

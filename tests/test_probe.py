@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from helpers import signal_when
 from onnx import TensorProto, helper
 
 from onnx_npu_fix.cli import main
@@ -364,7 +365,6 @@ def test_a_signal_leaves_the_partial_report_and_nothing_else(tmp_path, signum, c
     """Stopped while the judge compiles (a hanging compiler, no --judge-timeout): the exit code says which
     signal, the report holds the calls made so far and says it is partial, no profile and no temporary file is
     left, and the judge's process is killed with npufix."""
-    import signal
     import time
 
     model, mark, out = tmp_path / "dilated.onnx", tmp_path / "judge.pid", tmp_path / "out"
@@ -376,16 +376,7 @@ def test_a_signal_leaves_the_partial_report_and_nothing_else(tmp_path, signum, c
     proc = subprocess.Popen([sys.executable, "-m", "onnx_npu_fix", "probe", "--judge", command, "--like", str(model),
                              "-o", str(out / "chip.toml"), "--report", str(out / "probe.json"), "-q"],
                             stderr=subprocess.PIPE)
-    try:
-        for _ in range(1200):
-            if mark.exists() and mark.read_text() or proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert mark.exists(), proc.stderr.read()
-        proc.send_signal(getattr(signal, signum))
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill() if proc.poll() is None else None
+    err = signal_when(proc, lambda: mark.exists() and bool(mark.read_text()), signum)
     assert proc.returncode == code, err
     assert b"Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert b"wrote only the partial record" in err, err
