@@ -7,7 +7,8 @@ command and never reads that file, so what it learns comes from the verdicts alo
 - ``depthwise_max_dilation``: a depthwise Conv (group > 1) with a larger dilation is refused;
 - ``depthwise_deconv_max_stride``: a depthwise ConvTranspose with a larger stride is refused;
 - ``refused_ops``: op types refused wherever they occur (the error names the node);
-- ``refused_nodes``: node names refused (a compiler that cannot place one particular layer);
+- ``refused_nodes``: node names refused (a compiler that cannot place one particular layer); ``hang_nodes``:
+  node names the compiler hangs on;
 - ``refused_alone_ops``: op types refused in a model with no Conv, ConvTranspose, MatMul or Gemm (as rknn-toolkit2
   places a Reshape alone on the CPU, and one beside a Conv on the NPU);
 - ``channel_multiple``: a Conv / ConvTranspose whose output channel count is not a multiple is refused;
@@ -61,6 +62,8 @@ def _node_refusal(node: onnx.NodeProto, limits: dict[str, Any], weights: dict[st
         if "hang_mark" in limits:
             with open(limits["hang_mark"], "w", encoding="utf-8") as f:
                 f.write(str(os.getpid()))
+        time.sleep(600)
+    if node.name in limits.get("hang_nodes", ()):
         time.sleep(600)
     if node.name in limits.get("refused_nodes", ()):
         return f"error: cannot place {node.op_type} {node.name}"

@@ -323,6 +323,9 @@ def test_an_op_refused_in_one_model_and_taken_in_another_is_not_forbidden(tmp_pa
     assert note.startswith("not forbidden: another model holds Div (second_div)") and "first_div" in note
     refused, _judge = _probed({"refused_ops": ["Div"]}, str(first), tmp_path, "--like", str(second))
     assert "Div" in refused.constraints["forbidden_ops"]
+    timed_out, _judge = _probed({"refused_nodes": ["first_div"], "hang_nodes": ["second_div"]}, str(first), tmp_path,
+                                "--like", str(second), "--judge-timeout", "3")
+    assert "Div" in timed_out.constraints["forbidden_ops"]  # no verdict on the other Div: the rejection stands
 
 
 def _resize_x4_x8_model(path: str) -> None:

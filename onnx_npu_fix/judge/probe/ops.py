@@ -60,15 +60,15 @@ def reconsider(prober: Prober, examples: dict[str, list[Example]], result: Probe
     """An op type forbidden from one node is judged again on ``examples`` of it (up to :data:`OTHER_EXAMPLES`
     each): the other models' nodes of the type, or the node npufix emits (``source``). A compiler may run one
     Div or Reshape on the CPU and another on the NPU, and a forbidden op stops every pass that would emit it and
-    marks every model that holds it. One accepted (alone or inside its neighbours), or undecided: the op is not
-    forbidden, and an ``op_<type>`` note keeps both findings (the rejected node may still be rejected by the
-    compiler)."""
+    marks every model that holds it. One accepted (alone or inside its neighbours): the op is not forbidden, and
+    an ``op_<type>`` note keeps both findings (the rejected node may still be rejected by the compiler).
+    Rejected, timed out or undecided there, the first node's rejection stands."""
     forbidden = dict(result.learned.get("forbidden_ops", Learned("forbidden_ops", {}, "")).value)
     for op, candidates in sorted(examples.items()):
         for example in candidates[:OTHER_EXAMPLES] if op in forbidden else ():
             verdict = _op_verdict(prober, op, example, source)
-            if verdict is None or verdict.forbidden is not None:
-                continue
+            if verdict is None or not verdict.accepted:
+                continue  # rejected, timed out or undecided: the first node's rejection stands
             said = verdict.note or f"accepted alone ({verdict.alone.evidence()})"
             which = "npufix emits" if source == "npufix output" else "another model holds"
             result.notes[f"op_{op}"] = (f"not forbidden: {which} {op} ({example[1].name}): {said}; the rejected "
@@ -88,11 +88,13 @@ def _learn_forbidden(result: ProbeResult, forbidden: dict[str, str]) -> None:
 
 @dataclass(frozen=True)
 class _OpVerdict:
-    """What the op probes found for one example: its forbidden_ops evidence (None: not forbidden), its note."""
+    """What the op probes found for one example: its forbidden_ops evidence (None: not forbidden), its note, and
+    whether the judge accepted it (alone or inside its neighbours: not undecided)."""
 
     alone: Call
     forbidden: str | None = None
     note: str | None = None
+    accepted: bool = False
 
 
 def _op_verdict(prober: Prober, op: str, example: Example | None, source: str) -> _OpVerdict | None:
@@ -104,8 +106,8 @@ def _op_verdict(prober: Prober, op: str, example: Example | None, source: str) -
     if alone.verdict.kind == TIMEOUT:
         return _OpVerdict(alone, None, f"not decided: the judge timed out on {op} alone ({alone.evidence()})")
     if alone.verdict.kind == FAIL:
-        return _OpVerdict(alone, *_judged_in_neighbours(prober, op, example, source, alone))
-    return _OpVerdict(alone)
+        return _judged_in_neighbours(prober, op, example, source, alone)
+    return _OpVerdict(alone, accepted=True)
 
 
 def _ask_alone(prober: Prober, op: str, example: Example | None, source: str) -> Call | None:
@@ -121,34 +123,33 @@ def _ask_alone(prober: Prober, op: str, example: Example | None, source: str) ->
 
 
 def _judged_in_neighbours(prober: Prober, op: str, example: Example | None, source: str,
-                          alone: Call) -> tuple[str | None, str | None]:
-    """For an op rejected alone: (its forbidden_ops evidence or None, its note or None), as the module docstring
-    says."""
+                          alone: Call) -> _OpVerdict:
+    """The verdict on an op rejected alone, as the module docstring says."""
     if example is None:
-        return f"{op} ({source}): alone {alone.evidence()}", None
+        return _OpVerdict(alone, f"{op} ({source}): alone {alone.evidence()}")
     model, node = example
     said_alone = f"{op} ({source}, {node.name}): alone {alone.evidence()}"
     around = probe_models.neighbours(model, node)
     if not around:
-        return said_alone + "; no neighbours to judge it among", None
+        return _OpVerdict(alone, said_alone + "; no neighbours to judge it among")
     types = ", ".join(n.op_type for n in around)
     params = {"op": op, "from": source, "node": node.name, "neighbours": types}
     try:
         context = probe_models.in_context(model, node)
     except ValueError as exc:
         prober.result.unbuildable.append({"probe": "op_in_neighbours", "params": params, "reason": str(exc)})
-        return said_alone + f"; inside its neighbours not built ({exc})", None
+        return _OpVerdict(alone, said_alone + f"; inside its neighbours not built ({exc})")
     call = prober.ask("op_in_neighbours", params, context)
     if call is None:
-        return said_alone + "; inside its neighbours not built", None
+        return _OpVerdict(alone, said_alone + "; inside its neighbours not built")
     inside = f"inside its neighbours {types} ({call.evidence()})"
     if call.verdict.kind == PASS:
-        return None, f"not forbidden: rejected alone ({alone.evidence()}), accepted {inside}"
+        return _OpVerdict(alone, None, f"not forbidden: rejected alone ({alone.evidence()}), accepted {inside}", True)
     blamed = _names_only_neighbours(call, node, around) if call.verdict.kind == FAIL else []
     if blamed:
-        return None, (f"not decided: rejected alone ({alone.evidence()}) and {inside}, but the judge's output "
-                      f"names {', '.join(blamed)}, not {node.name}")
-    return f"{said_alone}; {'timed out' if call.verdict.kind == TIMEOUT else 'rejected'} {inside}", None
+        return _OpVerdict(alone, None, f"not decided: rejected alone ({alone.evidence()}) and {inside}, but the "
+                                       f"judge's output names {', '.join(blamed)}, not {node.name}")
+    return _OpVerdict(alone, f"{said_alone}; {'timed out' if call.verdict.kind == TIMEOUT else 'rejected'} {inside}")
 
 
 def _names_only_neighbours(call: Call, node: onnx.NodeProto, around: list[onnx.NodeProto]) -> list[str]:
