@@ -79,27 +79,31 @@ def focus_of(models: Sequence[onnx.ModelProto]) -> Focus:
     """What ``models`` (static shapes, inferred) hold (module docstring)."""
     focus = Focus({}, 0, False, False, {})
     for model in models:
-        shapes = {v.name: len(v.type.tensor_type.shape.dim) for v in
-                  list(model.graph.value_info) + list(model.graph.input)}
-        focus.rank_cap = max(focus.rank_cap, *shapes.values(), 0)
+        typed = list(model.graph.value_info) + list(model.graph.input)
+        shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in typed + list(model.graph.output)}
+        ranks = {v.name: len(shapes[v.name]) for v in typed}
+        focus.rank_cap = max(focus.rank_cap, *ranks.values(), 0)
         quantized = any(node.op_type in QDQ_OPS for node in model.graph.node)
         focus.qdq = focus.qdq or quantized
         own: dict[str, tuple[onnx.ModelProto, onnx.NodeProto]] = {}
         for node in model.graph.node:
             focus.node_names.add(node.name)
-            _note_node(focus, model, node, shapes)
+            _note_node(focus, node, ranks, shapes)
             _offer(own, model, node)
             if quantized and node.op_type == "Conv":
                 focus.qdq_stride_cap = max(focus.qdq_stride_cap, max(_attribute(node, "strides", [1]) or [1]))
         for op, example in own.items():
             focus.others.setdefault(op, []).append(example)
     for op, examples in focus.others.items():
-        chosen = focus.ops[op][1]
-        examples[:] = sorted((e for e in examples if e[1] is not chosen), key=lambda e: _ordinariness(e[1]))
+        # Each model's most ordinary node of the type, the most ordinary first (a stable sort: on a tie the
+        # earlier model's); the first is the type's example, the others are for ops.reconsider.
+        examples.sort(key=lambda e: _ordinariness(e[1]))
+        focus.ops[op] = examples.pop(0)
     return focus
 
 
-def _note_node(focus: Focus, model: onnx.ModelProto, node: onnx.NodeProto, ranks: dict[str, int]) -> None:
+def _note_node(focus: Focus, node: onnx.NodeProto, ranks: dict[str, int], shapes: dict[str, list[int]]) -> None:
+    """The limits ``node`` asks to probe (``ranks`` / ``shapes``: of its model's typed tensors)."""
     op = node.op_type
     if op == "Conv":
         focus.conv = True
@@ -116,18 +120,14 @@ def _note_node(focus: Focus, model: onnx.ModelProto, node: onnx.NodeProto, ranks
     elif op == "Resize":
         focus.resize = True
         focus.stride_cap = max(focus.stride_cap, 2)
-        factor = _resize_factor(model, node)
+        factor = _resize_factor(node, shapes)
         if factor is not None:
             focus.resize_factors.add(factor)
-    _offer(focus.ops, model, node)
 
 
-def _resize_factor(model: onnx.ModelProto, node: onnx.NodeProto) -> int | None:
+def _resize_factor(node: onnx.NodeProto, shapes: dict[str, list[int]]) -> int | None:
     """The integer factor of a 4-D Resize that scales H and W alike (from the inferred shapes), else None."""
-    dims = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in
-            list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
-            if v.name in (node.input[0], node.output[0])}
-    before, after = dims.get(node.input[0]), dims.get(node.output[0])
+    before, after = shapes.get(node.input[0]), shapes.get(node.output[0])
     if not before or not after or len(before) != 4 or len(after) != 4 or 0 in before[2:]:
         return None
     factors = {after[axis] / before[axis] for axis in (2, 3)}
@@ -150,11 +150,9 @@ def emitted_ops(models: Sequence[onnx.ModelProto], originals: set[str]) -> dict[
                                                                                           onnx.NodeProto]]:
     """The op types of the nodes npufix emitted in ``models`` (fixed models; a node whose name is not in
     ``originals``), each with its most ordinary such node, as :func:`focus_of` picks examples."""
-    emitted = Focus({}, 0, False, False, {})
+    emitted: dict[str, tuple[onnx.ModelProto, onnx.NodeProto]] = {}
     for model in models:
-        ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in
-                 list(model.graph.value_info) + list(model.graph.input)}
         for node in model.graph.node:
             if node.name not in originals:
-                _note_node(emitted, model, node, ranks)
-    return {op: example for op, example in emitted.ops.items() if example is not None}
+                _offer(emitted, model, node)
+    return emitted

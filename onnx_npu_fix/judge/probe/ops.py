@@ -42,7 +42,7 @@ def probe_ops(prober: Prober, ops: dict[str, Example | None], result: ProbeResul
     added to what is already learned). Quantization ops are left to ``allow_qdq`` where the QDQ probe decided it:
     a compiler that refuses quantized models is a ``quantized-input`` violation, not one to lower Q/DQ for
     (forbidding them would make every pass that keeps a model's QDQ units refuse to emit)."""
-    forbidden = dict(result.learned.get("forbidden_ops", Learned("forbidden_ops", {}, "")).value)
+    forbidden = _forbidden(result)
     if "allow_qdq" in result.learned:
         ops = {op: example for op, example in ops.items() if op not in QDQ_OPS}
     for op, example in sorted(ops.items()):
@@ -63,7 +63,7 @@ def reconsider(prober: Prober, examples: dict[str, list[Example]], result: Probe
     marks every model that holds it. One accepted (alone or inside its neighbours): the op is not forbidden, and
     an ``op_<type>`` note keeps both findings (the rejected node may still be rejected by the compiler).
     Rejected, timed out or undecided there, the first node's rejection stands."""
-    forbidden = dict(result.learned.get("forbidden_ops", Learned("forbidden_ops", {}, "")).value)
+    forbidden = _forbidden(result)
     for op, candidates in sorted(examples.items()):
         for example in candidates[:OTHER_EXAMPLES] if op in forbidden else ():
             verdict = _op_verdict(prober, op, example, source)
@@ -74,16 +74,22 @@ def reconsider(prober: Prober, examples: dict[str, list[Example]], result: Probe
             result.notes[f"op_{op}"] = (f"not forbidden: {which} {op} ({example[1].name}): {said}; the rejected "
                                         f"one: {forbidden.pop(op)}")
             break
-    if forbidden:
-        _learn_forbidden(result, forbidden)
-    else:
-        result.learned.pop("forbidden_ops", None)
+    _learn_forbidden(result, forbidden)
+
+
+def _forbidden(result: ProbeResult) -> dict[str, str]:
+    """The op types learned forbidden so far, each with its evidence (a copy to edit)."""
+    learned = result.learned.get("forbidden_ops")
+    return dict(learned.value) if learned is not None else {}
 
 
 def _learn_forbidden(result: ProbeResult, forbidden: dict[str, str]) -> None:
-    if forbidden:
-        evidence = "probe op alone, then inside its neighbours: " + "; ".join(forbidden.values())
-        result.learned["forbidden_ops"] = Learned("forbidden_ops", forbidden, evidence)
+    """``forbidden`` as the learned ``forbidden_ops`` (none left: the key goes)."""
+    if not forbidden:
+        result.learned.pop("forbidden_ops", None)
+        return
+    evidence = "probe op alone, then inside its neighbours: " + "; ".join(forbidden.values())
+    result.learned["forbidden_ops"] = Learned("forbidden_ops", forbidden, evidence)
 
 
 @dataclass(frozen=True)
