@@ -2,7 +2,7 @@
 
 Like onnxsim's before/after table, so the price of alignment (zero channels) and space-to-batch (tiled weights,
 a few extra output positions) is visible in every summary. One pass over the nodes for the op counts and MACs
-(:func:`graph.node_macs`), one over the initializers for the weight bytes, and the activation peak of the stored
+(:func:`graph.macs_of`), one over the initializers for the weight bytes, and the activation peak of the stored
 order from :mod:`memory` (no order search: it is the figure the model has as written). Above
 ``DETAIL_MAX_NODES`` nodes the MACs and the peak are skipped (None): they need an index and shapes of the whole
 graph, a large share of a long graph's run; the op counts and weight bytes (one cheap walk each) stay. Nodes and
@@ -29,12 +29,12 @@ from onnx_npu_fix.ir.graph import (
     GraphIndex,
     format_bytes,
     has_subgraphs,
+    macs_of,
     may_hold_subgraphs,
-    node_macs,
     payload_bytes,
     subgraphs,
 )
-from onnx_npu_fix.ir.ops import is_default_domain
+from onnx_npu_fix.ir.ops import DEFAULT_DOMAINS, SUBGRAPH_OPS, is_default_domain
 
 DETAIL_MAX_NODES = 20000
 
@@ -81,15 +81,26 @@ def model_cost(model: onnx.ModelProto, act_bytes: int = 1, index: GraphIndex | N
     macs = 0
     blind = 0  # convs whose MACs need a shape that is not static
     bodies: list[onnx.GraphProto] = []
-    for node in nodes:
-        op = node.op_type if is_default_domain(node) else f"{node.domain}.{node.op_type}"
-        ops[op] = ops.get(op, 0) + 1
-        if detail and op in ("Conv", "ConvTranspose"):
-            n = node_macs(index, node)
-            macs += n
-            blind += n == 0 and _shapes_unknown(index, node)
-        if may_hold_subgraphs(node):  # in this walk: a second walk over every node for the few bodies costs more
-            bodies.extend(subgraphs(node))
+    if detail:
+        assert index is not None
+        # The index's per-node fields, read once when it was built.
+        for node, op, domain, inputs, outputs in zip(index.nodes, index.ops, index.domains, index.node_inputs,
+                                                     index.node_outputs):
+            if domain not in DEFAULT_DOMAINS:
+                op = f"{domain}.{op}"
+            ops[op] = ops.get(op, 0) + 1
+            if op in ("Conv", "ConvTranspose"):
+                n = macs_of(index, op, inputs, outputs)
+                macs += n
+                blind += n == 0 and _shapes_unknown(index, op, inputs, outputs)
+            elif op in SUBGRAPH_OPS or domain not in DEFAULT_DOMAINS:  # may_hold_subgraphs, on the fields read
+                bodies.extend(subgraphs(node))
+    else:
+        for node in nodes:
+            op = node.op_type if is_default_domain(node) else f"{node.domain}.{node.op_type}"
+            ops[op] = ops.get(op, 0) + 1
+            if may_hold_subgraphs(node):  # in this walk: a second walk over every node for the few bodies costs more
+                bodies.extend(subgraphs(node))
     weights = sum(payload_bytes(t) for t in model.graph.initializer)
     while bodies:
         body = bodies.pop()
@@ -108,10 +119,10 @@ def model_cost(model: onnx.ModelProto, act_bytes: int = 1, index: GraphIndex | N
     return Cost(ops, None if blind else macs, weights, None if blank else peak, act_bytes, unknown)
 
 
-def _shapes_unknown(index: GraphIndex, node: onnx.NodeProto) -> bool:
-    """node_macs counted 0 for lack of a static shape (not because a dimension is 0)."""
-    measured = node.output[0] if node.op_type == "Conv" else node.input[0]
-    return index.static_shape(node.input[1]) is None or index.static_shape(measured) is None
+def _shapes_unknown(index: GraphIndex, op: str, inputs: list[str], outputs: list[str]) -> bool:
+    """macs_of counted 0 for lack of a static shape (not because a dimension is 0)."""
+    measured = outputs[0] if op == "Conv" else inputs[0]
+    return index.static_shape(inputs[1]) is None or index.static_shape(measured) is None
 
 
 def cost_json(before: Cost, after: Cost) -> dict[str, Any]:

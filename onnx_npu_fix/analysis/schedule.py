@@ -34,7 +34,7 @@ import onnx
 
 from onnx_npu_fix import progress
 from onnx_npu_fix.ir.graph import GraphIndex, Shape, all_known, has_subgraphs, subgraph_outer_inputs
-from onnx_npu_fix.ir.ops import RANDOM_OPS, SUBGRAPH_OPS, is_default_domain
+from onnx_npu_fix.ir.ops import DEFAULT_DOMAINS, RANDOM_OPS, SUBGRAPH_OPS
 
 # --- liveness structure ----------------------------------------------------------------------------
 
@@ -72,9 +72,10 @@ class Liveness:
 
 
 
-def _reads_subgraph(node: onnx.NodeProto) -> bool:
+def _reads_subgraph(node: onnx.NodeProto, op: str, domain: str) -> bool:
+    """Whether ``node`` (of type ``op`` in ``domain``, as read) holds a subgraph."""
     # Only these standard ops carry graph attributes; skip the attribute walk for everything else.
-    if is_default_domain(node) and node.op_type not in SUBGRAPH_OPS:
+    if domain in DEFAULT_DOMAINS and op not in SUBGRAPH_OPS:
         return False
     return has_subgraphs(node)
 
@@ -87,20 +88,20 @@ def constant_names(index: GraphIndex) -> frozenset[str]:
 
 def _constant_names(index: GraphIndex) -> frozenset[str]:
     const = {name for name in index.initializers if name not in index.graph_inputs}
-    for node in index.graph.node:
-        op = node.op_type  # each field read builds a Python object: read once (100k nodes)
-        if op in ("Constant", "Shape", "Size") and is_default_domain(node):
-            const.update(o for o in node.output if o)
+    # The index's per-node fields, read once when it was built (100k nodes).
+    for node, op, domain, inputs, outputs in zip(index.nodes, index.ops, index.domains, index.node_inputs,
+                                                 index.node_outputs):
+        if op in ("Constant", "Shape", "Size") and domain in DEFAULT_DOMAINS:
+            const.update(o for o in outputs if o)
             continue
-        inputs = node.input[:]
         if (any(inputs) and all_known(inputs, const) and op not in RANDOM_OPS
-                and not _reads_subgraph(node)):
-            const.update(o for o in node.output if o)
+                and not _reads_subgraph(node, op, domain)):
+            const.update(o for o in outputs if o)
     return frozenset(const)  # shared by every reader of the index: read-only
 
 
 def liveness(index: GraphIndex, act_bytes: int, const: set[str] | None = None) -> Liveness:
-    nodes = list(index.graph.node)
+    nodes = index.nodes
     const = constant_names(index) if const is None else const
     tid: dict[str, int] = {}
     names: list[str] = []
@@ -113,8 +114,7 @@ def liveness(index: GraphIndex, act_bytes: int, const: set[str] | None = None) -
 
     for name in index.graph_inputs:
         add(name, -1)
-    # Each read of a repeated field builds a Python object: every node's inputs and outputs are read once.
-    node_outputs = [node.output[:] for node in nodes]
+    node_outputs = index.node_outputs  # every node's fields as the index read them (once)
     node_of: dict[str, int] = {}
     for i, outputs in enumerate(node_outputs):
         for out in outputs:
@@ -127,10 +127,9 @@ def liveness(index: GraphIndex, act_bytes: int, const: set[str] | None = None) -
     node_out: list[list[int]] = []
     preds: list[list[int]] = []
     tid_get, node_of_get = tid.get, node_of.get
-    for i, node in enumerate(nodes):
-        reads = node.input[:]
-        if _reads_subgraph(node):
-            reads.extend(sorted(subgraph_outer_inputs(node)))
+    for i, (node, op, domain, reads) in enumerate(zip(nodes, index.ops, index.domains, index.node_inputs)):
+        if _reads_subgraph(node, op, domain):
+            reads = [*reads, *sorted(subgraph_outer_inputs(node))]
         seen_t: list[int] = []
         seen_p: set[int] = set()
         for name in reads:
@@ -209,13 +208,13 @@ def stored_peak(index: GraphIndex, act_bytes: int) -> tuple[int, int]:
     start = dict.fromkeys(index.graph_inputs, 0)  # activation -> its producer's step (first producer)
     last: dict[str, int] = {}  # any name -> the last step reading it
     step = -1
-    for step, node in enumerate(index.graph.node):
-        reads = node.input[:]  # each read of a repeated field builds a Python object: once per node
-        if _reads_subgraph(node):
-            reads.extend(subgraph_outer_inputs(node))
+    for step, (node, op, domain, reads, outputs) in enumerate(zip(
+            index.nodes, index.ops, index.domains, index.node_inputs, index.node_outputs)):
+        if _reads_subgraph(node, op, domain):
+            reads = [*reads, *subgraph_outer_inputs(node)]  # (the index's own list is left as it was read)
         for name in reads:
             last[name] = step
-        for out in node.output[:]:
+        for out in outputs:
             if out and out not in const and out not in start:
                 start[out] = step
     n = step + 1

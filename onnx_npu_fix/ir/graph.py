@@ -113,6 +113,7 @@ class GraphIndex:
                 self._value_infos[vi.name] = vi
         self._shape_cache: dict[str, Shape | None] = {}
         self._by_type: dict[bytes, Any] = {}  # a serialized TypeProto -> its shape
+        self._static: dict[Shape, bool] = {}  # a shape -> whether every dimension is a known integer
         self._names: set[str] | None = None
         self._derived: dict[Callable[[GraphIndex], Any], Any] = {}
 
@@ -135,19 +136,32 @@ class GraphIndex:
     def _map_edges(self, graph: onnx.GraphProto) -> None:
         producer, consumers = self.producer, self.consumers
         get = consumers.get
-        # Slices read each repeated field in one call: iterating one builds a Python object per element.
-        for node in graph.node:
-            for out in node.output[:]:
+        nodes = self.nodes = list(graph.node)
+        # Each node's fields as read here, kept: the walks over this index (constant names, the cost table's op
+        # counts and peak, its users) read these lists instead of the protos again (each read of a field builds
+        # a Python object). Slices read each repeated field in one call.
+        ops: list[str] = []
+        domains: list[str] = []
+        node_inputs: list[list[str]] = []
+        node_outputs: list[list[str]] = []
+        self.ops, self.domains, self.node_inputs, self.node_outputs = ops, domains, node_inputs, node_outputs
+        for node in nodes:
+            op, domain, inputs, outputs = node.op_type, node.domain, node.input[:], node.output[:]
+            ops.append(op)
+            domains.append(domain)
+            node_inputs.append(inputs)
+            node_outputs.append(outputs)
+            for out in outputs:
                 producer[out] = node
-            for inp in node.input[:]:
+            for inp in inputs:
                 users = get(inp)
                 if users is None:
                     consumers[inp] = [node]
                 else:
                     users.append(node)
             # Subgraph (If/Loop/Scan) bodies may read outer tensors implicitly; count them as consumers so no
-            # pass believes such a tensor is unused or single-use.
-            if may_hold_subgraphs(node):
+            # pass believes such a tensor is unused or single-use. (may_hold_subgraphs on the fields just read.)
+            if op in SUBGRAPH_OPS or domain not in DEFAULT_DOMAINS:
                 for outer in subgraph_outer_inputs(node):
                     consumers.setdefault(outer, []).append(node)
         # Empty names are absent optional inputs/outputs, not tensors (dropped once here, not tested per edge).
@@ -182,11 +196,12 @@ class GraphIndex:
 
     def shape(self, name: str) -> Shape | None:
         """Dims of ``name`` (int, symbolic str or None per axis) from initializers and value_info, or None."""
-        if name in self._shape_cache:
-            return self._shape_cache[name]
+        shape = self._shape_cache.get(name, _UNREAD)
+        if shape is not _UNREAD:
+            return shape
         init = self.initializers.get(name)
         if init is not None:
-            shape: Shape | None = tuple(init.dims)
+            shape = tuple(init.dims[:])
         else:
             vi = self._value_infos.get(name)
             if vi is None:
@@ -204,9 +219,12 @@ class GraphIndex:
     def static_shape(self, name: str) -> tuple[int, ...] | None:
         """The shape of ``name`` if every dimension is a known integer, else None."""
         shape = self.shape(name)
-        if shape is None or not all(isinstance(d, int) for d in shape):
+        if shape is None:
             return None
-        return tuple(shape)
+        static = self._static.get(shape)  # most tensors share a few shapes: each is tested once
+        if static is None:
+            static = self._static[shape] = all(isinstance(d, int) for d in shape)
+        return shape if static else None
 
     def elem_type(self, name: str) -> int:
         init = self.initializers.get(name)
@@ -911,17 +929,22 @@ def conv_macs(model: onnx.ModelProto, index: GraphIndex | None = None) -> int:
 
 
 def node_macs(index: GraphIndex, node: onnx.NodeProto) -> int:
-    if node.op_type not in ("Conv", "ConvTranspose") or len(node.input) < 2:
+    return macs_of(index, node.op_type, node.input[:], node.output[:])
+
+
+def macs_of(index: GraphIndex, op: str, inputs: list[str], outputs: list[str]) -> int:
+    """:func:`node_macs` of a node given by its op type, inputs and outputs as read (GraphIndex.ops...)."""
+    if op not in ("Conv", "ConvTranspose") or len(inputs) < 2:
         return 0
-    w_shape = index.static_shape(node.input[1])
-    if node.op_type == "Conv":
-        out_shape = index.static_shape(node.output[0])
+    w_shape = index.static_shape(inputs[1])
+    if op == "Conv":
+        out_shape = index.static_shape(outputs[0])
         if w_shape is None or out_shape is None:
             return 0
         # every output element takes (C_in / group) * prod(kernel) MACs; W is [M, C/group, k...]. math.prod on
         # the int tuples: np.prod's array round trip per call adds up over every conv of the cost table.
         return math.prod(out_shape) * math.prod(w_shape[1:])
-    in_shape = index.static_shape(node.input[0])
+    in_shape = index.static_shape(inputs[0])
     if w_shape is None or in_shape is None:
         return 0
     # ConvTranspose: every input element scatters into (M / group) * prod(kernel) outputs; W is [C, M/group, k...]

@@ -63,7 +63,6 @@ from onnx_npu_fix.ir.graph import (
     GraphIndex,
     conv_geometry,
     get_attr,
-    may_hold_subgraphs,
     opset_version,
     overwrite_tensor,
     paused_gc,
@@ -71,7 +70,7 @@ from onnx_npu_fix.ir.graph import (
     set_attr,
     subgraphs,
 )
-from onnx_npu_fix.ir.ops import NUMPY_FLOAT_TYPES, is_default_domain
+from onnx_npu_fix.ir.ops import DEFAULT_DOMAINS, NUMPY_FLOAT_TYPES, SUBGRAPH_OPS, is_default_domain
 from onnx_npu_fix.ir.qdq import (
     QuantizedConst,
     dequantizer_of,
@@ -85,6 +84,7 @@ _FLOAT_TYPES = NUMPY_FLOAT_TYPES  # the types the fold computes in
 _LE_DTYPES = {elem: np.dtype(t).newbyteorder("<") for elem, t in _FLOAT_TYPES.items()}
 _PARAM_ROLES = ("scale", "B", "input_mean", "input_var")
 _PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+_SCANNED_OPS = SUBGRAPH_OPS | {"BatchNormalization"}
 
 
 @dataclass
@@ -130,6 +130,9 @@ class BatchNormPlan(Plan):
     full walk of a 100k-node graph)."""
 
     index: GraphIndex
+    order: dict[str, int]
+    """Every float-rule BN's place among them, by name (shared by the pass's plans): its changes are reported in
+    that order."""
 
 
 @dataclass
@@ -181,10 +184,13 @@ class FoldBatchNormPass(Pass):
         total = left = 0
         # The BNs' (a, b) are computed for all of them at once (per-BN numpy calls dominate at 33k BNs), so the
         # nodes that matter are listed first; the loop below then keeps the report in graph order.
-        nodes = [n for n in model.graph.node if _is_batchnorm(n) or may_hold_subgraphs(n)]
+        nodes = [n for n, op, domain in zip(index.nodes, index.ops, index.domains)
+                 if op in _SCANNED_OPS or domain not in DEFAULT_DOMAINS]  # BNs, and what may hold subgraphs
         qdq_folds, nodes = _find_qdq_folds(index, nodes, result, blocking)
         total += len(qdq_folds)
-        affines = _affines(index, [n for n in nodes if _is_batchnorm(n)], opset)
+        bns = [n for n in nodes if _is_batchnorm(n)]
+        order = {bn.name: i for i, bn in enumerate(bns)}
+        affines = _affines(index, bns, opset)
         for node in nodes:
             is_bn = _is_batchnorm(node)
             nested = 0 if is_bn else _nested_batchnorms(node)  # a standard BN holds no subgraph
@@ -220,10 +226,10 @@ class FoldBatchNormPass(Pass):
                 continue
             lowerings.append(_Lowering(node, affine, rank, dtype, why))
         plans: list[Plan] = [
-            LayerFoldPlan(tuple(bn.name for bn in (e.out_bn, e.inp_bn) if bn is not None), "fold", index, e)
-            for e in edits.values()]
-        plans += [LoweringPlan((low.bn.name,), "lower", index, low) for low in lowerings]
-        plans += [QdqFoldPlan((fold.bn.name,), "fold into QDQ conv scale", index, fold) for fold in qdq_folds]
+            LayerFoldPlan(_edit_bns(e), "fold", index, order, e) for e in edits.values()]
+        plans += [LoweringPlan((low.bn.name,), "lower", index, order, low) for low in lowerings]
+        plans += [QdqFoldPlan((fold.bn.name,), "fold into QDQ conv scale", index, order, fold)
+                  for fold in qdq_folds]
         return Found(plans, result.rejections, warnings=result.warnings,
                      metrics={"batchnorm_before": total, "batchnorm_after": left})
 
@@ -236,7 +242,7 @@ class FoldBatchNormPass(Pass):
         if found.plans:
             plan = found.plans[0]
             assert isinstance(plan, BatchNormPlan)
-            self._apply(plan.index, edits, lowerings, qdq_folds, options, result)
+            self._apply(plan.index, plan.order, edits, lowerings, qdq_folds, options, result)
         folded = sum(1 for c in result.changes if c.action.startswith("folded"))
         if qdq_folds:
             result.metrics["qdq_folded"] = len(qdq_folds)
@@ -249,13 +255,10 @@ class FoldBatchNormPass(Pass):
         return result
 
     @staticmethod
-    def _apply(index: GraphIndex, edits: list[_LayerEdit], lowerings: list[_Lowering], qdq_folds: list[_QdqFold],
-               options: FixOptions, result: PassResult) -> None:
-        """Apply the plans through ``index`` and report their changes in graph order."""
-        # The changes are listed in the order of the BNs the float rules saw (a QDQ fold's first).
-        qdq_bns = {fold.bn.name for fold in qdq_folds}
-        order = {name: i for i, name in enumerate(
-            n.name for n in index.graph.node if _is_batchnorm(n) and n.name not in qdq_bns)}
+    def _apply(index: GraphIndex, order: dict[str, int], edits: list[_LayerEdit], lowerings: list[_Lowering],
+               qdq_folds: list[_QdqFold], options: FixOptions, result: PassResult) -> None:
+        """Apply the plans through ``index`` and report their changes in graph order (``order``: the float-rule
+        BNs' places, a QDQ fold's first)."""
         conv_mode = options.bn_standalone == "conv"
         editor = GraphEditor(index)
         batches = _ConvBatches(index, edits)
@@ -272,6 +275,15 @@ class FoldBatchNormPass(Pass):
 
 
 # --- the BN itself ----------------------------------------------------------------------------------
+
+
+def _edit_bns(edit: _LayerEdit) -> tuple[str, ...]:
+    """The names of the BN(s) folded into one layer: the one after it, then the one before it."""
+    if edit.inp_bn is None:
+        return (edit.out_bn.name,)  # type: ignore[union-attr]
+    if edit.out_bn is None:
+        return (edit.inp_bn.name,)
+    return edit.out_bn.name, edit.inp_bn.name
 
 
 def _is_batchnorm(node: onnx.NodeProto) -> bool:
