@@ -351,35 +351,61 @@ def _affines(index: GraphIndex, bns: list[onnx.NodeProto],
     return found
 
 
-def _inference_form_problem(bn: onnx.NodeProto, inputs: list[str], outputs: list[str], opset: int) -> str | None:
-    """Why ``bn`` is not an inference-mode BN with its five inputs (None when it is)."""
+def _bn_attributes(bn: onnx.NodeProto) -> dict[str, Any]:
+    """The attributes of ``bn`` this pass reads (training_mode, epsilon, spatial) that it sets, as get_attr
+    reads them, in one walk over its attributes (this runs for every BN)."""
+    values: dict[str, Any] = {}
+    for attr in bn.attribute:
+        name = attr.name
+        if name not in _BN_ATTRIBUTES or name in values:  # the first of a repeated name, as get_attr
+            continue
+        kind = attr.type
+        if kind == onnx.AttributeProto.INT and not attr.ref_attr_name:
+            values[name] = attr.i
+        elif kind == onnx.AttributeProto.FLOAT and not attr.ref_attr_name:
+            values[name] = attr.f
+        else:
+            values[name] = get_attr(bn, name)
+    return values
+
+
+_BN_ATTRIBUTES = frozenset({"training_mode", "epsilon", "spatial"})
+
+
+def _inference_form_problem(attributes: dict[str, Any], inputs: list[str], outputs: list[str],
+                            opset: int) -> str | None:
+    """Why a BN (its ``attributes``, inputs and outputs) is not an inference-mode BN with its five inputs (None
+    when it is)."""
     if opset < 7:
         return (f"BatchNormalization at opset {opset} (is_test / consumed_inputs form) is not handled; "
                 "convert the model to opset >= 9 first (onnx.version_converter)")
     if len(inputs) < 5 or not all(inputs[:5]):
         return "it does not have its five inputs"
-    if get_attr(bn, "training_mode", 0):
+    if attributes.get("training_mode", 0):
         return "training_mode=1: it normalises with batch statistics, which no constant map reproduces"
-    if opset < 14 and len(outputs) > 1:
-        # Before opset 14 the output count selects the mode: extra outputs mean training (batch statistics),
-        # which is also how onnxruntime reads it, even when nothing reads them.
-        return f"it has training outputs {outputs[1:]}: before opset 14 that form normalises with batch statistics"
-    extra = [o for o in outputs[1:] if o]
-    if extra:
-        return f"it has running-statistics outputs {extra}, which only training mode defines"
+    if len(outputs) > 1:
+        if opset < 14:
+            # Before opset 14 the output count selects the mode: extra outputs mean training (batch statistics),
+            # which is also how onnxruntime reads it, even when nothing reads them.
+            return (f"it has training outputs {outputs[1:]}: before opset 14 that form normalises with batch "
+                    "statistics")
+        extra = [o for o in outputs[1:] if o]
+        if extra:
+            return f"it has running-statistics outputs {extra}, which only training mode defines"
     return None
 
 
 def _bn_params(index: GraphIndex, bn: onnx.NodeProto, opset: int) -> tuple[_Params | None, str]:
     """The parameters of an inference-mode BN, or None and the reason it must stay."""
     inputs, outputs = bn.input[:], bn.output[:]  # plain lists: each field access builds a Python object
-    problem = _inference_form_problem(bn, inputs, outputs, opset)
+    attributes = _bn_attributes(bn)
+    problem = _inference_form_problem(attributes, inputs, outputs, opset)
     if problem is not None:
         return None, problem
     raws = _raw_floats(index, inputs[1:5])
     params: list[np.ndarray] | None = None
     if raws is not None:
-        shapes = raws[1]
+        shapes: list[Any] = raws[1]
     else:
         params = []
         for role, name in zip(_PARAM_ROLES, inputs[1:5]):
@@ -389,12 +415,13 @@ def _bn_params(index: GraphIndex, bn: onnx.NodeProto, opset: int) -> tuple[_Para
             if value.dtype not in (np.float16, np.float32, np.float64):
                 return None, f"its {role} {name} has dtype {value.dtype}, not a float type this pass handles"
             params.append(value.astype(np.float64))
-        shapes = [p.shape for p in params]
-    shape = shapes[0]
-    if not all(s == shape for s in shapes) or len(shape) == 0:
+        shapes = [list(p.shape) for p in params]
+    first = shapes[0]
+    if shapes.count(first) != len(shapes) or len(first) == 0:
         return None, f"its parameters have inconsistent shapes {[list(s) for s in shapes]}"
+    shape = tuple(first)
     per_activation = False
-    if opset < 9 and get_attr(bn, "spatial", 1) == 0:
+    if opset < 9 and attributes.get("spatial", 1) == 0:
         if len(shape) >= 2:
             per_activation = True
         else:
@@ -404,7 +431,7 @@ def _bn_params(index: GraphIndex, bn: onnx.NodeProto, opset: int) -> tuple[_Para
                               "(per-activation parameters [C, D1, ...] expected)")
     elif len(shape) != 1:
         return None, f"its parameters have shape {list(shape)}, not [C]"
-    eps = float(get_attr(bn, "epsilon", 1e-5))
+    eps = float(attributes.get("epsilon", 1e-5))
     if raws is not None:
         return _Params((shape, raws[2]), eps, per_activation, raw=raws[0]), ""
     return _Params((shape, None), eps, per_activation, values=params), ""
@@ -423,48 +450,50 @@ def _backward_target(index: GraphIndex, bn: onnx.NodeProto,
     if layer is None:
         kind = "a graph input" if x in index.graph_inputs else "constant"
         return None, f"its input {x} is {kind}"
-    if layer.op_type not in _PRODUCERS or not is_default_domain(layer):
-        return None, (f"its input comes from {layer.op_type} {layer.name}, "
+    op = layer.op_type
+    if op not in _PRODUCERS or not is_default_domain(layer):
+        return None, (f"its input comes from {op} {layer.name}, "
                       "not a Conv/ConvTranspose/Gemm/MatMul")
-    where = f"{layer.op_type} {layer.name}"
     if x in index.output_set:
-        return None, f"{where} output {x} is also a graph output"
+        return None, f"{op} {layer.name} output {x} is also a graph output"
     readers = len(index.consumers_of(x))
     if readers != 1:
-        return None, f"{where} output {x} also feeds {readers - 1} other node(s)"
-    problem = _weights_problem(index, layer, where)
+        return None, f"{op} {layer.name} output {x} also feeds {readers - 1} other node(s)"
+    inputs = layer.input[:]  # one read of the repeated field (this runs for every BN)
+    problem = _weights_problem(index, layer, inputs)
     if problem:
         return None, problem
-    w_shape = _const_shape(index, layer.input[1])
+    w_shape = _const_shape(index, inputs[1])
     c = affine.channels
-    if layer.op_type == "Conv":
+    if op == "Conv":
         m = w_shape[0] if w_shape else None
-    elif layer.op_type == "ConvTranspose":
+    elif op == "ConvTranspose":
         m = w_shape[1] * int(get_attr(layer, "group", 1)) if w_shape and len(w_shape) > 1 else None
     else:
         if not w_shape or len(w_shape) != 2:
-            return None, f"{where} weight is not 2-D"
-        if layer.op_type == "MatMul":
-            shape = index.shape(x) or index.shape(layer.input[0])
+            return None, f"{op} {layer.name} weight is not 2-D"
+        if op == "MatMul":
+            shape = index.shape(x) or index.shape(inputs[0])
             rank = len(shape) if shape is not None else "unknown"
             if rank != 2:
-                return None, (f"{where} output rank is {rank}: BN normalises axis 1, which is the weight's "
-                              "output axis only for a 2-D [N, C] output")
+                return None, (f"{op} {layer.name} output rank is {rank}: BN normalises axis 1, which is the "
+                              "weight's output axis only for a 2-D [N, C] output")
             m = w_shape[1]
         else:
             m = w_shape[0] if get_attr(layer, "transB", 0) else w_shape[1]
     if m != c:
-        return None, f"{where} has {m} output channels, the BN {c}"
+        return None, f"{op} {layer.name} has {m} output channels, the BN {c}"
     return layer, ""
 
 
-def _weights_problem(index: GraphIndex, layer: onnx.NodeProto, where: str) -> str | None:
-    """Why ``layer``'s weight (and bias, when present) cannot be folded into, or None when both are constants."""
-    if len(layer.input) < 2:
-        return f"{where} has no weight input"
-    problem = _const_problem(index, layer.input[1], f"{where} weight")
-    if not problem and len(layer.input) > 2 and layer.input[2]:
-        problem = _const_problem(index, layer.input[2], f"{where} bias")
+def _weights_problem(index: GraphIndex, layer: onnx.NodeProto, inputs: list[str]) -> str | None:
+    """Why ``layer``'s weight (and bias, when present) cannot be folded into, or None when both are constants
+    (``inputs``: its inputs, as read)."""
+    if len(inputs) < 2:
+        return f"{layer.op_type} {layer.name} has no weight input"
+    problem = _const_problem(index, inputs[1], layer, "weight")
+    if not problem and len(inputs) > 2 and inputs[2]:
+        problem = _const_problem(index, inputs[2], layer, "bias")
     return problem
 
 
@@ -485,7 +514,7 @@ def _forward_target(index: GraphIndex, bn: onnx.NodeProto,
         return None, f"its output feeds {where}, not a Conv"
     if conv.input[0] != y or y in list(conv.input[1:]):
         return None, f"its output is not only the data input of {where}"
-    problem = _weights_problem(index, conv, where)
+    problem = _weights_problem(index, conv, conv.input[:])
     if problem:
         return None, problem
     w_shape = _const_shape(index, conv.input[1])
@@ -532,26 +561,32 @@ def _not_constant(index: GraphIndex, name: str) -> str:
     return "is not constant"
 
 
-def _const_problem(index: GraphIndex, name: str, what: str) -> str | None:
-    """None when ``name`` is a float constant this pass may rewrite, else the reason it is not."""
+def _const_problem(index: GraphIndex, name: str, layer: onnx.NodeProto, role: str) -> str | None:
+    """None when ``name`` (``layer``'s ``role``: weight or bias) is a float constant this pass may rewrite, else
+    the reason it is not."""
     if name in index.graph_inputs:
-        return f"{what} {name} is a graph input"
+        return f"{_what(layer, role)} {name} is a graph input"
     if name in index.overridable:
-        return f"{what} {name} {_not_constant(index, name)}"
+        return f"{_what(layer, role)} {name} {_not_constant(index, name)}"
     producer = index.producer.get(name)
     if name not in index.initializers and (producer is None or producer.op_type != "Constant"):
         if producer is not None and producer.op_type == "DequantizeLinear":
-            return (f"{what} {name} comes from DequantizeLinear {producer.name} (quantized): folding would "
-                    "change the quantized weight")
+            return (f"{_what(layer, role)} {name} comes from DequantizeLinear {producer.name} (quantized): folding "
+                    "would change the quantized weight")
         source = f"computed by {producer.op_type} {producer.name}" if producer is not None else "not constant"
-        return f"{what} {name} is {source}"
+        return f"{_what(layer, role)} {name} is {source}"
     elem = index.elem_type(name)
     if elem == onnx.TensorProto.UNDEFINED and producer is not None:
         value = _const(index, name)
         elem = onnx.helper.np_dtype_to_tensor_dtype(value.dtype) if value is not None else elem
     if elem not in _FLOAT_TYPES:
-        return f"{what} {name} has element type {onnx.TensorProto.DataType.Name(elem)}, not float"
+        return f"{_what(layer, role)} {name} has element type {onnx.TensorProto.DataType.Name(elem)}, not float"
     return None
+
+
+def _what(layer: onnx.NodeProto, role: str) -> str:
+    """How a reason names ``layer``'s weight or bias (built only for a reason: this pass asks for every BN)."""
+    return f"{layer.op_type} {layer.name} {role}"
 
 
 def _const_shape(index: GraphIndex, name: str) -> tuple[int, ...] | None:
@@ -647,7 +682,8 @@ def _apply_fold(index: GraphIndex, editor: GraphEditor, edit: _LayerEdit,
     """Write one layer's fold (``folded``: its new weight and bias when computed already) and rewire the BNs."""
     node = edit.node
     op = node.op_type
-    old_weight_name = node.input[1]
+    inputs = node.input[:]  # one read of the repeated field (this runs for every fold)
+    old_weight_name = inputs[1]
     bias_slot = 2
     if folded is not None:
         new_weight, bias = folded
@@ -664,9 +700,9 @@ def _apply_fold(index: GraphIndex, editor: GraphEditor, edit: _LayerEdit,
             new_weight = _scaled(weight, edit.out.a[None, :])
             bias = None
     dtype = new_weight.dtype  # the weight's own dtype (_scaled keeps it)
-    _store(index, editor, node, 1, new_weight)
+    weight_name = _store(index, editor, node, inputs, 1, new_weight)
     if bias is not None:
-        _store(index, editor, node, bias_slot, bias.astype(dtype), base=f"{node.name}_bias")
+        _store(index, editor, node, inputs, bias_slot, bias.astype(dtype), base=f"{node.name}_bias")
 
     changes = []
     if edit.inp is not None:
@@ -674,7 +710,7 @@ def _apply_fold(index: GraphIndex, editor: GraphEditor, edit: _LayerEdit,
         node.input[0] = bn.input[0]
         editor.remove(bn)
         changes.append(Change(bn.name, bn.op_type, f"folded into {op}", new=node.name,
-                              detail={"rule": "bn->conv", "target": node.name, "weight": node.input[1],
+                              detail={"rule": "bn->conv", "target": node.name, "weight": weight_name,
                                       "old_weight": old_weight_name}))
     if edit.out is not None:
         bn = edit.out_bn
@@ -690,7 +726,7 @@ def _apply_fold(index: GraphIndex, editor: GraphEditor, edit: _LayerEdit,
             action, new = f"folded into {op}", node.name
         changes.append(Change(bn.name, bn.op_type, action, new=new,
                               detail={"rule": f"{op.lower()}->bn", "target": node.name,
-                                      "weight": node.input[1], "old_weight": old_weight_name}))
+                                      "weight": weight_name, "old_weight": old_weight_name}))
     return changes
 
 
@@ -751,22 +787,24 @@ def _scaled(weight: np.ndarray, factor: np.ndarray) -> np.ndarray:
     return out
 
 
-def _store(index: GraphIndex, editor: GraphEditor, node: onnx.NodeProto, slot: int, value: np.ndarray,
-           base: str | None = None) -> None:
-    """Give ``node`` input ``slot`` the value: in place when it is the initializer's only reader."""
-    name = node.input[slot] if slot < len(node.input) else ""
+def _store(index: GraphIndex, editor: GraphEditor, node: onnx.NodeProto, inputs: list[str], slot: int,
+           value: np.ndarray, base: str | None = None) -> str:
+    """Give ``node`` input ``slot`` the value: in place when it is the initializer's only reader. ``inputs``: the
+    node's inputs as read before the fold (the other slot's store leaves this one's name). The name the input
+    has now."""
+    name = inputs[slot] if slot < len(inputs) else ""
     if not name:
         new_name = editor.add_initializer(base or f"{node.name}_in{slot}", value)
         while len(node.input) <= slot:
             node.input.append("")
         node.input[slot] = new_name
-    elif (name in index.initializers and name not in index.graph_inputs and name not in index.output_set
-          and len(index.consumers_of(name)) == 1):
+        return new_name
+    if (name in index.initializers and name not in index.graph_inputs and name not in index.output_set
+            and len(index.consumers_of(name)) == 1):
         overwrite_tensor(index.initializers[name], value)
-    else:
-        private_initializer(index, editor, node, slot, value)  # shared (or a Constant): a private copy
-
-
+        return name
+    private_initializer(index, editor, node, slot, value)  # shared (or a Constant): a private copy
+    return node.input[slot]
 
 
 def _lower(index: GraphIndex, editor: GraphEditor, low: _Lowering, conv_mode: bool) -> Change:
@@ -814,11 +852,11 @@ def _raw_meta(index: GraphIndex, name: str) -> tuple[onnx.TensorProto, tuple[int
     return tensor, tuple(tensor.dims[:]), dtype  # a slice reads the repeated field in one call
 
 
-def _raw_floats(index: GraphIndex, names: list[str]) -> tuple[tuple[bytes, ...], list[tuple[int, ...]],
+def _raw_floats(index: GraphIndex, names: list[str]) -> tuple[tuple[bytes, ...], list[list[int]],
                                                                 tuple[np.dtype, ...]] | None:
-    """The bytes, shapes and little-endian dtypes of ``names`` when every one is a raw float initializer whose
-    byte count matches its dims (:func:`_raw_meta`'s tensors), else None. One loop over the tensors, every field
-    read once: it runs for the four parameters of every BN."""
+    """The bytes, dims and little-endian dtypes of ``names`` when every one is a raw float initializer whose byte
+    count matches its dims (:func:`_raw_meta`'s tensors), else None. One loop over the tensors, every field read
+    once: it runs for the four parameters of every BN."""
     initializers, overridable, external = index.initializers, index.overridable, onnx.TensorProto.EXTERNAL
     datas, shapes, dtypes = [], [], []
     for name in names:
@@ -829,12 +867,12 @@ def _raw_floats(index: GraphIndex, names: list[str]) -> tuple[tuple[bytes, ...],
         if (dtype is None or tensor.data_location == external or not tensor.HasField("raw_data")
                 or name in overridable):
             return None
-        shape = tuple(tensor.dims[:])
+        dims = tensor.dims[:]
         data = tensor.raw_data
-        if math.prod(shape) * dtype.itemsize != len(data):
+        if math.prod(dims) * dtype.itemsize != len(data):
             return None  # malformed: _const's reshape raises, as it always did
         datas.append(data)
-        shapes.append(shape)
+        shapes.append(dims)
         dtypes.append(dtype)
     return tuple(datas), shapes, tuple(dtypes)
 
@@ -1057,6 +1095,8 @@ def _find_qdq_folds(index: GraphIndex, nodes: list[onnx.NodeProto], result: Pass
     parameters that are DequantizeLinear outputs either)."""
     folds: list[_QdqFold] = []
     rest: list[onnx.NodeProto] = []
+    if "DequantizeLinear" not in index.ops:
+        return folds, nodes  # the pattern starts at a DequantizeLinear: a float model has none
     for node in nodes:
         if not _is_batchnorm(node) or len(node.input) < 5:
             rest.append(node)
