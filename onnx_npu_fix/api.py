@@ -41,7 +41,7 @@ from onnx_npu_fix.io.load import (  # noqa: F401 - load_model: part of the API
 )
 from onnx_npu_fix.io.paths import WritePlan
 from onnx_npu_fix.io.save import EarlyWrite, save_model, sha256_file, write_json
-from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, copy_model, infer_shapes
+from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, copy_model, infer_shapes, sharing_index
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.pipeline.freeze import FrozenInput, freeze_inputs
@@ -170,7 +170,11 @@ def _fix_in_place(owned: OwnedModel, options: FixOptions | None = None,
     options = options or FixOptions()
     assert owned.model is not None
     prepare(owned.model, options)
-    before = _input_cost(owned.model, options)  # the model is edited in place: its cost is taken now
+    with sharing_index(owned.model) as shared:  # the index the input's cost table builds, for the passes' finds
+        before = _input_cost(owned.model, options)  # the model is edited in place: its cost is taken now
+    if not options.freeze_inputs:  # (freezing edits the model)
+        owned.index = shared.index  # handed over with the model: the pass manager lets it go with the proto
+    del shared
     reload = None if source is None else functools.partial(_read_prepared, os.fspath(source), options,
                                                            digest, reference)
     frozen, own_reference = _freeze(owned.model, options, reference)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from helpers import small_model
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_npu_fix.ir.graph import (
@@ -13,7 +14,9 @@ from onnx_npu_fix.ir.graph import (
     remove_dead_nodes,
     remove_unused,
     remove_unused_initializers,
+    sharing_index,
     tensor_from_array,
+    unused_after,
 )
 
 
@@ -195,3 +198,42 @@ def test_payload_bytes_from_dims_and_item_size():
         assert payload_bytes(tensor) == len(tensor.raw_data) == 15 * np.dtype(dtype).itemsize
     packed = helper.make_tensor("f", TensorProto.FLOAT, [2], [1.0, 2.0])  # float_data, no raw_data
     assert payload_bytes(packed) == packed.ByteSize()
+
+
+def test_sharing_index_answers_one_index_while_open_and_hands_it_on():
+    """While sharing_index is open for a model, GraphIndex.of answers the first index built (or the one given) and
+    GraphIndex.shared finds it; closed, both build or answer nothing, and the index is handed on."""
+    model = small_model()
+    assert GraphIndex.shared(model) is None
+    assert GraphIndex.of(model) is not GraphIndex.of(model)  # nothing shared: a new index each time
+    with sharing_index(model) as shared:
+        first = GraphIndex.of(model)
+        assert GraphIndex.of(model) is first and GraphIndex.shared(model) is first
+        with sharing_index(model) as inner:  # an inner caller reads the outer one's, and takes nothing away
+            assert GraphIndex.of(model) is first
+        assert inner.index is None and GraphIndex.shared(model) is first
+    assert shared.index is first and GraphIndex.shared(model) is None
+    with sharing_index(model, first) as again:
+        assert GraphIndex.of(model) is first
+    assert again.index is first
+    other = small_model()
+    with sharing_index(model, GraphIndex(other)):  # an index of another model is not this one's
+        assert GraphIndex.of(model) is not first and GraphIndex.of(model).model is model
+
+
+def test_unused_after_reads_an_index_as_it_reads_the_nodes():
+    """unused_after over an index's fields gives what the walk over the nodes gives: dead nodes (a branch nothing
+    reads), unused initializers, a pass-through bypassed, a node gone."""
+    model = small_model()
+    graph = model.graph
+    graph.initializer.append(numpy_helper.from_array(np.ones(4, np.float32), "spare"))
+    graph.initializer.append(numpy_helper.from_array(np.ones(4, np.float32), "dead_bias"))
+    graph.node.append(helper.make_node("Add", ["y", "dead_bias"], ["dead"], name="dead_add"))
+    graph.node.append(helper.make_node("Relu", ["dead"], ["dead2"], name="dead_relu"))
+    identity = next(n for n in graph.node if n.op_type == "Identity")
+    for kwargs in ({}, {"bypassed": {id(identity)}}, {"gone": {id(graph.node[0])}}):
+        plain = unused_after(model, **kwargs)
+        indexed = unused_after(model, index=GraphIndex(model), **kwargs)
+        assert [n.name for n in indexed[0]] == [n.name for n in plain[0]] and indexed[1] == plain[1]
+    assert [n.name for n in unused_after(model)[0]] == ["dead_add", "dead_relu"]
+    assert unused_after(model)[1] == ["spare", "dead_bias"]

@@ -16,7 +16,7 @@ from onnx_npu_fix.errors import InputError
 from onnx_npu_fix.io.atomic import current_umask
 from onnx_npu_fix.ir.graph import GraphIndex
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
-from onnx_npu_fix.passes.base import Change, Pass, PassResult
+from onnx_npu_fix.passes.base import Change, Found, Pass, PassResult
 from onnx_npu_fix.pipeline.scheduler import prepare, run_passes
 
 
@@ -679,3 +679,49 @@ def test_a_pass_that_emits_a_forbidden_op_fails_named(forbidden, fails):
                                 "emit them")
     else:
         assert failed is None
+
+
+class _Looks(Pass):
+    """Finds with GraphIndex.of and records the index; changes nothing."""
+
+    summary = "test pass that reads an index"
+
+    def __init__(self, name: str, seen: list[GraphIndex]) -> None:
+        self.name, self.seen = name, seen
+
+    def find(self, model, options):
+        self.seen.append(GraphIndex.of(model))
+        return Found()
+
+    def rewrite(self, model, options, found):
+        return found.report()
+
+
+class _LooksInItsOwnRun(_Looks):
+    """The same, with a run of its own (as fold-constants' rounds): it reads no shared index."""
+
+    def run(self, model, options):
+        return self.rewrite(model, options, self.find(model, options))
+
+
+def test_the_passes_finds_share_one_index_until_a_pass_changes_the_model():
+    """The pass manager hands the index a find built to the next passes' finds while none changes the model
+    (one walk of the graph for them all), through a pass with a run of its own that changes nothing too, and lets it
+    go when one changes the model: the next find reads a fresh index of the changed graph. A run that changes
+    nothing hands its index to FixResult (the cost table's and the final check's)."""
+    seen: list[GraphIndex] = []
+    model = small_model()
+    options = FixOptions(validate="none")
+    prepare(model, options)
+    result = run_passes(model, options, [_Looks("a", seen), _LooksInItsOwnRun("b", seen), _Looks("c", seen),
+                                         RenameRelu(), _Looks("d", seen)])
+    assert result.ok
+    a, b, c, d = seen
+    assert c is a and b is not a  # (b's own run built its own)
+    assert d is not a and d.model is result.model and "Max" in d.ops and "Relu" not in d.ops
+    assert result.graph_index() is not a  # the model changed after a
+    unchanged = small_model()
+    prepare(unchanged, options)
+    seen.clear()
+    result = run_passes(unchanged, options, [_Looks("a", seen), _Looks("c", seen)])
+    assert seen[0] is seen[1] and result.graph_index() is seen[0]

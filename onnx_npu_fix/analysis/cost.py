@@ -76,7 +76,7 @@ def model_cost(model: onnx.ModelProto, act_bytes: int = 1, index: GraphIndex | N
     nodes = model.graph.node
     detail = needs_index(model)
     if detail:
-        index = index or GraphIndex(model)
+        index = index or GraphIndex.of(model)
     ops: dict[str, int] = {}
     macs = 0
     blind = 0  # convs whose MACs need a shape that is not static

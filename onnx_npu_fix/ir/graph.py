@@ -128,10 +128,26 @@ class GraphIndex:
 
     @classmethod
     def of(cls, model: onnx.ModelProto) -> GraphIndex:
-        """An index of ``model``: the one :func:`values_from` shares for it (a read-only caller on an unchanged
-        model: --check's, built already), else a new one."""
+        """An index of ``model``: the one shared for it (:func:`values_from`: --check's, built already;
+        :func:`sharing_index`: the first one built while it is open), else a new one."""
+        key = id(model)
+        shared = _SHARED_INDEX.get(key)
+        if shared is not None and shared.model is model:
+            return shared
+        index = cls(model)
+        if key in _SHARING:
+            _SHARED_INDEX[key] = index
+        return index
+
+    @classmethod
+    def shared(cls, model: onnx.ModelProto) -> GraphIndex | None:
+        """:meth:`of` while an index of ``model`` is shared or :func:`sharing_index` is open for it (the index is
+        then read by others too), else None: for a walk that reads an index when one is to hand, and the graph
+        itself rather than build one nobody else reads."""
+        if id(model) in _SHARING:
+            return cls.of(model)
         shared = _SHARED_INDEX.get(id(model))
-        return shared if shared is not None and shared.model is model else cls(model)
+        return shared if shared is not None and shared.model is model else None
 
     def _map_edges(self, graph: onnx.GraphProto) -> None:
         producer, consumers = self.producer, self.consumers
@@ -585,13 +601,14 @@ def remove_unused(model: onnx.ModelProto) -> tuple[list[onnx.NodeProto], list[st
 
 
 def unused_after(model: onnx.ModelProto, *, gone: Container[int] = frozenset(),
-                 bypassed: Container[int] = frozenset()) -> tuple[list[onnx.NodeProto], list[str]]:
+                 bypassed: Container[int] = frozenset(),
+                 index: GraphIndex | None = None) -> tuple[list[onnx.NodeProto], list[str]]:
     """Read-only: the nodes and initializers :func:`remove_unused` would drop once the nodes whose ids are in
     ``gone`` are removed (their outputs turned into initializers: they read nothing) and those in ``bypassed``
     are removed with their readers reading their first input instead (a pass-through). Neither kind is in the
-    returned nodes."""
+    returned nodes. ``index``: one of ``model`` as it is, whose fields the walk reads instead of the nodes'."""
     graph = model.graph
-    nodes, dead, needed = _find_dead(graph, gone, bypassed)
+    nodes, dead, needed = _find_dead(graph, gone, bypassed, index)
     needed.update(i.name for i in graph.input)  # the model's interface: never removed
     names = [t.name for t in graph.initializer]  # read once: the test below and the answer
     if "" in names and any(
@@ -614,27 +631,36 @@ def drop_initializers(model: onnx.ModelProto, names: Iterable[str]) -> None:
 
 
 def _find_dead(graph: onnx.GraphProto, gone: Container[int] = frozenset(),
-               bypassed: Container[int] = frozenset()) -> tuple[list[onnx.NodeProto], set[int], set[str]]:
+               bypassed: Container[int] = frozenset(),
+               index: GraphIndex | None = None) -> tuple[list[onnx.NodeProto], set[int], set[str]]:
     """The nodes, the ids of those none of whose outputs reaches a graph output, and the names the others
-    read (plus the graph outputs); ``gone`` and ``bypassed`` as in :func:`unused_after`."""
+    read (plus the graph outputs); ``gone``, ``bypassed`` and ``index`` as in :func:`unused_after`."""
     needed = {o.name for o in graph.output}
-    nodes = list(graph.node)
+    # Backwards, each node with its fields (inputs, outputs, op type, domain): the index's, else read here
+    # (slices: one read of each repeated field).
+    if index is not None:
+        nodes = index.nodes
+        fields: Iterable[tuple[list[str], list[str], str, str]] = zip(
+            reversed(index.node_inputs), reversed(index.node_outputs), reversed(index.ops), reversed(index.domains))
+    else:
+        nodes = list(graph.node)
+        fields = ((n.input[:], n.output[:], n.op_type, n.domain) for n in reversed(nodes))
     dead: set[int] = set()
     update = needed.update
-    for node in reversed(nodes):
+    for node, (inputs, outputs, op, domain) in zip(reversed(nodes), fields):
         key = id(node)
         if key in gone:
             continue
-        if needed.isdisjoint(node.output[:]):  # "" is never in needed: an absent output reaches nothing
+        if needed.isdisjoint(outputs):  # "" is never in needed: an absent output reaches nothing
             if key not in bypassed:
                 dead.add(key)
             continue
         if key in bypassed:
-            needed.add(node.input[0])
+            needed.add(inputs[0])
             continue
-        update(node.input[:])  # a slice: one read of the repeated field
+        update(inputs)
         needed.discard("")  # an absent optional input
-        if may_hold_subgraphs(node):
+        if op in SUBGRAPH_OPS or domain not in DEFAULT_DOMAINS:  # may_hold_subgraphs, on the fields read
             update(subgraph_outer_inputs(node))
     return nodes, dead, needed
 
@@ -741,7 +767,37 @@ def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
 _VALUE_SOURCES: dict[int, dict[str, onnx.TensorProto]] = {}
 """Per shape-only copy (by id) while :func:`values_from` is open: the original initializers its stubs stand for."""
 _SHARED_INDEX: dict[int, GraphIndex] = {}
-"""Per shape-only copy (by id) while :func:`values_from` is open: the index its caller built (GraphIndex.of)."""
+"""Per model (by id) while :func:`values_from` or :func:`sharing_index` is open: the index GraphIndex.of answers."""
+_SHARING: set[int] = set()
+"""The models (by id) :func:`sharing_index` is open for."""
+
+
+class SharedIndex:
+    """What :func:`sharing_index` yields: once it is closed, the index it shared (None if nobody asked for one)."""
+
+    index: GraphIndex | None = None
+
+
+@contextlib.contextmanager
+def sharing_index(model: onnx.ModelProto, index: GraphIndex | None = None) -> Iterator[SharedIndex]:
+    """While open, :meth:`GraphIndex.of` of ``model`` answers one index: ``index`` (of ``model`` as it is, built
+    already), else the first one it builds. For read-only callers on a model nothing changes meanwhile (the
+    passes' finds, the pass manager's: scheduler._Run); the index is handed on (``SharedIndex.index``) for the
+    next of them while the model stays as it is: each walk over the graph that an index serves is then one."""
+    key = id(model)
+    if key in _SHARING or key in _SHARED_INDEX:
+        yield SharedIndex()  # already shared by an outer caller: it keeps the index
+        return
+    shared = SharedIndex()
+    _SHARING.add(key)
+    if index is not None and index.model is model:
+        _SHARED_INDEX[key] = index
+    try:
+        yield shared
+    finally:
+        _SHARING.discard(key)
+        found = _SHARED_INDEX.pop(key, None)
+        shared.index = found if found is not None and found.model is model else None
 
 
 @contextlib.contextmanager

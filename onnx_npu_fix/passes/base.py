@@ -282,7 +282,7 @@ class Pass:
         found = Found()
         if not self.may_change(model, options):
             return found
-        index = GraphIndex(model)
+        index = GraphIndex.of(model)  # the pass manager's, when the passes before this one changed nothing
         for node in model.graph.node:
             if node.op_type != op_type or not is_default_domain(node):
                 continue

@@ -185,16 +185,19 @@ class CleanupPass(Pass):
 
     def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
         found = Found()
-        if any(n.op_type in _PASS_THROUGH_OPS for n in model.graph.node):
+        # The pass manager's index, when it shares one: its fields, read once for the passes, instead of the nodes'.
+        index = GraphIndex.shared(model)
+        ops = index.ops if index is not None else (n.op_type for n in model.graph.node)
+        if any(op in _PASS_THROUGH_OPS for op in ops):
             self._find_pass_throughs(model, found)
         bypassed = {id(p.node) for p in found.plans if isinstance(p, RemovePassThrough)}
-        dead, unused = unused_after(model, bypassed=bypassed)
+        dead, unused = unused_after(model, bypassed=bypassed, index=index)
         found.plans += [RemoveDeadNode((n.name,), "removed dead node", node=n) for n in dead]
         found.plans += [RemoveInitializer((name,), "removed unused initializer", name=name) for name in unused]
         return found
 
     def _find_pass_throughs(self, model: onnx.ModelProto, found: Found) -> None:
-        index = GraphIndex(model)
+        index = GraphIndex.of(model)
         renames = _Renames()
         opset = opset_version(model)
         for node in model.graph.node:

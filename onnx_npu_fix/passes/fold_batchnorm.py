@@ -168,15 +168,21 @@ class FoldBatchNormPass(Pass):
                   "lowered: a Mul and an Add, or a 1x1 depthwise Conv", cost=90),)
     keeps_shapes = True
 
-    def run(self, model: onnx.ModelProto, options: FixOptions) -> PassResult:
-        # Tens of thousands of small arrays, records and protobuf wrappers, none of them garbage before the
-        # pass ends: full collections over them would walk them all again and again for nothing.
-        with paused_gc():
-            return super().run(model, options)
+    # find and rewrite run with the collector paused: tens of thousands of small arrays, records and protobuf
+    # wrappers, none of them garbage before the pass ends; full collections over them would walk them all again
+    # and again for nothing.
 
     def find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
+        with paused_gc():
+            return self._find(model, options)
+
+    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
+        with paused_gc():
+            return self._rewrite(model, options, found)
+
+    def _find(self, model: onnx.ModelProto, options: FixOptions) -> Found:
         result = PassResult()  # collects the rejections and warnings of finding; rewrite reports them
-        index = GraphIndex(model)
+        index = GraphIndex.of(model)  # the pass manager's, when the passes before this one changed nothing
         opset = opset_version(model)
         blocking = not options.allow_batchnorm
         edits: dict[int, _LayerEdit] = {}
@@ -233,7 +239,7 @@ class FoldBatchNormPass(Pass):
         return Found(plans, result.rejections, warnings=result.warnings,
                      metrics={"batchnorm_before": total, "batchnorm_after": left})
 
-    def rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
+    def _rewrite(self, model: onnx.ModelProto, options: FixOptions, found: Found) -> PassResult:
         result = found.report()
         edits = [p.edit for p in found.plans if isinstance(p, LayerFoldPlan)]
         lowerings = [p.lowering for p in found.plans if isinstance(p, LoweringPlan)]

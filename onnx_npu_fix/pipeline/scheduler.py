@@ -52,6 +52,7 @@ from onnx_npu_fix.ir.graph import (
     infer_shapes,
     keep_inferred_shapes,
     remove_unused,
+    sharing_index,
 )
 from onnx_npu_fix.ir.qdq import QUANTIZERS
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
@@ -129,16 +130,24 @@ class OwnedModel:
     bytes it serializes anyway (for a validation, or for the checker at the end), and the old one goes with all it
     held."""
 
-    __slots__ = ("model",)
+    __slots__ = ("model", "index")
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.model: onnx.ModelProto | None = model
+        self.index: GraphIndex | None = None
+        """An index of the model as it is, built already (the input's cost table), handed over with it: the passes'
+        finds read it until one changes the model, and the run lets it go then (it holds the proto too)."""
 
     def take(self) -> onnx.ModelProto:
         """The model, no longer held here."""
         model, self.model = self.model, None
         assert model is not None, "an OwnedModel is handed over once"
         return model
+
+    def take_index(self) -> GraphIndex | None:
+        """The index handed over with the model (None if none), no longer held here."""
+        index, self.index = self.index, None
+        return index
 
 
 def _proto(model: onnx.ModelProto | OwnedModel) -> onnx.ModelProto:
@@ -200,7 +209,8 @@ def run_passes(model: onnx.ModelProto | OwnedModel, options: FixOptions, passes:
     report.seconds = time.perf_counter() - started
     inputs = [{**feeds, **(reference_feeds or {})} for feeds in validator.feeds] \
         if keep_inputs and validator.feeds else None
-    return FixResult(model=run.model, report=report, serialized=data, inputs=inputs)
+    kept = run.index if run.index is not None and run.index.model is run.model else None  # no pass changed it
+    return FixResult(model=run.model, report=report, serialized=data, inputs=inputs, _index=kept)
 
 
 def _may_change(pass_: Pass, model: onnx.ModelProto, options: FixOptions) -> bool:
@@ -360,6 +370,9 @@ class _Run:
         self.owned = isinstance(model, OwnedModel)
         """The run may replace its model (:meth:`_serialize`, restores): handed over as an OwnedModel."""
         self.model: onnx.ModelProto = model.take() if isinstance(model, OwnedModel) else model
+        self.index: GraphIndex | None = model.take_index() if isinstance(model, OwnedModel) else None
+        """The index of the model as it is, while no pass changed it since it was built (read by the passes' finds,
+        ir.graph.sharing_index); None once one may have (it holds the proto: OwnedModel)."""
         self.options, self.passes = options, passes
         self.refusal = refusal
         self.refused: str | None = None
@@ -443,7 +456,7 @@ class _Run:
         self.recorded = None  # back only if the pass changes nothing
         t0 = time.perf_counter()
         try:
-            result = pass_.run(self.model, self.options)
+            result, found_with = self._run_pass(pass_)
         except InputError:
             raise
         except FOREIGN_FAILURES as exc:  # a crashing pass is a failed pass, reported, never a traceback
@@ -451,6 +464,9 @@ class _Run:
             self.report.warnings.append(f"pass {pass_.name} crashed:\n{traceback.format_exc()}")
             return self._fail(i, record, Outcome.ERROR, f"{type(exc).__name__}: {failure_text(exc)}")
         record.seconds = time.perf_counter() - t0
+        # Kept for the next pass only if this one changed nothing (the proto it holds must go with a replaced one).
+        kept = found_with if isinstance(result, PassResult) and not result.changed else None
+        del found_with
         if not isinstance(result, PassResult):
             return self._fail(i, record, Outcome.FAILED,
                               f"the pass returned {type(result).__name__}, not a PassResult")
@@ -465,6 +481,7 @@ class _Run:
             raise StrictRefused(strict_message(record))
         if not result.changed:
             self.recorded = recorded
+            self.index = kept
             return self._settle([record], Outcome.UNCHANGED)
         self.here = _CHANGED
         self._drop_unused(record)
@@ -476,6 +493,19 @@ class _Run:
         if problem is not None:
             return self._fail(i, record, Outcome.FAILED, problem)
         return self._group_or_validate(i, record)
+
+    def _run_pass(self, pass_: Pass) -> tuple[PassResult, GraphIndex | None]:
+        """``pass_.run`` on the model, and the index of the model as the pass found it (None if none). A pass that
+        runs as find then rewrite (Pass.run's own) finds with the run's index (:attr:`index`), or shares the one
+        it builds: the graph is walked once for the finds of every pass until one changes it. A pass with a run of
+        its own (rounds of find and rewrite) reads no shared index: its later finds see what its rewrites did."""
+        index, self.index = self.index, None  # the caller keeps it only if the pass changes nothing
+        if type(pass_).run is not Pass.run:
+            return pass_.run(self.model, self.options), index
+        with sharing_index(self.model, index) as shared:
+            del index
+            found = pass_.find(self.model, self.options)
+        return pass_.rewrite(self.model, self.options, found), shared.index
 
     def _drop_unused(self, record: PassRecord) -> None:
         """What a rewrite left unused (old weights, Constant producers of replaced inputs) is dropped here, once,
