@@ -33,8 +33,9 @@ from onnx_npu_fix.ir.graph import (
     may_hold_subgraphs,
     payload_bytes,
     subgraphs,
+    type_may_hold_subgraphs,
 )
-from onnx_npu_fix.ir.ops import DEFAULT_DOMAINS, SUBGRAPH_OPS, is_default_domain
+from onnx_npu_fix.ir.ops import DEFAULT_DOMAINS, is_default_domain
 
 DETAIL_MAX_NODES = 20000
 
@@ -93,7 +94,7 @@ def model_cost(model: onnx.ModelProto, act_bytes: int = 1, index: GraphIndex | N
                 n = macs_of(index, op, inputs, outputs)
                 macs += n
                 blind += n == 0 and _shapes_unknown(index, op, inputs, outputs)
-            elif op in SUBGRAPH_OPS or domain not in DEFAULT_DOMAINS:  # may_hold_subgraphs, on the fields read
+            elif type_may_hold_subgraphs(op, domain):  # (a qualified op is outside the default domain)
                 bodies.extend(subgraphs(node))
     else:
         for node in nodes:

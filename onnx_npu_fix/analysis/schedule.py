@@ -33,8 +33,15 @@ from dataclasses import dataclass, field
 import onnx
 
 from onnx_npu_fix import progress
-from onnx_npu_fix.ir.graph import GraphIndex, Shape, all_known, has_subgraphs, subgraph_outer_inputs
-from onnx_npu_fix.ir.ops import DEFAULT_DOMAINS, RANDOM_OPS, SUBGRAPH_OPS
+from onnx_npu_fix.ir.graph import (
+    GraphIndex,
+    Shape,
+    all_known,
+    has_subgraphs,
+    subgraph_outer_inputs,
+    type_may_hold_subgraphs,
+)
+from onnx_npu_fix.ir.ops import DEFAULT_DOMAINS, RANDOM_OPS
 
 # --- liveness structure ----------------------------------------------------------------------------
 
@@ -75,9 +82,7 @@ class Liveness:
 def _reads_subgraph(node: onnx.NodeProto, op: str, domain: str) -> bool:
     """Whether ``node`` (of type ``op`` in ``domain``, as read) holds a subgraph."""
     # Only these standard ops carry graph attributes; skip the attribute walk for everything else.
-    if domain in DEFAULT_DOMAINS and op not in SUBGRAPH_OPS:
-        return False
-    return has_subgraphs(node)
+    return type_may_hold_subgraphs(op, domain) and has_subgraphs(node)
 
 
 def constant_names(index: GraphIndex) -> frozenset[str]:

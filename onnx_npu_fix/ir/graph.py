@@ -177,7 +177,7 @@ class GraphIndex:
                     users.append(node)
             # Subgraph (If/Loop/Scan) bodies may read outer tensors implicitly; count them as consumers so no
             # pass believes such a tensor is unused or single-use. (may_hold_subgraphs on the fields just read.)
-            if op in SUBGRAPH_OPS or domain not in DEFAULT_DOMAINS:
+            if type_may_hold_subgraphs(op, domain):
                 for outer in subgraph_outer_inputs(node):
                     consumers.setdefault(outer, []).append(node)
         # Empty names are absent optional inputs/outputs, not tensors (dropped once here, not tested per edge).
@@ -324,6 +324,11 @@ def may_hold_subgraphs(node: onnx.NodeProto) -> bool:
     the attribute scan is skipped for the ops that make up nearly every graph."""
     # is_default_domain inlined: this runs for every node in most whole-graph scans (600k calls a run at 100k).
     return node.op_type in SUBGRAPH_OPS or node.domain not in DEFAULT_DOMAINS
+
+
+def type_may_hold_subgraphs(op: str, domain: str) -> bool:
+    """:func:`may_hold_subgraphs` of a node given by its op type and domain as read (GraphIndex.ops, domains)."""
+    return op in SUBGRAPH_OPS or domain not in DEFAULT_DOMAINS
 
 
 def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
@@ -660,7 +665,7 @@ def _find_dead(graph: onnx.GraphProto, gone: Container[int] = frozenset(),
             continue
         update(inputs)
         needed.discard("")  # an absent optional input
-        if op in SUBGRAPH_OPS or domain not in DEFAULT_DOMAINS:  # may_hold_subgraphs, on the fields read
+        if type_may_hold_subgraphs(op, domain):
             update(subgraph_outer_inputs(node))
     return nodes, dead, needed
 
