@@ -1,6 +1,7 @@
-"""Prove that a change left npufix's results as they were: run it over every fixture with several option sets and
-write one manifest of what each run produced (exit code, SHA-256 of every written model and segment, the build
-record without its timings and paths); ``--compare A B`` diffs two manifests.
+"""Prove that a change left npufix's results as they were: run it over every fixture, and a copy of each with its
+weights in external data, with several option sets and write one manifest of what each run produced (exit code,
+SHA-256 of every written model and segment, the build record without its timings and paths); ``--compare A B``
+diffs two manifests.
 
     PYTHONPATH=<old checkout> .venv/bin/python bench/same_outputs.py --out /tmp/before
     PYTHONPATH=.              .venv/bin/python bench/same_outputs.py --out /tmp/after
@@ -73,6 +74,24 @@ def quantized_unet(out: Path) -> Path:
     return path
 
 
+def external_copies(models: list[Path], out: Path) -> list[Path]:
+    """Each model saved again with every initializer of 1 KiB or more in a ``.data`` file beside it (onnx's own
+    writer), so the external-data paths (reading, weights left in their file, writing) run on every fixture."""
+    import onnx
+
+    copies = []
+    for model in models:
+        path = out / "external" / f"{model.stem}{EXTERNAL_SUFFIX}.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save_model(onnx.load(str(model)), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + ".data", size_threshold=1024)
+        copies.append(path)
+    return copies
+
+
+EXTERNAL_SUFFIX = "_external"
+
+
 def strip(record):
     if isinstance(record, dict):
         return {k: strip(v) for k, v in record.items() if k not in VOLATILE}
@@ -91,7 +110,7 @@ def one_run(model: Path, label: str, out: Path) -> tuple[str, dict]:
     work.mkdir(parents=True, exist_ok=True)
     args = [a.replace("{dir}", str(work)) for a in OPTION_SETS[label]]
     report = work / "record.json"
-    fixture_args = FIXTURE_ARGS.get(model.stem, [])
+    fixture_args = FIXTURE_ARGS.get(model.stem.removesuffix(EXTERNAL_SUFFIX), [])
     if "--check" in args:  # a check reads the model as it is: --freeze-input is refused there (exit 2)
         fixture_args = [a for a in fixture_args if a != "--freeze-input" and not a.startswith("sr=")]
     cmd = [sys.executable, "-m", "onnx_npu_fix", str(model), *fixture_args, *args, "--report", str(report)]
@@ -108,6 +127,7 @@ def one_run(model: Path, label: str, out: Path) -> tuple[str, dict]:
 def measure(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     models = [*FIXTURES, quantized_unet(out)]
+    models += external_copies(models, out)
     jobs = [(m, label) for m in models for label in OPTION_SETS]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         results = dict(pool.map(lambda job: one_run(job[0], job[1], out), jobs))

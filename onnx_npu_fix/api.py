@@ -41,7 +41,9 @@ from onnx_npu_fix.io.load import (  # noqa: F401 - load_model: part of the API
 )
 from onnx_npu_fix.io.paths import WritePlan
 from onnx_npu_fix.io.save import EarlyWrite, save_model, sha256_file, write_json
+from onnx_npu_fix.io.serialize import model_bytes
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, copy_model, infer_shapes, sharing_index
+from onnx_npu_fix.ir.weights import has_lazy
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.pipeline.freeze import FrozenInput, freeze_inputs
@@ -118,7 +120,9 @@ def start_reference(source: LoadedModel | str | os.PathLike, options: FixOptions
     if data is None:
         if approx_model_bytes(source.model) >= TWO_GB:
             return None
-        data = source.model.SerializeToString()
+        if has_lazy(source.model) and not segmented(source.model):
+            return Reference(source.model, start=start)  # its weights copied file to file, never serialized
+        data = model_bytes(source.model)
         return Reference(data, long_graph=segmented(source.model, len(data)), start=start)
     path = os.path.abspath(source.path)
     long_graph = segmented(source.model, len(data))
@@ -242,7 +246,7 @@ def _freeze(model: onnx.ModelProto, options: FixOptions,
         return {}, None
     original = None
     if reference is None and options.validate != "none" and approx_model_bytes(model) < TWO_GB:
-        original = model.SerializeToString()
+        original = model_bytes(model)
     frozen = freeze_inputs(model, options.freeze_inputs)
     try:
         infer_shapes(model)
@@ -436,7 +440,7 @@ def _check_input(job: _RunState) -> RunOutcome:
     """``--check``: read the input, list its violations (and draw ``--memory-plot``); nothing else is written."""
     from onnx_npu_fix.constraints import check_model, split_requested
 
-    source = read_model(job.input_path)
+    source = read_model(job.input_path, lazy_weights=True)  # the checks read a few values (ir.weights)
     _write_plan(job, source.external_files).check()
     job.read_digest = source.digest
     checked = check_model(source.model, job.options, shapes=job.shapes)
@@ -489,7 +493,7 @@ def _load_and_fix(job: _RunState, chosen: list[Pass], early: EarlyWrite) -> FixR
     it: edited in place, no copy)."""
     reference = None
     try:
-        loaded = read_model(job.input_path, keep_bytes=True)
+        loaded = read_model(job.input_path, keep_bytes=True, lazy_weights=_weights_may_stay_on_disk(job, chosen))
         # Only a model that passed the onnx checker goes to onnxruntime: malformed graphs can crash it.
         reference = start_reference(loaded, job.options, start=False)
         if reference is not None:
@@ -505,6 +509,14 @@ def _load_and_fix(job: _RunState, chosen: list[Pass], early: EarlyWrite) -> FixR
         if reference is not None:
             reference.close()
     return result
+
+
+def _weights_may_stay_on_disk(job: _RunState, chosen: list[Pass]) -> bool:
+    """Whether the run may leave an external-data input's large weights in their file (ir.weights): every step
+    that reads or writes its model knows them, which a judge's candidates, a split's segments and a plugin's
+    pass (outside this package) do not."""
+    return (job.judge is None and not job.split_dir
+            and all(type(p).__module__.startswith("onnx_npu_fix.passes.") for p in chosen))
 
 
 def _fit_judge(job: _RunState, outcome: RunOutcome, chosen: list[Pass]) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import os
 import pkgutil
 import signal
 import subprocess
@@ -308,3 +310,25 @@ def signal_when(proc: subprocess.Popen, ready: Callable[[], bool], signum: str,
         if proc.poll() is None:
             proc.kill()
     return err
+
+
+def save_external(model: onnx.ModelProto, directory, name: str = "m.onnx") -> str:
+    """``model`` saved as ``name`` in ``directory`` (made if missing) with its weights of 256 bytes or more in one
+    data file beside it, by onnx's own writer (``model`` itself not changed); returns the model file's path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # onnx.save's conversion to external data edits the model it is given
+    onnx.save(copy, path, save_as_external_data=True, all_tensors_to_one_file=True, location=name + ".data",
+              size_threshold=256)
+    return path
+
+
+def file_state(directory) -> dict[str, tuple[str, int]]:
+    """Every file of ``directory``: its SHA-256 and modification time."""
+    found = {}
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        with open(path, "rb") as f:
+            found[name] = (hashlib.sha256(f.read()).hexdigest(), os.stat(path).st_mtime_ns)
+    return found

@@ -4,13 +4,12 @@ fixed model matches the original."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_equivalent
+from helpers import assert_equivalent, file_state, save_external
 from onnx import helper, numpy_helper
 
 from onnx_npu_fix import api
@@ -19,32 +18,12 @@ from onnx_npu_fix.errors import InputError
 from onnx_npu_fix.io.load import read_model
 
 
-def _external(model: onnx.ModelProto, directory, name: str = "m.onnx") -> str:
-    """``model`` saved as ``name`` with its weights in one data file beside it (``model`` itself not changed)."""
-    path = str(directory / name)
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)  # onnx.save's conversion to external data edits the model it is given
-    onnx.save(copy, path, save_as_external_data=True, all_tensors_to_one_file=True, location=name + ".data",
-              size_threshold=256)
-    return path
-
-
-def _state(directory) -> dict[str, tuple[str, int]]:
-    """Every file of ``directory``: its SHA-256 and modification time."""
-    found = {}
-    for name in sorted(os.listdir(directory)):
-        path = os.path.join(directory, name)
-        with open(path, "rb") as f:
-            found[name] = (hashlib.sha256(f.read()).hexdigest(), os.stat(path).st_mtime_ns)
-    return found
-
-
 def test_external_weights_are_read_as_stored_and_the_files_left_alone(tmp_path, fixture_path):
     original = onnx.load(fixture_path("torch_unet.onnx"))  # a real torch export
     src = tmp_path / "in"
     src.mkdir()
-    path = _external(original, src)
-    before = _state(src)
+    path = save_external(original, src)
+    before = file_state(src)
     loaded = read_model(path)
     assert loaded.external_files == {os.path.normpath(path + ".data")}
     expected = {t.name: numpy_helper.to_array(t) for t in original.graph.initializer}
@@ -52,20 +31,20 @@ def test_external_weights_are_read_as_stored_and_the_files_left_alone(tmp_path, 
     assert got.keys() == expected.keys()
     for name, value in expected.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
-    assert _state(src) == before
+    assert file_state(src) == before
 
 
 def test_external_data_model_fixed_validated_and_equal(tmp_path, fixture_path):
     original = onnx.load(fixture_path("unet.onnx"))
     src = tmp_path / "in"
     src.mkdir()
-    path = _external(original, src)
-    before = _state(src)
+    path = save_external(original, src)
+    before = file_state(src)
     out = tmp_path / "out.onnx"
     outcome = api.run(path, out, FixOptions(max_dilation=4, align=8, resize_mode="exact"))
     assert outcome.exit_code == 0, outcome.error
     assert outcome.result.report.final is not None and outcome.result.report.final.passed
-    assert _state(src) == before
+    assert file_state(src) == before
     assert_equivalent(original, onnx.load(str(out)))
 
 
@@ -77,6 +56,6 @@ def test_external_data_model_the_checker_refuses_is_an_input_error(tmp_path):
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8])],
         [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, 8])], [weight])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    path = _external(model, tmp_path)
+    path = save_external(model, tmp_path)
     with pytest.raises(InputError, match="fails the onnx checker"):
         read_model(path)

@@ -21,6 +21,7 @@ from onnx_npu_fix.io.serialize import (
     varint,
     wire_fields,
 )
+from onnx_npu_fix.ir import weights
 from onnx_npu_fix.ir.graph import payload_bytes
 
 
@@ -42,29 +43,39 @@ def write_with_external_data(model: onnx.ModelProto, model_file: str, data_file:
         copy_without_initializers(model, target)
     with open(data_file, "wb") as data:
         for tensor in model.graph.initializer:
-            big = (tensor.data_location != onnx.TensorProto.EXTERNAL and tensor.HasField("raw_data")
-                   and payload_bytes(tensor) >= threshold)
+            lazy = tensor.data_location == onnx.TensorProto.EXTERNAL and weights.is_lazy(tensor)
+            big = lazy or (tensor.data_location != onnx.TensorProto.EXTERNAL and tensor.HasField("raw_data")
+                           and payload_bytes(tensor) >= threshold)
             if not big:
                 if not in_place:
                     target.graph.initializer.append(tensor)
                 continue
             offset = data.tell()
-            raw = tensor.raw_data  # one copy out of the message; every read of the field makes another
-            data.write(raw)
+            if lazy:
+                data.flush()  # the copy writes at the file's position, past what the buffer holds
+                length = weights.copy_lazy(tensor, data)
+            else:
+                raw = tensor.raw_data  # one copy out of the message; every read of the field makes another
+                data.write(raw)
+                length = len(raw)
+                del raw
             ref = tensor if in_place else onnx.TensorProto(name=tensor.name, data_type=tensor.data_type,
                                                            dims=tensor.dims)
-            del ref.external_data[:]
-            for key, value in (("location", location), ("offset", str(offset)),
-                               ("length", str(len(raw)))):
-                ref.external_data.add(key=key, value=value)
-            ref.data_location = onnx.TensorProto.EXTERNAL
-            del raw
+            _refer(ref, location, offset, length)
             if in_place:
                 tensor.ClearField("raw_data")
             else:
                 target.graph.initializer.append(ref)
     with open(model_file, "wb") as f:
         f.write(target.SerializeToString())
+
+
+def _refer(ref: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """Make ``ref`` refer to ``length`` bytes at ``offset`` of data file ``location``."""
+    del ref.external_data[:]
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        ref.external_data.add(key=key, value=value)
+    ref.data_location = onnx.TensorProto.EXTERNAL
 
 
 PAGE = mmap.ALLOCATIONGRANULARITY
@@ -90,6 +101,7 @@ class MappedWeights:
         self._file: Any = None
         self._end = 0
         self._placed: dict[str, tuple[int, int]] = {}
+        self._lazy_placed: dict[tuple[str, int, int, str], tuple[int, int]] = {}
         self._models = 0
         self._kept: str | None = None
         self._spans: dict[str, tuple[int, list[tuple[int, int, int]]]] = {}
@@ -127,20 +139,21 @@ class MappedWeights:
             shell = onnx.ModelProto()
             copy_without_initializers(model, shell)
             for tensor in model.graph.initializer:
-                if (tensor.data_location == onnx.TensorProto.EXTERNAL or not tensor.HasField("raw_data")
+                if tensor.data_location == onnx.TensorProto.EXTERNAL and weights.is_lazy(tensor):
+                    offset, length = self._place_lazy(data, tensor)
+                elif (tensor.data_location == onnx.TensorProto.EXTERNAL or not tensor.HasField("raw_data")
                         or payload_bytes(tensor) < self.threshold):
                     shell.graph.initializer.append(tensor)
                     continue
-                raw = tensor.raw_data  # one copy out of the message; every read of the field makes another
-                if not self._maps(tensor, raw):
-                    shell.graph.initializer.append(tensor)
-                    continue
+                else:
+                    raw = tensor.raw_data  # one copy out of the message; every read of the field makes another
+                    if not self._maps(tensor, raw):
+                        shell.graph.initializer.append(tensor)
+                        continue
+                    offset, length = self._place(data, tensor.name, raw), len(raw)
+                    del raw
                 ref = shell.graph.initializer.add(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
-                for key, value in (("location", "weights.data"), ("offset", str(self._place(data, tensor.name, raw))),
-                                   ("length", str(len(raw)))):
-                    ref.external_data.add(key=key, value=value)
-                ref.data_location = onnx.TensorProto.EXTERNAL
-                del raw
+                _refer(ref, "weights.data", offset, length)
             return self._write_shell(shell)
 
     def _write_shell(self, shell: onnx.ModelProto) -> str:
@@ -177,9 +190,7 @@ class MappedWeights:
                     continue
                 offset = self._place(file, header.name, raw)
                 ref = shell.graph.initializer.add(name=header.name, data_type=header.data_type, dims=header.dims)
-                for key, value in (("location", "weights.data"), ("offset", str(offset)), ("length", str(len(raw)))):
-                    ref.external_data.add(key=key, value=value)
-                ref.data_location = onnx.TensorProto.EXTERNAL
+                _refer(ref, "weights.data", offset, len(raw))
                 spans.append((start, start + len(raw), offset))
             path = self._write_shell(shell)
             self._spans[path] = (id(data), spans)
@@ -255,6 +266,20 @@ class MappedWeights:
         self._placed[name] = (offset, len(raw))
         return offset
 
+    def _place_lazy(self, data: Any, tensor: onnx.TensorProto) -> tuple[int, int]:
+        """Where a weight left in the input's data file (ir.weights) lies in the data file, and its length:
+        copied there from file to file at the next page the first time, the same place after."""
+        span = weights.lazy_span(tensor)
+        placed = self._lazy_placed.get(span)
+        if placed is None:
+            offset = -(-self._end // PAGE) * PAGE
+            data.seek(offset)
+            length = weights.copy_lazy(tensor, data)
+            self._end = offset + length
+            placed = self._lazy_placed[span] = (offset, length)
+            self._placed[tensor.name] = placed  # the same bytes inline (a serialized model) are found there
+        return placed
+
     def close(self) -> None:
         """Remove the directory and everything in it (a session that still maps the data keeps its pages)."""
         with self._lock:
@@ -266,6 +291,7 @@ class MappedWeights:
                 remove_tree(self.directory)
                 self.directory = None
             self._placed.clear()
+            self._lazy_placed.clear()
 
 
 def _read_exactly(file: Any, size: int) -> bytes:

@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 
 from onnx_npu_fix.errors import InputChanged, InputError, first_line
 from onnx_npu_fix.host.heap import release_freed_memory
+from onnx_npu_fix.ir import weights
 from onnx_npu_fix.ir.graph import (
     TWO_GB,
     approx_model_bytes,
@@ -83,9 +84,11 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     return read_model(path).model
 
 
-def read_model(path: str | os.PathLike, *, keep_bytes: bool = False) -> LoadedModel:
+def read_model(path: str | os.PathLike, *, keep_bytes: bool = False, lazy_weights: bool = False) -> LoadedModel:
     """:func:`load_model`, also saying which external data files the model came from. ``keep_bytes``: keep the
-    file's bytes in ``LoadedModel.data`` for :func:`start_reference` (which takes them over)."""
+    file's bytes in ``LoadedModel.data`` for :func:`start_reference` (which takes them over). ``lazy_weights``:
+    leave the large weights of a model with external data in their files (ir.weights), for a caller whose every
+    reader and writer of the model knows them."""
     path = os.fspath(path)
     raw, identity = _read_file(path)
     # The checker first, on the bytes alone: its C++ copy of the model is freed before Python parses its own, so
@@ -94,7 +97,7 @@ def read_model(path: str | os.PathLike, *, keep_bytes: bool = False) -> LoadedMo
     # error, and a model with external data the checker that sees its data.
     checked = _passes_checker(raw)
     model = _parse(raw, path)
-    external = _load_external_data(model, path)
+    external = _load_external_data(model, path, lazy=lazy_weights)
     sparse = len(model.graph.sparse_initializer) > 0
     densify_sparse_initializers(model)
     if not model.graph.output:
@@ -176,8 +179,9 @@ def _parse(raw: bytes, path: str) -> onnx.ModelProto:
     return model
 
 
-def _load_external_data(model: onnx.ModelProto, path: str) -> set[str]:
-    """Load the external data ``model`` (read from ``path``) refers to; returns the files' absolute paths."""
+def _load_external_data(model: onnx.ModelProto, path: str, *, lazy: bool = False) -> set[str]:
+    """Load the external data ``model`` (read from ``path``) refers to; returns the files' absolute paths.
+    ``lazy``: large tensors the files hold exactly are left there instead (ir.weights)."""
     base_dir = os.path.dirname(os.path.abspath(path))
     external = external_data_files(model, base_dir)
     for location in sorted(external):
@@ -187,14 +191,41 @@ def _load_external_data(model: onnx.ModelProto, path: str) -> set[str]:
     if not external:
         return external
     try:
-        names = {t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+        files = {location: os.stat(location) for location in external} if lazy else {}
+        left = [t for t in model.graph.initializer
+                if lazy and t.data_location == onnx.TensorProto.EXTERNAL and _leave_in_file(t, base_dir, files)]
+        names = {t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL} - {
+            t.name for t in left}
+        for tensor in left:  # hidden from onnx's loader, which reads every other external tensor (in nodes too)
+            tensor.data_location = onnx.TensorProto.DEFAULT
         onnx.external_data_helper.load_external_data_for_model(model, base_dir)
+        for tensor in left:
+            tensor.data_location = onnx.TensorProto.EXTERNAL
         _check_external_sizes(model, path, names)
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"{path}: cannot read external data ({type(exc).__name__}: {first_line(exc)})") from None
     return external
+
+
+def _leave_in_file(tensor: onnx.TensorProto, base_dir: str, files: dict[str, os.stat_result]) -> bool:
+    """Make ``tensor`` a reference to its bytes in its data file (ir.weights) if it is large and the file holds
+    exactly its bytes where it says (what onnx's loader would read, and no more): True when it did."""
+    if tensor.data_type in (0, onnx.TensorProto.STRING) or tensor.data_type in _PACKED_TYPES:
+        return False
+    info = onnx.external_data_helper.ExternalDataInfo(tensor)
+    location = os.path.normpath(os.path.join(base_dir, info.location))
+    st = files.get(location)
+    expected = weights.payload_of_lazy(tensor)
+    if st is None or expected < weights.LAZY_MIN_BYTES:
+        return False
+    offset = info.offset or 0
+    length = info.length if info.length is not None else st.st_size - offset
+    if length != expected or offset + length > st.st_size:
+        return False
+    weights.leave_in_file(tensor, location, offset, length, weights.file_identity(st))
+    return True
 
 
 # 4-bit element types (onnx >= 1.16 / 1.18 name them; getattr keeps older onnx working).

@@ -9,6 +9,7 @@ from typing import Any
 
 import onnx
 
+from onnx_npu_fix.ir import weights
 from onnx_npu_fix.ir.graph import payload_bytes
 
 SERIALIZE_CHUNK = 16 << 20
@@ -27,7 +28,11 @@ def serialized_parts(model: onnx.ModelProto) -> list[bytes]:
     serialized a run at a time in between. A model or graph with unknown fields of its own (which the shell
     copy would lose) is serialized whole. The caller may drop ``model`` before joining the pieces."""
     graph = model.graph
-    if not len(graph.initializer) or _unknown_fields(model) or _unknown_fields(graph):
+    if not len(graph.initializer):
+        return [model.SerializeToString()]
+    if _unknown_fields(model) or _unknown_fields(graph):
+        if weights.has_lazy(model):  # the shell would lose those fields: a copy with every weight read in
+            model = copy_model_with_weights(model)
         return [model.SerializeToString()]
     shell = onnx.ModelProto()
     copy_without_initializers(model, shell)
@@ -56,6 +61,12 @@ def _initializer_runs(initializers: Any) -> Iterator[bytes]:
     held = 0
     for tensor in initializers:
         size = payload_bytes(tensor)
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and weights.is_lazy(tensor):
+            if run:
+                yield _entries(run)
+                run, held = [], 0
+            yield from _lazy_entry(tensor)
+            continue
         if size >= RAW_ENTRY and tensor.HasField("raw_data") and not _unknown_fields(tensor):
             if run:
                 yield _entries(run)
@@ -91,6 +102,50 @@ def _raw_entry(tensor: onnx.TensorProto) -> Iterator[bytes]:
     yield _INITIALIZER_TAG + varint(len(head) + len(raw_tag) + len(raw) + len(tail)) + head + raw_tag
     yield raw
     yield tail
+
+
+_EXTERNAL_DATA_FIELD = 13  # TensorProto.external_data
+_DATA_LOCATION_FIELD = 14  # TensorProto.data_location
+_DEFAULT_LOCATION = bytes([_DATA_LOCATION_FIELD << 3, 0])  # data_location: DEFAULT, set (as onnx's loader sets it)
+
+
+def _lazy_entry(tensor: onnx.TensorProto) -> Iterator[bytes]:
+    """The ``initializer`` entry of a tensor left in its data file (ir.weights) as the model read with its
+    external data loaded serializes it: its bytes as raw_data, no external_data, data_location DEFAULT set."""
+    below, middle, above = onnx.TensorProto(), onnx.TensorProto(), onnx.TensorProto()
+    for desc, value in tensor.ListFields():
+        if desc.number < _RAW_DATA_FIELD:
+            _copy_field(below, desc, value)
+        elif desc.number > _DATA_LOCATION_FIELD:
+            _copy_field(above, desc, value)
+        elif desc.number not in (_EXTERNAL_DATA_FIELD, _DATA_LOCATION_FIELD):
+            _copy_field(middle, desc, value)
+    raw = weights.lazy_bytes(tensor)
+    head = below.SerializeToString()
+    tail = middle.SerializeToString() + _DEFAULT_LOCATION + above.SerializeToString()
+    raw_tag = bytes([_RAW_DATA_FIELD << 3 | 2]) + varint(len(raw))
+    yield _INITIALIZER_TAG + varint(len(head) + len(raw_tag) + len(raw) + len(tail)) + head + raw_tag
+    yield raw
+    yield tail
+
+
+def copy_model_with_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose weights left in data files (ir.weights) are read in, as onnx's loader would."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for tensor in copy.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and weights.is_lazy(tensor):
+            raw = weights.lazy_bytes(tensor)
+            del tensor.external_data[:]
+            tensor.raw_data = raw
+            tensor.data_location = onnx.TensorProto.DEFAULT
+    return copy
+
+
+def model_bytes(model: onnx.ModelProto) -> bytes:
+    """``model`` serialized: its weights left in data files inline (:func:`serialize_model`), else protobuf's
+    own serialization of it."""
+    return serialize_model(model) if weights.has_lazy(model) else model.SerializeToString()
 
 
 def _entries(tensors: list[onnx.TensorProto]) -> bytes:

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnx_npu_fix.ir import weights
 from onnx_npu_fix.ir.ops import DEFAULT_DOMAINS, FLOAT_TYPES, SUBGRAPH_OPS, is_default_domain
 
 Shape = tuple  # a tuple of int (static) / str (symbolic) / None (unknown) per axis
@@ -192,6 +193,8 @@ class GraphIndex:
             tensor = self.initializers[name]
             if tensor.data_location == onnx.TensorProto.EXTERNAL:
                 tensor = _VALUE_SOURCES.get(id(self.model), {}).get(name, tensor)
+                if weights.is_lazy(tensor):
+                    return weights.lazy_array(tensor)
             return numpy_helper.to_array(tensor)
         node = self.producer.get(name)
         if node is not None and node.op_type == "Constant" and is_default_domain(node):
@@ -878,12 +881,16 @@ def approx_model_bytes(model: onnx.ModelProto) -> int:
     for t in model.graph.initializer:
         if t.data_location != onnx.TensorProto.EXTERNAL:
             total += payload_bytes(t)
+        elif weights.is_lazy(t):  # serialized with its bytes inline (io.serialize), as the model read eagerly
+            total += weights.payload_of_lazy(t)
     return total
 
 
 def payload_bytes(tensor: onnx.TensorProto) -> int:
     """Bytes of ``tensor``'s data, from its dims when it is raw (reading ``raw_data`` copies the bytes, however
     large); at most twice the truth for packed 4-bit types, which is fine for a size check."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL and weights.is_lazy(tensor):
+        return weights.payload_of_lazy(tensor)
     if tensor.HasField("raw_data"):
         itemsize = _ITEMSIZE.get(tensor.data_type)
         if itemsize is None:

@@ -33,6 +33,7 @@ import onnx
 
 from onnx_npu_fix.ir.graph import GraphEditor, GraphIndex, get_attr, set_attr
 from onnx_npu_fix.ir.ops import is_default_domain
+from onnx_npu_fix.ir.weights import tensor_value
 
 QOPERATOR_OPS = frozenset({
     "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm", "QLinearAdd", "QLinearMul",
@@ -440,7 +441,7 @@ def quantize_new_weights(index: GraphIndex, editor: GraphEditor, nodes: Sequence
             tensor = editor.pending_initializer(name) if name else None
             if tensor is None or tensor.data_type != onnx.TensorProto.FLOAT:
                 continue
-            exact = power_of_two_int8(onnx.numpy_helper.to_array(tensor))
+            exact = power_of_two_int8(tensor_value(tensor))
             if exact is None:
                 continue
             q, scale = exact

@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 
 import onnx
-from onnx import numpy_helper
 
 from onnx_npu_fix.ir.graph import shape_of_value_info
 from onnx_npu_fix.ir.ops import is_default_domain
+from onnx_npu_fix.ir.weights import tensor_value
 
 
 def structural_problem(model: onnx.ModelProto) -> str | None:
@@ -153,7 +153,7 @@ def _resize(node, dims, constants) -> str | None:
     position = 1 if node.op_type == "Upsample" else 2
     if len(node.input) <= position or node.input[position] not in constants:
         return None
-    scales = numpy_helper.to_array(constants[node.input[position]])
+    scales = tensor_value(constants[node.input[position]])
     if scales.size and not all(math.isfinite(float(v)) and float(v) > 0 for v in scales.ravel()):
         return f"scales {[float(v) for v in scales.ravel()]} must all be finite and > 0"
     return None

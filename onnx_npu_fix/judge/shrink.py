@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 
 from onnx_npu_fix.ir.graph import GraphIndex, copy_model, get_attr, shape_of_value_info, tensor_from_array
+from onnx_npu_fix.ir.weights import tensor_value
 from onnx_npu_fix.judge.candidates import Candidate, unbuildable
 
 _CHANNEL_AXIS = {"Conv": 1, "ConvTranspose": 0}
@@ -91,6 +92,6 @@ def _cut_conv_weights(model: onnx.ModelProto, name: str, size: int) -> bool:
         weights.append((node.input[1], axis))
     for weight, axis in weights:
         tensor = index.initializers[weight]
-        value = onnx.numpy_helper.to_array(tensor)
+        value = tensor_value(tensor)
         tensor.CopyFrom(tensor_from_array(np.take(value, range(size), axis=axis), weight))
     return True

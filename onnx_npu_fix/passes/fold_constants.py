@@ -63,6 +63,7 @@ from onnx_npu_fix.ir.graph import (
 )
 from onnx_npu_fix.ir.ops import CONTROL_FLOW_OPS, RANDOM_OPS, is_default_domain
 from onnx_npu_fix.ir.subgraph import ModelNames, rename_in_graph, splice, trace_origin
+from onnx_npu_fix.ir.weights import tensor_value
 from onnx_npu_fix.passes.base import Change, Fixes, Found, Pass, PassResult, Plan, Rejection
 from onnx_npu_fix.passes.cleanup import CleanupPass
 
@@ -621,7 +622,7 @@ def _passes_condition_through(body: onnx.GraphProto, index: GraphIndex,
         if name == body.input[1].name:
             return True
         if name in inits:
-            return bool(onnx.numpy_helper.to_array(inits[name]).reshape(-1)[0])
+            return bool(tensor_value(inits[name]).reshape(-1)[0])
         node = producers.get(name)
         if node is None:  # an enclosing-scope tensor
             value = _const(index, known, name)

@@ -127,6 +127,7 @@ from onnx_npu_fix.ir.qdq import (
     wrap_inserted,
     wrap_moves,
 )
+from onnx_npu_fix.ir.weights import tensor_value
 from onnx_npu_fix.passes.base import Bound, Change, Fact, Fixes, Form, Found, Pass, PassResult, Plan, Rejection
 
 _RESIZE_OPS = ("Resize", "Upsample")
@@ -1172,7 +1173,7 @@ def _requantize_stages(editor: GraphEditor, node: onnx.NodeProto, nodes: list[on
     out: list[onnx.NodeProto] = []
     for n in nodes:
         weight = editor.pending_initializer(n.input[1]) if id(n) in inner else None
-        if weight is not None and (onnx.numpy_helper.to_array(weight) >= 0).all():
+        if weight is not None and (tensor_value(weight) >= 0).all():
             out.extend(wrap_inserted(editor.index, editor, [n], found[1]))
         else:
             out.append(n)

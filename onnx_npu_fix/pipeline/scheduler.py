@@ -43,7 +43,7 @@ from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputError, StrictRefused, first_line
 from onnx_npu_fix.host.heap import release_freed_memory
 from onnx_npu_fix.io import load
-from onnx_npu_fix.io.serialize import serialized_parts
+from onnx_npu_fix.io.serialize import model_bytes, serialized_parts
 from onnx_npu_fix.ir.graph import (
     TWO_GB,
     GraphIndex,
@@ -55,6 +55,7 @@ from onnx_npu_fix.ir.graph import (
     sharing_index,
 )
 from onnx_npu_fix.ir.qdq import QUANTIZERS
+from onnx_npu_fix.ir.weights import has_lazy
 from onnx_npu_fix.passes.base import Change, Pass, PassResult
 from onnx_npu_fix.pipeline.conditions import AFTER_CLEANUP, AFTER_RUN, Conditions
 from onnx_npu_fix.pipeline.inputs import Feeds
@@ -130,13 +131,17 @@ class OwnedModel:
     bytes it serializes anyway (for a validation, or for the checker at the end), and the old one goes with all it
     held."""
 
-    __slots__ = ("model", "index")
+    __slots__ = ("model", "index", "weights_on_disk")
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.model: onnx.ModelProto | None = model
         self.index: GraphIndex | None = None
         """An index of the model as it is, built already (the input's cost table), handed over with it: the passes'
         finds read it until one changes the model, and the run lets it go then (it holds the proto too)."""
+        self.weights_on_disk = has_lazy(model)
+        """The model was read with large weights left in the input's data file (ir.weights), and is written with
+        external data from the proto: the end of the run checks and runs it from a scratch copy, never from its
+        bytes (serializing it would read every weight in)."""
 
     def take(self) -> onnx.ModelProto:
         """The model, no longer held here."""
@@ -369,6 +374,7 @@ class _Run:
                  refusal: Callable[[onnx.ModelProto], str | None] | None = None) -> None:
         self.owned = isinstance(model, OwnedModel)
         """The run may replace its model (:meth:`_serialize`, restores): handed over as an OwnedModel."""
+        self.weights_on_disk = isinstance(model, OwnedModel) and model.weights_on_disk
         self.model: onnx.ModelProto = model.take() if isinstance(model, OwnedModel) else model
         self.index: GraphIndex | None = model.take_index() if isinstance(model, OwnedModel) else None
         """The index of the model as it is, while no pass changed it since it was built (read by the passes' finds,
@@ -582,11 +588,14 @@ class _Run:
         if not self.each and validator.changed:
             # Without per-pass validation the checker still runs once, before anything is written. The model
             # is serialized once: for the checker, the final onnxruntime session and save_model.
-            data = self._serialize()
-            problem = check_structure(self.model, data)
-            self._fresh(data)  # after the checker: its copies of the bytes and the proto are not held at once
-            if not problem and data is not None and self.on_serialized is not None:
-                self.on_serialized(data)
+            if self._from_proto():
+                problem = validator.check_on_disk(self.model)
+            else:
+                data = self._serialize()
+                problem = check_structure(self.model, data)
+                self._fresh(data)  # after the checker: its copies of the bytes and the proto are not held at once
+                if not problem and data is not None and self.on_serialized is not None:
+                    self.on_serialized(data)
         if problem:
             report.final = Comparison(error=f"the output fails the onnx checker: {problem}")
         else:
@@ -639,6 +648,12 @@ class _Run:
                 return RestorePoint(RestoreKind.FILE, model=functools.partial(self.validator.read_kept, path))
         return RestorePoint(RestoreKind.BYTES, model=data)
 
+    def _from_proto(self) -> bool:
+        """Whether the checker and the sessions read the model from a scratch copy written from the proto, never
+        from its bytes: a model read with weights left in the input's data file (ir.weights), which serializing
+        would read in, in a run that needs no bytes of it (its output is written with external data)."""
+        return self.weights_on_disk and self.on_serialized is None
+
     def _serialize(self) -> bytes | None:
         """The model's bytes (None above 2 GB), for the checker and a session. A run that owns its model
         (OwnedModel) lets it go here, and every weight the passes replaced in it with it: the bytes are made in
@@ -648,7 +663,7 @@ class _Run:
         if approx_model_bytes(self.model) >= TWO_GB:
             return None
         if not self.owned:
-            return self.model.SerializeToString()
+            return model_bytes(self.model)
         parts = serialized_parts(self.model)
         self.model = None  # type: ignore[assignment]
         # glibc keeps what the old proto freed in its heap, and the bytes and the checker's copy of them are
@@ -677,11 +692,12 @@ class _Run:
         # self.model (so they come before the call that reads it).
         self.validator.require_original()
         whole = not segmented(self.model)  # (a graph run in segments is cut from the proto)
-        data = self._serialize()
+        from_proto = self._from_proto()
+        data = None if from_proto else self._serialize()
         candidate = functools.partial(self._fresh, data) if whole and self.model is None else self._fresh(data)
         verdict = self.validator.check(candidate, exact=all(r.exact for r in records), data=data,
                                        on_serialized=self.on_serialized if last else None,
-                                       task=f"validating {', '.join(r.name for r in records)}")
+                                       task=f"validating {', '.join(r.name for r in records)}", from_proto=from_proto)
         del candidate
         self._fresh(data)  # after the session: its weights and the proto are not in memory at once
         if verdict.comparison is not None:

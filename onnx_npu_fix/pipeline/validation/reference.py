@@ -15,6 +15,7 @@ from onnx_npu_fix import progress
 from onnx_npu_fix.errors import InputError
 from onnx_npu_fix.io.external import MappedWeights
 from onnx_npu_fix.io.load import FileIdentity, file_identity
+from onnx_npu_fix.io.serialize import model_bytes
 from onnx_npu_fix.pipeline.inputs import Feeds
 from onnx_npu_fix.pipeline.validation.runs import run_model
 from onnx_npu_fix.pipeline.validation.session import Outputs, Runner, runtime_errors, write_scratch
@@ -43,7 +44,8 @@ class Reference:
     read: no file is opened again) and run by :func:`run_model`.
     """
 
-    def __init__(self, source: str | bytes, *, read_from: str | None = None, identity: FileIdentity | None = None,
+    def __init__(self, source: str | bytes | onnx.ModelProto, *, read_from: str | None = None,
+                 identity: FileIdentity | None = None,
                  long_graph: bool = False, start: bool = True, digest: bytes | None = None) -> None:
         """``digest``: the SHA-256 of ``source`` (bytes read from ``read_from``), when the reader took it already.
         ``start``: start the worker now; False: at :meth:`start`, which a caller that will close this object
@@ -55,15 +57,20 @@ class Reference:
         self.rerun_path: str | None = None
         """The scratch copy the original's session was built from (in :attr:`weights`, which outlives this
         object once taken): where its other input sets can be run later, when the runs stopped early."""
+        self.weights = MappedWeights()
+        if isinstance(source, onnx.ModelProto):
+            # A model whose weights are left in the input's data file (ir.weights): written to the scratch
+            # directory now, while nothing changes it (their bytes copied file to file, never serialized).
+            self.rerun_path = write_scratch(self.weights, source)
+            source = self.rerun_path if self.rerun_path is not None else model_bytes(source)
         self._source: str | bytes | None = source
         self._read_from = read_from
         self._identity = identity
         self._known_digest = digest
         self._long_graph = long_graph
-        self.keeps_copy = isinstance(source, bytes) and not long_graph
+        self.keeps_copy = (isinstance(source, bytes) or self.rerun_path is not None) and not long_graph
         """Whether the original's session runs from a scratch copy (:attr:`rerun_path`, once it ran): bytes are
-        written to :attr:`weights`; a long graph is run in segments, a path as it is."""
-        self.weights = MappedWeights()
+        written to :attr:`weights`, a model already is; a long graph is run in segments, a path as it is."""
         self._weights_taken = False
         self._digest: concurrent.futures.Future = concurrent.futures.Future()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="npufix-reference")

@@ -14,6 +14,7 @@ import onnx
 from onnx_npu_fix import progress
 from onnx_npu_fix.host.heap import release_freed_memory
 from onnx_npu_fix.io.external import MappedWeights
+from onnx_npu_fix.io.serialize import model_bytes
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, subgraphs
 from onnx_npu_fix.pipeline.inputs import Feeds
 from onnx_npu_fix.pipeline.validation.session import Outputs, Runner
@@ -105,7 +106,7 @@ def _segment_model(model: onnx.ModelProto, segment: _Segment, values: Sequence[O
     part.output.extend(onnx.ValueInfoProto(name=name) for name in segment.outputs)
     whole = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
                             functions=model.functions, graph=part)
-    return whole.SerializeToString()
+    return model_bytes(whole)
 
 
 class _NotSegmentable(Exception):

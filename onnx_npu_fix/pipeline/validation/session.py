@@ -8,6 +8,7 @@ would make an original and a wrongly folded model look alike, and session creati
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from onnx_npu_fix import progress
 from onnx_npu_fix.host import cores
 from onnx_npu_fix.host.heap import release_freed_memory
 from onnx_npu_fix.io.external import MappedWeights
+from onnx_npu_fix.io.serialize import model_bytes
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes
 from onnx_npu_fix.pipeline.inputs import Feeds
 
@@ -72,7 +74,7 @@ class Runner:
             if refused is None and data is not None:
                 refused = data
             elif refused is None and approx_model_bytes(model) < TWO_GB:
-                refused = model.SerializeToString
+                refused = functools.partial(model_bytes, model)
         elif (model is None and data is not None and weights is not None
               and (source := write_scratch(weights, data)) is not None):
             refused = data if refused is None else refused
@@ -81,7 +83,7 @@ class Runner:
         elif model is None:
             raise ValueError("Runner needs a model, a model_path or data")
         elif approx_model_bytes(model) < TWO_GB:
-            source = model.SerializeToString()
+            source = model_bytes(model)
         else:
             # Too large to pass as bytes: a scratch copy whose weights live in a data file; the model in
             # memory is left as it is (the passes after this validation still read its weights).

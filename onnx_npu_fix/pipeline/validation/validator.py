@@ -32,6 +32,7 @@ from onnx_npu_fix.config.options import check_output_names
 from onnx_npu_fix.errors import InputError, first_line
 from onnx_npu_fix.host.heap import release_freed_memory
 from onnx_npu_fix.io.external import MappedWeights
+from onnx_npu_fix.io.serialize import model_bytes
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, subgraphs
 from onnx_npu_fix.ir.ops import RANDOM_OPS, is_default_domain
 from onnx_npu_fix.ir.qdq import StepBound
@@ -89,7 +90,7 @@ def check_structure(model: onnx.ModelProto | Callable[[], onnx.ModelProto] | Non
         model = _made(model)
         if approx_model_bytes(model) >= TWO_GB:
             return None
-        data = model.SerializeToString()
+        data = model_bytes(model)
     try:
         onnx.checker.check_model(path if path is not None else data)
     except Exception as exc:  # noqa: BLE001
@@ -216,7 +217,7 @@ class Validator:
             self._settle(lambda: self._run(model))
             return
         if reference is None:
-            data = model.SerializeToString()
+            data = model_bytes(model)
             reference = Reference(data, long_graph=segmented(model, len(data)), start=False)
             del data
         self._reference = reference.start()  # started once held here: close() stops it, whatever lands next
@@ -224,7 +225,7 @@ class Validator:
         self._may_widen = (approximate and not options.strict and not options.validation_data
                            and approx_model_bytes(model) < TWO_GB)
         if self._may_widen and not reference.keeps_copy:
-            self._edge_model = write_scratch(self._weights, model) or model.SerializeToString()
+            self._edge_model = write_scratch(self._weights, model) or model_bytes(model)
         self._reference_feeds = dict(reference_feeds or {})
         if not approximate and self._one_set_may_do():
             reference.enough_with_one()  # the other sets only when a candidate moves
@@ -314,6 +315,12 @@ class Validator:
             return None
         return write_scratch(self._weights, data)
 
+    def check_on_disk(self, model: onnx.ModelProto) -> str | None:
+        """:func:`check_structure` of ``model`` written to the run's scratch directory (:func:`write_scratch`),
+        never serialized whole: for a model whose weights are left in the input's data file (ir.weights)."""
+        scratch = write_scratch(self._weights, model)
+        return check_structure(model, path=scratch) if scratch is not None else check_structure(model)
+
     def _unmoved(self, exact: bool, before: Outputs) -> Callable[[Outputs], bool] | None:
         """For an exact candidate on generated inputs (more than one set): whether its first set's outputs are
         ``before``'s bit for bit, so that its other sets need not run (the module docstring says why; after an
@@ -330,7 +337,7 @@ class Validator:
 
     def check(self, model: onnx.ModelProto | Callable[[], onnx.ModelProto], *, exact: bool,
               data: bytes | None = None, on_serialized: Callable[[bytes], None] | None = None,
-              task: str = "validation") -> Verdict:
+              task: str = "validation", from_proto: bool = False) -> Verdict:
         """Check and run ``model`` (the candidate after one pass or one group of them) and compare its outputs
         with the last accepted model's: by rtol/atol when ``exact`` (quantized outputs in quantization steps),
         else by the approximate bound. A passing candidate becomes the accepted model. ``data``: ``model``
@@ -340,15 +347,19 @@ class Validator:
         the bytes nor the session's weights come on top of it (the caller makes it after this, from the bytes).
         Not for a graph run in segments (:func:`segmented`), which are cut from the proto. ``on_serialized``
         gets the candidate's bytes once the checker accepted them, before onnxruntime runs them. ``task``: what
-        its progress steps are called (progress.Step)."""
+        its progress steps are called (progress.Step). ``from_proto``: ``model`` (a proto) is never serialized:
+        the checker and the session read a scratch copy written from it (:meth:`check_on_disk`)."""
         # The original's session is let go before the candidate is checked: its weights next to the candidate's
         # bytes and the checker's copy of them made the peak (and two models computing at once would only fight
         # over the cores). An original that cannot run is the input's problem: raised here.
         self._wait()
-        if data is None:
+        if data is None and not from_proto:
             model = _made(model)
-            data = model.SerializeToString() if approx_model_bytes(model) < TWO_GB else None
-        scratch = self._scratch_copy(model, data)
+            data = model_bytes(model) if approx_model_bytes(model) < TWO_GB else None
+        if from_proto and not segmented(model):
+            scratch = write_scratch(self._weights, model)
+        else:
+            scratch = self._scratch_copy(model, data)
         problem = check_structure(model, data, path=scratch)
         if problem:
             return Verdict(f"the model fails the onnx checker after this pass: {problem}", None, data)

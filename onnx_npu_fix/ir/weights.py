@@ -1,0 +1,143 @@
+"""Weights left in the input's external data file: read when a pass or a writer needs their bytes, never held.
+
+A model read with external data (io.load.read_model, ``lazy_weights``) keeps each large initializer that the file
+holds exactly (its ``length`` what its dims and type need) as a reference: ``data_location`` EXTERNAL and its
+``location`` the data file's absolute path. That marks it as held here and nowhere else, and it cannot leave the
+process by accident: the onnx checker, onnx's loader and onnxruntime all refuse an absolute location. Everything
+that reads values or writes a model knows it instead: ``GraphIndex.const_value`` (through which the passes read
+weights) and :func:`tensor_value` read the bytes (:func:`lazy_bytes`); io.serialize serializes the tensor as the
+model read eagerly does (its bytes inline); the external-data writers (the output's, the scratch copies
+onnxruntime maps) copy the byte range from file to file (:func:`copy_lazy`).
+
+Bytes are read, not mapped: a data file truncated by another process while mapped kills the process (SIGBUS);
+read, it is an error that says so. Every read checks afterwards that the file is still the one the model was read
+with (device, inode, size, modification time), so a run never mixes two versions of its input.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnx_npu_fix.errors import InputChanged
+
+LAZY_MIN_BYTES = 1 << 16
+"""An external tensor this large (and larger) is left in its file; smaller ones are read into the model."""
+
+_IDENTITY_KEY = "npufix_file"
+"""The reference's entry that holds the data file's identity when it was read (device, inode, size, modification
+time): in memory only (the writers make their references afresh, and the serialized tensor has its bytes inline)."""
+
+_COPY_BLOCK = 1 << 24
+
+
+def file_identity(st: os.stat_result) -> str:
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def leave_in_file(tensor: onnx.TensorProto, path: str, offset: int, length: int, identity: str) -> None:
+    """Make ``tensor`` a reference to ``length`` bytes at ``offset`` of data file ``path`` (absolute), whose
+    :func:`file_identity` was ``identity`` when the model was read."""
+    tensor.ClearField("raw_data")
+    del tensor.external_data[:]
+    for key, value in (("location", path), ("offset", str(offset)), ("length", str(length)),
+                       (_IDENTITY_KEY, identity)):
+        tensor.external_data.add(key=key, value=value)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+
+
+def is_lazy(tensor: onnx.TensorProto) -> bool:
+    """Whether ``tensor``'s bytes are left in a data file (see the module's docstring)."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return False
+    return any(entry.key == _IDENTITY_KEY for entry in tensor.external_data)
+
+
+def has_lazy(model: onnx.ModelProto) -> bool:
+    external = onnx.TensorProto.EXTERNAL
+    return any(t.data_location == external and is_lazy(t) for t in model.graph.initializer)
+
+
+def lazy_span(tensor: onnx.TensorProto) -> tuple[str, int, int, str]:
+    """(data file, offset, length, the file's identity when read) of a lazy tensor."""
+    fields = {entry.key: entry.value for entry in tensor.external_data}
+    return fields["location"], int(fields["offset"]), int(fields["length"]), fields.get(_IDENTITY_KEY, "")
+
+
+def lazy_bytes(tensor: onnx.TensorProto) -> bytes:
+    """The bytes of lazy ``tensor``, read from its data file."""
+    path, offset, length, identity = lazy_span(tensor)
+    with open(path, "rb", buffering=0) as f:
+        f.seek(offset)
+        parts, size = [], 0
+        while size < length:  # one read may return fewer bytes
+            part = f.read(length - size)
+            if not part:
+                break
+            parts.append(part)
+            size += len(part)
+        _check_unchanged(path, f, identity, size == length)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def lazy_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """The value of lazy ``tensor`` (a fresh array, its own bytes)."""
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
+    value = np.frombuffer(lazy_bytes(tensor), dtype=dtype).reshape(tuple(tensor.dims))
+    return value.astype(value.dtype.newbyteorder("="), copy=False)
+
+
+def payload_of_lazy(tensor: onnx.TensorProto) -> int:
+    return math.prod(tensor.dims[:]) * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+
+
+def copy_lazy(tensor: onnx.TensorProto, target: Any) -> int:
+    """Append lazy ``tensor``'s bytes to the open binary file ``target`` (at its position; a buffered one
+    flushed) straight from file to file where the system can, the bytes never in this process's memory; returns
+    how many were written."""
+    path, offset, length, identity = lazy_span(tensor)
+    with open(path, "rb", buffering=0) as f:
+        done = _copy_range(f, target, offset, length)
+        _check_unchanged(path, f, identity, done == length)
+    return done
+
+
+def _copy_range(source: Any, target: Any, offset: int, length: int) -> int:
+    done = 0
+    try:
+        while done < length:
+            n = os.copy_file_range(source.fileno(), target.fileno(), min(_COPY_BLOCK, length - done), offset + done)
+            if n <= 0:
+                break
+            done += n
+    except (AttributeError, OSError):
+        pass
+    # Not Linux, a file system that refuses, or one that copies nothing: the rest through a buffer.
+    source.seek(offset + done)
+    while done < length:
+        block = memoryview(source.read(min(_COPY_BLOCK, length - done)))
+        if not block:
+            break
+        done += len(block)
+        while block:
+            block = block[target.write(block):]
+    return done
+
+
+def _check_unchanged(path: str, f: Any, identity: str, complete: bool) -> None:
+    """After a read: the file is still the one the model was read with (InputChanged when not)."""
+    if not complete or file_identity(os.fstat(f.fileno())) != identity:
+        raise InputChanged(f"{path} changed while npufix ran (the model's external data no longer holds the bytes "
+                           f"the model was read with); nothing written: rerun on a file that stays put")
+
+
+def tensor_value(tensor: onnx.TensorProto) -> np.ndarray:
+    """``onnx.numpy_helper.to_array``, reading a weight left in its data file from there."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL and is_lazy(tensor):
+        return lazy_array(tensor)
+    return numpy_helper.to_array(tensor)
