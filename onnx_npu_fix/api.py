@@ -33,6 +33,7 @@ from onnx_npu_fix.constraints import CheckReport, Violation
 from onnx_npu_fix.errors import EXIT_OK, EXIT_PASS_FAILED, EXIT_VIOLATIONS, InputError, PassFailed, first_line
 from onnx_npu_fix.host import cores
 from onnx_npu_fix.io.atomic import Transaction
+from onnx_npu_fix.io.external import SpillFile
 from onnx_npu_fix.io.load import (  # noqa: F401 - load_model: part of the API
     LoadedModel,
     load_model,
@@ -43,7 +44,7 @@ from onnx_npu_fix.io.paths import WritePlan
 from onnx_npu_fix.io.save import EarlyWrite, save_model, sha256_file, write_json
 from onnx_npu_fix.io.serialize import model_bytes
 from onnx_npu_fix.ir.graph import TWO_GB, approx_model_bytes, copy_model, infer_shapes, sharing_index
-from onnx_npu_fix.ir.weights import has_lazy
+from onnx_npu_fix.ir.weights import has_lazy, spilling
 from onnx_npu_fix.passes import DEFAULT_ORDER, PASSES
 from onnx_npu_fix.passes.base import Pass
 from onnx_npu_fix.pipeline.freeze import FrozenInput, freeze_inputs
@@ -465,9 +466,9 @@ def _plan_fix(job: _RunState, passes: Sequence[Pass] | None) -> list[Pass]:
 def _fix_and_write(job: _RunState, chosen: list[Pass]) -> RunOutcome:
     """Load → reference → fix → check the output → split / plot → stage the output (written early, while the
     last validation runs, when it can); :func:`run` commits the staged files only if every step succeeds."""
-    early = EarlyWrite(job.output)
+    early, spill = EarlyWrite(job.output), SpillFile()
     try:
-        result = _load_and_fix(job, chosen, early)
+        result = _load_and_fix(job, chosen, early, spill)
         outcome = RunOutcome(EXIT_OK, "fix", job.given[0], result=result)
         _save_inputs(job, outcome)  # a failing run too: its inputs are the case to replay
         if not result.ok:
@@ -483,14 +484,16 @@ def _fix_and_write(job: _RunState, chosen: list[Pass]) -> RunOutcome:
             _stage_output(job, outcome, early)
     finally:
         early.close()
+        spill.close()  # the output's data file, staged, holds what it held
     if outcome.error is None:
         _decide(job, outcome, chosen)
     return outcome
 
 
-def _load_and_fix(job: _RunState, chosen: list[Pass], early: EarlyWrite) -> FixResult:
+def _load_and_fix(job: _RunState, chosen: list[Pass], early: EarlyWrite, spill: SpillFile) -> FixResult:
     """Read the input, start the reference on it, and run the passes over the model read (nobody else holds
-    it: edited in place, no copy)."""
+    it: edited in place, no copy). Weights left in the input's data file: those the passes compute go to
+    ``spill``."""
     reference = None
     try:
         loaded = read_model(job.input_path, keep_bytes=True, lazy_weights=_weights_may_stay_on_disk(job, chosen))
@@ -502,9 +505,10 @@ def _load_and_fix(job: _RunState, chosen: list[Pass], early: EarlyWrite) -> FixR
         job.external, job.read_digest = bool(loaded.external_files), loaded.digest
         job.split_origins = split_origins(loaded.model.graph, job.options.split_at) if job.split_dir else {}
         owned, loaded = OwnedModel(loaded.model), None  # handed over: nothing here holds the model any more
-        result = _fix_in_place(owned, job.options, chosen, reference=reference,
-                               on_serialized=None if job.external else early.start, source=job.input_path,
-                               keep_inputs=bool(job.save_inputs), digest=job.read_digest)
+        with spilling(spill if owned.weights_on_disk else None):
+            result = _fix_in_place(owned, job.options, chosen, reference=reference,
+                                   on_serialized=None if job.external else early.start, source=job.input_path,
+                                   keep_inputs=bool(job.save_inputs), digest=job.read_digest)
     finally:
         if reference is not None:
             reference.close()

@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 
 import numpy as np
 import onnx
 import pytest
-from helpers import file_state, save_external
+from helpers import assert_equivalent, file_state, save_external
 from onnx import helper, numpy_helper
 
 from onnx_npu_fix import api
 from onnx_npu_fix.config.options import FixOptions
 from onnx_npu_fix.errors import InputChanged
+from onnx_npu_fix.io.external import SpillFile
 from onnx_npu_fix.io.load import read_model
 from onnx_npu_fix.io.serialize import model_bytes, serialize_model
 from onnx_npu_fix.ir import weights
-from onnx_npu_fix.ir.graph import GraphIndex
+from onnx_npu_fix.ir.graph import GraphIndex, overwrite_tensor, tensor_from_array
 
 
 def _conv_bn_model(channels: int = 48, seed: int = 3) -> onnx.ModelProto:
@@ -158,3 +160,55 @@ def test_every_weight_read_lazily_gives_the_eager_output(tmp_path, monkeypatch, 
     path = save_external(onnx.load(fixture_path(fixture)), tmp_path / "in")
     monkeypatch.setattr(weights, "LAZY_MIN_BYTES", 1024)
     _lazy_run_is_eager_run(path, FixOptions(max_dilation=4, align=8, input_shapes=shapes), tmp_path, monkeypatch)
+
+
+def test_weights_the_passes_compute_stay_out_of_memory_too(tmp_path, monkeypatch):
+    """fold-batchnorm's new 3x3 kernel goes to the run's spill file: the model the output is written from holds
+    no large weight, and the spill directory is gone once the run ends."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    path = save_external(_conv_bn_model(), tmp_path / "in")
+    staged = []
+    real_stage = api._stage_output
+    monkeypatch.setattr(api, "_stage_output", lambda job, outcome, early: (
+        staged.append([(len(t.raw_data), weights.lazy_span(t)[0] if weights.is_lazy(t) else None)
+                       for t in outcome.result.model.graph.initializer]),
+        real_stage(job, outcome, early)))
+    outcome = api.run(path, tmp_path / "out.onnx", FixOptions(max_dilation=4, align=8))
+    assert outcome.exit_code == 0, outcome.error
+    (held,) = staged
+    assert all(size < weights.LAZY_MIN_BYTES for size, _ in held)
+    files = [file for _, file in held if file is not None]
+    assert len(files) == 1 and files[0].startswith(str(tmp_path / "tmp"))  # the folded kernel, in the spill
+    assert os.listdir(tmp_path / "tmp") == []
+    fixed = onnx.load(str(tmp_path / "out.onnx"))
+    assert_equivalent(_conv_bn_model(), fixed)
+
+
+def test_spilled_weight_reads_back_as_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    spill = SpillFile()
+    big = np.arange(weights.LAZY_MIN_BYTES // 4 + 3, dtype=np.float32).reshape(-1, 1)
+    small = np.ones(4, dtype=np.float32)
+    try:
+        with weights.spilling(spill):
+            made, overwritten = tensor_from_array(big, "made"), tensor_from_array(small, "small")
+            overwrite_tensor(overwritten, big[::-1])  # not C-contiguous
+        outside = tensor_from_array(big, "outside")
+        assert weights.is_lazy(made) and weights.is_lazy(overwritten) and not weights.is_lazy(outside)
+        np.testing.assert_array_equal(weights.tensor_value(made), big)
+        np.testing.assert_array_equal(weights.tensor_value(overwritten), big[::-1])
+        parsed = onnx.ModelProto.FromString(serialize_model(_with_initializers([made]))).graph.initializer[0]
+        assert parsed.data_location == onnx.TensorProto.DEFAULT and not parsed.external_data
+        np.testing.assert_array_equal(numpy_helper.to_array(parsed), big)
+    finally:
+        spill.close()
+    assert os.listdir(tmp_path) == []
+
+
+def _with_initializers(tensors: list[onnx.TensorProto]) -> onnx.ModelProto:
+    graph = helper.make_graph([], "g", [], [], [])
+    for tensor in tensors:
+        graph.initializer.add().CopyFrom(tensor)
+    graph.initializer[0].name = "t"
+    return helper.make_model(graph)

@@ -10,6 +10,7 @@ import tempfile
 import threading
 from typing import Any
 
+import numpy as np
 import onnx
 
 from onnx_npu_fix.io.atomic import create_unique, remove_file, remove_tree
@@ -316,3 +317,46 @@ def _same_bytes(file: Any, raw: bytes | memoryview, block: int = 1 << 20) -> boo
             return False
     return True
 
+
+
+class SpillFile:
+    """The large weights a run's passes compute for a model whose weights stay in the input's data file
+    (ir.weights.spilling): appended to one file of a run-owned temporary directory, the tensors referring to
+    them as to the input's, so that the proto holds no weight the run made either (a fold of every weight of a
+    model would otherwise hold them all). The output's writer copies them from here file to file. Created at
+    the first weight; :meth:`close` removes it (the caller closes it in a ``finally``, once the output is
+    staged: every exit path; the name is registered before the directory exists, as MappedWeights')."""
+
+    def __init__(self) -> None:
+        self.directory: str | None = None
+        self._path = ""
+        self._file: Any = None
+        self._lock = threading.Lock()
+
+    def _register(self, name: str | None) -> None:
+        self.directory = name
+
+    def put(self, tensor: onnx.TensorProto, value: Any) -> None:
+        with self._lock:
+            if self._file is None:
+                create_unique(tempfile.gettempdir(), "npufix-weights-", "", functools.partial(os.mkdir, mode=0o700),
+                              self._register)
+                assert self.directory is not None
+                self._path = os.path.join(self.directory, "computed.data")
+                fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                self._file = os.fdopen(fd, "r+b", buffering=0)
+            offset = self._file.seek(0, os.SEEK_END)
+            view = memoryview(np.ascontiguousarray(value)).cast("B")
+            length = len(view)
+            while view:
+                view = view[self._file.write(view):]
+            weights.leave_in_file(tensor, self._path, offset, length, weights.SPILLED)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+            if self.directory is not None:
+                remove_tree(self.directory)
+                self.directory = None

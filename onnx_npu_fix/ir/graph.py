@@ -505,7 +505,9 @@ def tensor_from_array(value: np.ndarray, name: str) -> onnx.TensorProto:
     data_type = _RAW_TYPES.get(value.dtype)
     if data_type is None:
         return numpy_helper.from_array(value, name)
-    tensor = onnx.TensorProto(data_type=data_type, dims=value.shape, raw_data=value.tobytes())
+    tensor = onnx.TensorProto(data_type=data_type, dims=value.shape)
+    if not weights.spill(tensor, value):
+        tensor.raw_data = value.tobytes()
     if name:  # as from_array: an empty name stays unset (proto2 would serialize an explicit "")
         tensor.name = name
     return tensor
@@ -535,7 +537,8 @@ def overwrite_tensor(tensor: onnx.TensorProto, value: np.ndarray) -> None:
     tensor.data_location = onnx.TensorProto.DEFAULT
     tensor.data_type = data_type
     tensor.dims.extend(value.shape)
-    tensor.raw_data = value.tobytes()  # C order, whatever the array's strides
+    if not weights.spill(tensor, value):
+        tensor.raw_data = value.tobytes()  # C order, whatever the array's strides
 
 
 def private_initializer(index: GraphIndex, editor: GraphEditor, node: onnx.NodeProto, slot: int,

@@ -16,9 +16,12 @@ with (device, inode, size, modification time), so a run never mixes two versions
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import os
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -34,6 +37,41 @@ _IDENTITY_KEY = "npufix_file"
 time): in memory only (the writers make their references afresh, and the serialized tensor has its bytes inline)."""
 
 _COPY_BLOCK = 1 << 24
+
+SPILLED = "spilled"
+"""The identity of a run's own spill file (:class:`Spill`): appended to while the run goes on, so its size and
+time move; nobody else writes it (a private file in a private directory)."""
+
+
+class Spill(Protocol):
+    """Where a run whose weights stay on disk puts the large weights its passes compute (io.external.SpillFile)."""
+
+    def put(self, tensor: onnx.TensorProto, value: np.ndarray) -> None:
+        """Write ``value`` (C-contiguous, native byte order) and make ``tensor`` a reference to it."""
+
+
+_SPILL: contextvars.ContextVar[Spill | None] = contextvars.ContextVar("npufix_spill", default=None)
+
+
+@contextlib.contextmanager
+def spilling(spill: Spill | None) -> Iterator[None]:
+    """While open, every weight of LAZY_MIN_BYTES or more that ir.graph's writers give a tensor goes to
+    ``spill`` instead of the proto (None: to the proto, as outside)."""
+    token = _SPILL.set(spill)
+    try:
+        yield
+    finally:
+        _SPILL.reset(token)
+
+
+def spill(tensor: onnx.TensorProto, value: np.ndarray) -> bool:
+    """Give ``tensor`` the bytes of ``value`` in the open spill (:func:`spilling`) if there is one and ``value``
+    is large: True when it did (``tensor``'s type and dims are the caller's to set)."""
+    store = _SPILL.get()
+    if store is None or value.nbytes < LAZY_MIN_BYTES:
+        return False
+    store.put(tensor, value)
+    return True
 
 
 def file_identity(st: os.stat_result) -> str:
@@ -131,7 +169,7 @@ def _copy_range(source: Any, target: Any, offset: int, length: int) -> int:
 
 def _check_unchanged(path: str, f: Any, identity: str, complete: bool) -> None:
     """After a read: the file is still the one the model was read with (InputChanged when not)."""
-    if not complete or file_identity(os.fstat(f.fileno())) != identity:
+    if not complete or (identity != SPILLED and file_identity(os.fstat(f.fileno())) != identity):
         raise InputChanged(f"{path} changed while npufix ran (the model's external data no longer holds the bytes "
                            f"the model was read with); nothing written: rerun on a file that stays put")
 
