@@ -22,6 +22,7 @@ from onnx_npu_fix.io.load import read_model
 from onnx_npu_fix.io.serialize import model_bytes, serialize_model
 from onnx_npu_fix.ir import weights
 from onnx_npu_fix.ir.graph import GraphIndex, overwrite_tensor, tensor_from_array
+from onnx_npu_fix.pipeline.validation.validator import Validator
 
 
 def _conv_bn_model(channels: int = 48, seed: int = 3) -> onnx.ModelProto:
@@ -212,3 +213,23 @@ def _with_initializers(tensors: list[onnx.TensorProto]) -> onnx.ModelProto:
         graph.initializer.add().CopyFrom(tensor)
     graph.initializer[0].name = "t"
     return helper.make_model(graph)
+
+
+def test_an_unvalidated_run_checks_the_model_without_copying_a_weight(tmp_path, monkeypatch):
+    """--validate none: the checker reads a model file whose references point at sparse stand-ins of the data
+    files (onnx refuses links); it still judges the graph, and no weight is copied for it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    lazy = read_model(save_external(_conv_bn_model(), tmp_path / "in"), lazy_weights=True).model
+    validator = Validator(lazy, FixOptions(validate="none"))
+    try:
+        assert validator.check_on_disk(lazy) is None
+        (scratch,) = os.listdir(tmp_path / "tmp")
+        for name in os.listdir(tmp_path / "tmp" / scratch):
+            if name.endswith(".data"):
+                assert os.stat(tmp_path / "tmp" / scratch / name).st_blocks == 0, name  # sparse: no byte copied
+        lazy.graph.node[2].input[0] = "nowhere"
+        assert "nowhere" in validator.check_on_disk(lazy)
+    finally:
+        validator.close()
+    assert os.listdir(tmp_path / "tmp") == []

@@ -157,6 +157,32 @@ class MappedWeights:
                 _refer(ref, "weights.data", offset, length)
             return self._write_shell(shell)
 
+    def write_references(self, model: onnx.ModelProto) -> str:
+        """``model`` written for the onnx checker alone, nothing copied: each weight left in a data file
+        (ir.weights) refers to a stand-in for that file here, a sparse file of its size (the checker asks that
+        a referenced file be a regular file of the model's directory, not a link, and reads none of its bytes;
+        the weights were checked as they were read or computed). Returns the model file's path."""
+        with self._lock:
+            self._open()
+            assert self.directory is not None
+            shell = onnx.ModelProto()
+            copy_without_initializers(model, shell)
+            stand_ins: dict[str, str] = {}
+            for tensor in model.graph.initializer:
+                if not (tensor.data_location == onnx.TensorProto.EXTERNAL and weights.is_lazy(tensor)):
+                    shell.graph.initializer.append(tensor)
+                    continue
+                source, offset, length, _ = weights.lazy_span(tensor)
+                name = stand_ins.get(source)
+                if name is None:
+                    name = stand_ins[source] = f"stand-in-{len(stand_ins)}.data"
+                    with open(os.path.join(self.directory, name), "wb") as f:
+                        f.truncate(os.path.getsize(source))
+                ref = shell.graph.initializer.add()
+                ref.CopyFrom(tensor)
+                _refer(ref, name, offset, length)
+            return self._write_shell(shell)
+
     def _write_shell(self, shell: onnx.ModelProto) -> str:
         assert self.directory is not None
         self._models += 1

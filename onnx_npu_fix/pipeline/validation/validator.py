@@ -316,8 +316,15 @@ class Validator:
         return write_scratch(self._weights, data)
 
     def check_on_disk(self, model: onnx.ModelProto) -> str | None:
-        """:func:`check_structure` of ``model`` written to the run's scratch directory (:func:`write_scratch`),
-        never serialized whole: for a model whose weights are left in the input's data file (ir.weights)."""
+        """:func:`check_structure` of a model whose weights are left in the input's data file (ir.weights), never
+        serialized with them: of its scratch copy (:func:`write_scratch`), which the final session then runs;
+        without validation, of a copy whose references point at stand-ins (MappedWeights.write_references):
+        nothing else would read a copy of the weights."""
+        if self.options.validate == "none":
+            try:
+                return check_structure(None, path=self._weights.write_references(model))
+            except OSError:
+                pass  # (the file system refuses: the scratch copy, or the bytes, as with validation)
         scratch = write_scratch(self._weights, model)
         return check_structure(model, path=scratch) if scratch is not None else check_structure(model)
 
