@@ -733,7 +733,7 @@ def check(model: onnx.ModelProto | str | os.PathLike, options: FixOptions | None
 
     options = options or FixOptions()
     if isinstance(model, (str, os.PathLike)):
-        model = read_model(model).model
+        model = read_model(model, lazy_weights=True).model  # read here and gone after: as --check reads it
     elif not isinstance(model, onnx.ModelProto):
         raise TypeError(f"check() takes an onnx.ModelProto or the path of an .onnx file, not {type(model).__name__}")
     report = check_model(model, options, shapes=shapes)

@@ -85,7 +85,43 @@ offsets: 4 KiB on Linux, 64 KiB on Windows), so that a loader can map each tenso
 onnxruntime 1.32 maps them: a session's heap then holds no copy of the weights, whose pages are the file's."""
 
 
-class MappedWeights:
+class _RunDirectory:
+    """A run-owned temporary directory (``PREFIX`` + random, in the system's temporary directory) with one data
+    file (``DATA``), both made at the first write. The directory's name is registered before it exists, so a
+    signal during its creation cannot orphan it; :meth:`_remove` (the owner's close, in a ``finally``) removes it."""
+
+    PREFIX = "npufix-"
+    DATA = "weights.data"
+
+    def __init__(self) -> None:
+        self.directory: str | None = None
+        self._file: Any = None
+        self._lock = threading.Lock()
+
+    def _register(self, name: str | None) -> None:
+        self.directory = name
+
+    def _data_file(self) -> Any:
+        """The data file, open for reading and writing, unbuffered (made with the directory if need be)."""
+        if self._file is None:
+            if self.directory is None:  # else an earlier attempt made it and failed after: the same one, reused
+                create_unique(tempfile.gettempdir(), self.PREFIX, "", functools.partial(os.mkdir, mode=0o700),
+                              self._register)
+            assert self.directory is not None
+            fd = os.open(os.path.join(self.directory, self.DATA), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            self._file = os.fdopen(fd, "r+b", buffering=0)
+        return self._file
+
+    def _remove(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self.directory is not None:
+            remove_tree(self.directory)
+            self.directory = None
+
+
+class MappedWeights(_RunDirectory):
     """Scratch models for onnxruntime, their weights in one data file it maps instead of copying (validation: the
     original's session and each candidate's). Lives in a run-owned temporary directory that :meth:`close`
     removes (the caller closes it in a ``finally``: every exit path, KeyboardInterrupt and SIGTERM included); the
@@ -96,10 +132,11 @@ class MappedWeights:
     changed two weights writes two weights. Thread-safe (the original's reference thread and the pass manager).
     """
 
+    PREFIX = "npufix-validate-"
+
     def __init__(self, *, threshold: int = 1024) -> None:
+        super().__init__()
         self.threshold = threshold
-        self.directory: str | None = None
-        self._file: Any = None
         self._end = 0
         self._placed: dict[str, tuple[int, int]] = {}
         self._lazy_placed: dict[tuple[str, int, int, str], tuple[int, int]] = {}
@@ -115,22 +152,11 @@ class MappedWeights:
         self.last_written: str | None = None
         """The model file written last (by :meth:`write` or :meth:`write_bytes`)."""
         self._closed = False
-        self._lock = threading.Lock()
-
-    def _register(self, name: str | None) -> None:
-        self.directory = name
 
     def _open(self) -> Any:
         if self._closed:  # a late writer (a worker thread a signal left running) must not create it again
             raise OSError("the scratch directory was removed")
-        if self._file is None:
-            if self.directory is None:  # else an earlier attempt made it and failed after: the same one, reused
-                create_unique(tempfile.gettempdir(), "npufix-validate-", "", functools.partial(os.mkdir, mode=0o700),
-                               self._register)
-            assert self.directory is not None
-            fd = os.open(os.path.join(self.directory, "weights.data"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            self._file = os.fdopen(fd, "r+b", buffering=0)
-        return self._file
+        return self._data_file()
 
     def write(self, model: onnx.ModelProto) -> str:
         """Write ``model`` (left as it is) for onnxruntime; returns the model file's path."""
@@ -311,12 +337,7 @@ class MappedWeights:
         """Remove the directory and everything in it (a session that still maps the data keeps its pages)."""
         with self._lock:
             self._closed = True
-            if self._file is not None:
-                self._file.close()
-                self._file = None
-            if self.directory is not None:
-                remove_tree(self.directory)
-                self.directory = None
+            self._remove()
             self._placed.clear()
             self._lazy_placed.clear()
 
@@ -345,44 +366,28 @@ def _same_bytes(file: Any, raw: bytes | memoryview, block: int = 1 << 20) -> boo
 
 
 
-class SpillFile:
+class SpillFile(_RunDirectory):
     """The large weights a run's passes compute for a model whose weights stay in the input's data file
     (ir.weights.spilling): appended to one file of a run-owned temporary directory, the tensors referring to
     them as to the input's, so that the proto holds no weight the run made either (a fold of every weight of a
     model would otherwise hold them all). The output's writer copies them from here file to file. Created at
     the first weight; :meth:`close` removes it (the caller closes it in a ``finally``, once the output is
-    staged: every exit path; the name is registered before the directory exists, as MappedWeights')."""
+    staged: every exit path)."""
 
-    def __init__(self) -> None:
-        self.directory: str | None = None
-        self._path = ""
-        self._file: Any = None
-        self._lock = threading.Lock()
-
-    def _register(self, name: str | None) -> None:
-        self.directory = name
+    PREFIX = "npufix-weights-"
+    DATA = "computed.data"
 
     def put(self, tensor: onnx.TensorProto, value: Any) -> None:
         with self._lock:
-            if self._file is None:
-                create_unique(tempfile.gettempdir(), "npufix-weights-", "", functools.partial(os.mkdir, mode=0o700),
-                              self._register)
-                assert self.directory is not None
-                self._path = os.path.join(self.directory, "computed.data")
-                fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-                self._file = os.fdopen(fd, "r+b", buffering=0)
-            offset = self._file.seek(0, os.SEEK_END)
+            file = self._data_file()
+            assert self.directory is not None
+            offset = file.seek(0, os.SEEK_END)
             view = memoryview(np.ascontiguousarray(value)).cast("B")
             length = len(view)
             while view:
-                view = view[self._file.write(view):]
-            weights.leave_in_file(tensor, self._path, offset, length, weights.SPILLED)
+                view = view[file.write(view):]
+            weights.leave_in_file(tensor, os.path.join(self.directory, self.DATA), offset, length, weights.SPILLED)
 
     def close(self) -> None:
         with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
-            if self.directory is not None:
-                remove_tree(self.directory)
-                self.directory = None
+            self._remove()
