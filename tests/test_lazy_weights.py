@@ -241,3 +241,17 @@ def test_check_reads_the_weights_it_needs_only(external_model):
     eager = api.check(read_model(external_model).model, FixOptions(max_dilation=4, align=8))
     assert [dataclasses.asdict(v) for v in lazy.violations] == [dataclasses.asdict(v) for v in eager.violations]
     assert lazy.violations  # the fixtures break alignment or keep BatchNormalization: something to compare
+
+
+def test_a_weight_with_fields_protobuf_does_not_know_is_read_in(tmp_path):
+    """Such fields survive only the tensor's own serialization: that weight is read into the model, and the model
+    still serializes as the eagerly read one."""
+    path = save_external(_conv_bn_model(), tmp_path / "in")
+    stored = onnx.load(path, load_external_data=False)
+    big = next(t for t in stored.graph.initializer if t.name == "w_big")
+    big.MergeFromString(bytes([0xA8, 0x06, 0x01]))  # field 101, a varint: unknown to onnx's TensorProto
+    with open(path, "wb") as f:
+        f.write(stored.SerializeToString())
+    lazy = read_model(path, lazy_weights=True).model
+    assert not weights.is_lazy(next(t for t in lazy.graph.initializer if t.name == "w_big"))
+    assert serialize_model(lazy) == read_model(path).model.SerializeToString()

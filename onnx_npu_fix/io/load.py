@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import onnx.external_data_helper
+from google.protobuf import unknown_fields
 from google.protobuf.message import DecodeError
 
 from onnx_npu_fix.errors import InputChanged, InputError, first_line
@@ -222,8 +223,8 @@ def _leave_in_file(tensor: onnx.TensorProto, base_dir: str, files: dict[str, os.
         return False
     offset = info.offset or 0
     length = info.length if info.length is not None else st.st_size - offset
-    if length != expected or offset + length > st.st_size:
-        return False
+    if length != expected or offset + length > st.st_size or len(unknown_fields.UnknownFieldSet(tensor)):
+        return False  # (fields protobuf does not know would not survive the serialization of a reference)
     weights.leave_in_file(tensor, location, offset, length, weights.file_identity(st))
     return True
 
