@@ -57,10 +57,10 @@ def test_large_weights_stay_in_the_file_and_read_as_stored(external_model):
     lazy = read_model(external_model, lazy_weights=True).model
     left = [t for t in lazy.graph.initializer if weights.is_lazy(t)]
     assert left, "no weight was left in the data file"
-    assert all(weights.payload_of_lazy(t) >= weights.LAZY_MIN_BYTES for t in left)
+    assert all(weights.needed_bytes(t) >= weights.LAZY_MIN_BYTES for t in left)
     assert not any(weights.is_lazy(t) for t in eager.graph.initializer)
     # the proto holds references, not the bytes: smaller by at least the weights left out
-    assert lazy.ByteSize() <= eager.ByteSize() - sum(weights.payload_of_lazy(t) for t in left) + 200 * len(left)
+    assert lazy.ByteSize() <= eager.ByteSize() - sum(weights.needed_bytes(t) for t in left) + 200 * len(left)
     index = GraphIndex(lazy)
     for tensor in eager.graph.initializer:
         np.testing.assert_array_equal(index.const_value(tensor.name), numpy_helper.to_array(tensor), tensor.name)

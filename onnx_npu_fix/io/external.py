@@ -44,7 +44,7 @@ def write_with_external_data(model: onnx.ModelProto, model_file: str, data_file:
         copy_without_initializers(model, target)
     with open(data_file, "wb") as data:
         for tensor in model.graph.initializer:
-            lazy = tensor.data_location == onnx.TensorProto.EXTERNAL and weights.is_lazy(tensor)
+            lazy = weights.is_lazy(tensor)
             big = lazy or (tensor.data_location != onnx.TensorProto.EXTERNAL and tensor.HasField("raw_data")
                            and payload_bytes(tensor) >= threshold)
             if not big:
@@ -166,7 +166,7 @@ class MappedWeights(_RunDirectory):
             shell = onnx.ModelProto()
             copy_without_initializers(model, shell)
             for tensor in model.graph.initializer:
-                if tensor.data_location == onnx.TensorProto.EXTERNAL and weights.is_lazy(tensor):
+                if weights.is_lazy(tensor):
                     offset, length = self._place_lazy(data, tensor)
                 elif (tensor.data_location == onnx.TensorProto.EXTERNAL or not tensor.HasField("raw_data")
                         or payload_bytes(tensor) < self.threshold):
@@ -195,7 +195,7 @@ class MappedWeights(_RunDirectory):
             copy_without_initializers(model, shell)
             stand_ins: dict[str, str] = {}
             for tensor in model.graph.initializer:
-                if not (tensor.data_location == onnx.TensorProto.EXTERNAL and weights.is_lazy(tensor)):
+                if not weights.is_lazy(tensor):
                     shell.graph.initializer.append(tensor)
                     continue
                 source, offset, length, _ = weights.lazy_span(tensor)
@@ -344,14 +344,10 @@ class MappedWeights(_RunDirectory):
 
 def _read_exactly(file: Any, size: int) -> bytes:
     """``size`` bytes from an unbuffered ``file`` (one read may return fewer)."""
-    parts = []
-    while size > 0:
-        part = file.read(size)
-        if not part:
-            raise OSError("the scratch data file is shorter than a weight placed in it")
-        parts.append(part)
-        size -= len(part)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+    data = weights.read_up_to(file, size)
+    if len(data) < size:
+        raise OSError("the scratch data file is shorter than a weight placed in it")
+    return data
 
 
 def _same_bytes(file: Any, raw: bytes | memoryview, block: int = 1 << 20) -> bool:

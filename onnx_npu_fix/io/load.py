@@ -218,7 +218,7 @@ def _leave_in_file(tensor: onnx.TensorProto, base_dir: str, files: dict[str, os.
     info = onnx.external_data_helper.ExternalDataInfo(tensor)
     location = os.path.normpath(os.path.join(base_dir, info.location))
     st = files.get(location)
-    expected = weights.payload_of_lazy(tensor)
+    expected = weights.needed_bytes(tensor)
     if st is None or expected < weights.LAZY_MIN_BYTES:
         return False
     offset = info.offset or 0
@@ -242,8 +242,7 @@ def _check_external_sizes(model: onnx.ModelProto, path: str, names: set[str]) ->
             continue
         if tensor.data_type in _PACKED_TYPES:  # two elements a byte: the size rule below does not apply
             continue
-        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
-        expected = int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
+        expected = weights.needed_bytes(tensor)
         if len(tensor.raw_data) < expected:
             raise InputError(f"{path}: external data of tensor {tensor.name} is truncated ({len(tensor.raw_data)} "
                              f"of {expected} bytes); keep the complete .data file next to the model")

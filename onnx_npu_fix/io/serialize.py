@@ -61,7 +61,7 @@ def _initializer_runs(initializers: Any) -> Iterator[bytes]:
     held = 0
     for tensor in initializers:
         size = payload_bytes(tensor)
-        if tensor.data_location == onnx.TensorProto.EXTERNAL and weights.is_lazy(tensor):
+        if weights.is_lazy(tensor):
             if run:
                 yield _entries(run)
                 run, held = [], 0
@@ -134,7 +134,7 @@ def copy_model_with_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     for tensor in copy.graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL and weights.is_lazy(tensor):
+        if weights.is_lazy(tensor):
             raw = weights.lazy_bytes(tensor)
             del tensor.external_data[:]
             tensor.raw_data = raw

@@ -885,15 +885,15 @@ def approx_model_bytes(model: onnx.ModelProto) -> int:
         if t.data_location != onnx.TensorProto.EXTERNAL:
             total += payload_bytes(t)
         elif weights.is_lazy(t):  # serialized with its bytes inline (io.serialize), as the model read eagerly
-            total += weights.payload_of_lazy(t)
+            total += weights.needed_bytes(t)
     return total
 
 
 def payload_bytes(tensor: onnx.TensorProto) -> int:
     """Bytes of ``tensor``'s data, from its dims when it is raw (reading ``raw_data`` copies the bytes, however
     large); at most twice the truth for packed 4-bit types, which is fine for a size check."""
-    if tensor.data_location == onnx.TensorProto.EXTERNAL and weights.is_lazy(tensor):
-        return weights.payload_of_lazy(tensor)
+    if weights.is_lazy(tensor):
+        return weights.needed_bytes(tensor)
     if tensor.HasField("raw_data"):
         itemsize = _ITEMSIZE.get(tensor.data_type)
         if itemsize is None:

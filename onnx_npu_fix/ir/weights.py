@@ -97,8 +97,7 @@ def is_lazy(tensor: onnx.TensorProto) -> bool:
 
 
 def has_lazy(model: onnx.ModelProto) -> bool:
-    external = onnx.TensorProto.EXTERNAL
-    return any(t.data_location == external and is_lazy(t) for t in model.graph.initializer)
+    return any(is_lazy(t) for t in model.graph.initializer)
 
 
 def lazy_span(tensor: onnx.TensorProto) -> tuple[str, int, int, str]:
@@ -112,14 +111,21 @@ def lazy_bytes(tensor: onnx.TensorProto) -> bytes:
     path, offset, length, identity = lazy_span(tensor)
     with open(path, "rb", buffering=0) as f:
         f.seek(offset)
-        parts, size = [], 0
-        while size < length:  # one read may return fewer bytes
-            part = f.read(length - size)
-            if not part:
-                break
-            parts.append(part)
-            size += len(part)
-        _check_unchanged(path, f, identity, size == length)
+        data = read_up_to(f, length)
+        _check_unchanged(path, f, identity, len(data) == length)
+    return data
+
+
+def read_up_to(file: Any, size: int) -> bytes:
+    """``size`` bytes from an unbuffered binary ``file`` where it stands, fewer only at its end (one read may
+    return fewer than asked)."""
+    parts, got = [], 0
+    while got < size:
+        part = file.read(size - got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
@@ -130,7 +136,8 @@ def lazy_array(tensor: onnx.TensorProto) -> np.ndarray:
     return value.astype(value.dtype.newbyteorder("="), copy=False)
 
 
-def payload_of_lazy(tensor: onnx.TensorProto) -> int:
+def needed_bytes(tensor: onnx.TensorProto) -> int:
+    """The bytes ``tensor``'s dims and (fixed-size) type need."""
     return math.prod(tensor.dims[:]) * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
 
 
