@@ -242,20 +242,36 @@ def _freeze(model: onnx.ModelProto, options: FixOptions,
             reference: Reference | None) -> tuple[dict[str, FrozenInput], Reference | None]:
     """``--freeze-input``, a step of the use case before the passes: the inputs become constants (InputError
     for a bad name or value). The reference stays the model *before* freezing, fed the frozen values: with no
-    reference from the file (``reference``), the prepared model is serialized before it is frozen."""
+    reference from the file (``reference``), the prepared model is serialized before it is frozen, or, when its
+    weights are left in the input's data file (ir.weights), written to the reference's scratch copy."""
     if not options.freeze_inputs:
         return {}, None
-    original = None
+    original: Reference | bytes | None = None
     if reference is None and options.validate != "none" and approx_model_bytes(model) < TWO_GB:
-        original = model_bytes(model)
+        if has_lazy(model) and not segmented(model):
+            # Weights left in the input's data file: written to the reference's scratch copy now, file to file,
+            # before freezing edits the model (serializing it would read every weight in).
+            original = Reference(model, start=False)
+        else:
+            original = model_bytes(model)
+    try:
+        frozen = _frozen(model, options)
+    except BaseException:
+        if isinstance(original, Reference):
+            original.close()  # its scratch copy with it
+        raise
+    if original is None or isinstance(original, Reference):
+        return frozen, original
+    return frozen, Reference(original, long_graph=segmented(model, len(original)), start=False)
+
+
+def _frozen(model: onnx.ModelProto, options: FixOptions) -> dict[str, FrozenInput]:
     frozen = freeze_inputs(model, options.freeze_inputs)
     try:
         infer_shapes(model)
     except Exception as exc:  # noqa: BLE001 - onnx raises several types; all mean the same to the user
         raise InputError(f"shape inference fails once the inputs are frozen: {first_line(exc)}") from None
-    if original is None:
-        return frozen, None
-    return frozen, Reference(original, long_graph=segmented(model, len(original)), start=False)
+    return frozen
 
 
 def _read_prepared(path: str, options: FixOptions, digest: bytes | None = None,

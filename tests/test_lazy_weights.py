@@ -10,6 +10,7 @@ import tempfile
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from helpers import assert_equivalent, file_state, save_external
 from onnx import helper, numpy_helper
@@ -255,3 +256,32 @@ def test_a_weight_with_fields_protobuf_does_not_know_is_read_in(tmp_path):
     lazy = read_model(path, lazy_weights=True).model
     assert not weights.is_lazy(next(t for t in lazy.graph.initializer if t.name == "w_big"))
     assert serialize_model(lazy) == read_model(path).model.SerializeToString()
+
+
+def test_frozen_input_reference_is_written_from_the_file_not_serialized(tmp_path, monkeypatch):
+    """``--freeze-input`` with ``--input-shape`` (no reference from the file): the original, before freezing, is
+    copied to the reference's scratch file weight by weight; serializing it would read every weight in."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    model = _conv_bn_model()
+    model.graph.input.append(helper.make_tensor_value_info("gain", onnx.TensorProto.FLOAT, []))
+    model.graph.node[-1].output[0] = "head"
+    model.graph.node.append(helper.make_node("Mul", ["head", "gain"], ["y"], name="scale_out"))
+    path = save_external(model, tmp_path / "in")
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the model with weights left on disk was serialized")
+
+    monkeypatch.setattr(api, "model_bytes", refused)
+    options = FixOptions(freeze_inputs={"gain": "2"}, input_shapes={"x": [1, 48, 12, 12]})
+    outcome = api.run(path, tmp_path / "out.onnx", options)
+    assert outcome.exit_code == 0, outcome.error
+    assert outcome.result.report.final.passed
+    assert os.listdir(tmp_path / "tmp") == []  # the reference's scratch copy went with it
+    fixed = onnx.load(str(tmp_path / "out.onnx"))
+    assert [i.name for i in fixed.graph.input] == ["x"]
+    x = np.random.default_rng(0).standard_normal((1, 48, 12, 12)).astype(np.float32)
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "gain": np.array(2, np.float32)})[0]
+    got = ort.InferenceSession(str(tmp_path / "out.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
