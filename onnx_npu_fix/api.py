@@ -121,10 +121,7 @@ def start_reference(source: LoadedModel | str | os.PathLike, options: FixOptions
     if data is None:
         if approx_model_bytes(source.model) >= TWO_GB:
             return None
-        if has_lazy(source.model) and not segmented(source.model):
-            return Reference(source.model, start=start)  # its weights copied file to file, never serialized
-        data = model_bytes(source.model)
-        return Reference(data, long_graph=segmented(source.model, len(data)), start=start)
+        return _reference_of(source.model, start=start)
     path = os.path.abspath(source.path)
     long_graph = segmented(source.model, len(data))
     try:
@@ -246,26 +243,28 @@ def _freeze(model: onnx.ModelProto, options: FixOptions,
     weights are left in the input's data file (ir.weights), written to the reference's scratch copy."""
     if not options.freeze_inputs:
         return {}, None
-    original: Reference | bytes | None = None
+    original = None
     if reference is None and options.validate != "none" and approx_model_bytes(model) < TWO_GB:
-        if has_lazy(model) and not segmented(model):
-            # Weights left in the input's data file: written to the reference's scratch copy now, file to file,
-            # before freezing edits the model (serializing it would read every weight in).
-            original = Reference(model, start=False)
-        else:
-            original = model_bytes(model)
+        original = _reference_of(model, start=False)  # taken now: freezing edits the model
     try:
-        frozen = _frozen(model, options)
+        return _frozen(model, options), original
     except BaseException:
-        if isinstance(original, Reference):
-            original.close()  # its scratch copy with it
+        if original is not None:
+            original.close()  # its scratch files with it
         raise
-    if original is None or isinstance(original, Reference):
-        return frozen, original
-    return frozen, Reference(original, long_graph=segmented(model, len(original)), start=False)
+
+
+def _reference_of(model: onnx.ModelProto, *, start: bool) -> Reference:
+    """The reference of a model in memory (under 2 GB): one whose weights are left in the input's data file
+    (ir.weights) written to its scratch copy at once, file to file, never serialized; any other serialized."""
+    if has_lazy(model) and not segmented(model):
+        return Reference(model, start=start)
+    data = model_bytes(model)
+    return Reference(data, long_graph=segmented(model, len(data)), start=start)
 
 
 def _frozen(model: onnx.ModelProto, options: FixOptions) -> dict[str, FrozenInput]:
+    """Freeze the inputs of ``model`` and infer its shapes again."""
     frozen = freeze_inputs(model, options.freeze_inputs)
     try:
         infer_shapes(model)
