@@ -584,12 +584,12 @@ class _Run:
         if report.failed_pass is not None and not self.options.keep_going:
             return None
         validator.require_original()
-        problem = None
+        problem = scratch = None
         if not self.each and validator.changed:
             # Without per-pass validation the checker still runs once, before anything is written. The model
             # is serialized once: for the checker, the final onnxruntime session and save_model.
             if self._from_proto():
-                problem = validator.check_on_disk(self.model)
+                problem, scratch = validator.check_on_disk(self.model)  # the final session runs that copy
             else:
                 data = self._serialize()
                 problem = check_structure(self.model, data)
@@ -599,7 +599,7 @@ class _Run:
         if problem:
             report.final = Comparison(error=f"the output fails the onnx checker: {problem}")
         else:
-            report.final = validator.final(self.model, data)
+            report.final = validator.final(self.model, data, scratch)
         return data
 
     # --- restore points ---------------------------------------------------------------------------------

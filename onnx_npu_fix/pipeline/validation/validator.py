@@ -315,18 +315,21 @@ class Validator:
             return None
         return write_scratch(self._weights, data)
 
-    def check_on_disk(self, model: onnx.ModelProto) -> str | None:
+    def check_on_disk(self, model: onnx.ModelProto) -> tuple[str | None, str | None]:
         """:func:`check_structure` of a model whose weights are left in the input's data file (ir.weights), never
-        serialized with them: of its scratch copy (:func:`write_scratch`), which the final session then runs;
-        without validation, of a copy whose references point at stand-ins (MappedWeights.write_references):
-        nothing else would read a copy of the weights."""
+        serialized with them: of its scratch copy (:func:`write_scratch`), whose path is returned with the finding
+        for :meth:`final` to run (None for a graph run in segments, which are cut from the proto, or when the file
+        system refused the copy); without validation, of a copy whose references point at stand-ins
+        (MappedWeights.write_references): nothing else would read a copy of the weights."""
         if self.options.validate == "none":
             try:
-                return check_structure(None, path=self._weights.write_references(model))
+                return check_structure(None, path=self._weights.write_references(model)), None
             except OSError:
                 pass  # (the file system refuses: the scratch copy, or the bytes, as with validation)
         scratch = write_scratch(self._weights, model)
-        return check_structure(model, path=scratch) if scratch is not None else check_structure(model)
+        if scratch is None:
+            return check_structure(model), None
+        return check_structure(model, path=scratch), None if segmented(model) else scratch
 
     def _unmoved(self, exact: bool, before: Outputs) -> Callable[[Outputs], bool] | None:
         """For an exact candidate on generated inputs (more than one set): whether its first set's outputs are
@@ -416,9 +419,10 @@ class Validator:
         self.changed = True
         self.all_exact = self.all_exact and exact
 
-    def final(self, model: onnx.ModelProto, data: bytes | None = None) -> Comparison | None:
+    def final(self, model: onnx.ModelProto, data: bytes | None = None, path: str | None = None) -> Comparison | None:
         """The output model against the original (reusing the last accepted outputs when every pass was
-        validated); ``data``: the model already serialized. None when nothing changed or validation is off."""
+        validated); ``data``: the model already serialized; ``path``: a scratch copy of it written already
+        (:meth:`check_on_disk`), which the session runs. None when nothing changed or validation is off."""
         if not self.changed or self.options.validate == "none" or self.original is None:
             return None
         original = self.original
@@ -428,7 +432,7 @@ class Validator:
             outputs, own = self.current[:max(len(original), self._fresh)], self._fresh
         else:
             try:
-                outputs = self._run(model, data, enough=self._unmoved(self.all_exact, original[0]))
+                outputs = self._run(model, data, enough=self._unmoved(self.all_exact, original[0]), path=path)
             except runtime_errors() as exc:
                 return Comparison(error=f"onnxruntime cannot run the output model: {first_line(exc)}")
             own = len(outputs)
